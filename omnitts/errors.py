@@ -1,0 +1,21 @@
+"""Errors omnitts raises at its edges (checkpoints, requests, manifests).
+
+Each carries a message meant for a person: it names the file, line or field at fault and, where it
+can, says how to fix it. The CLI prints the message alone (no traceback) and exits non-zero.
+"""
+
+
+class OmniTTSError(Exception):
+    """Base class of every error omnitts raises on purpose."""
+
+
+class CheckpointError(OmniTTSError):
+    """A checkpoint directory is missing a file, a tensor or a field, or has one of the wrong shape."""
+
+
+class RequestError(OmniTTSError):
+    """A synthesis request asks for something this checkpoint cannot do (speaker, language, mode)."""
+
+
+class AudioError(OmniTTSError):
+    """Reference audio is missing, unreadable, silent or too short."""

@@ -1,0 +1,159 @@
+"""Prompt construction: a request becomes the talker's prefill embeddings and its trailing text.
+
+A prompt is a sequence of embeddings, not token ids. Per position it sums a text-side embedding
+(projected text tokens, or the special tts_pad / tts_bos / tts_eos) and a codec-side embedding
+(think / language / speaker tags, codec pad / bos, or reference codes), exactly as the official
+`generate` assembles it:
+
+    [instruction]  <|im_start|>assistant\\n  tags(+speaker)  first-text-token  | trailing text ...
+
+In non-streaming text mode the whole text sits in the prefill and the trailing text is just tts_pad;
+in streaming mode one text token joins each generated frame. Voice cloning (ICL) appends the
+reference text and the reference codes; the reference audio is cut off after decoding.
+
+The official code projects token slices in particular groupings ([:3], [3:4], [3:-5], [4:-5], and
+the three specials together); we keep those groupings so the float results are bitwise identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import RequestError
+from .request import Request, Voice
+
+
+@dataclass
+class Prompt:
+    embeds: torch.Tensor  # (L, hidden) prefill
+    trailing: torch.Tensor  # (T, hidden) text added to frame k's input while k < T
+    pad: torch.Tensor  # (hidden,) tts_pad, added once the trailing text is used up
+    ref_codes: torch.Tensor | None  # (R, 16) prepended at decode time and cut from the audio (ICL)
+
+
+@dataclass
+class Resolved:
+    """A request checked against the checkpoint, with names turned into ids."""
+
+    language_id: int | None  # None = auto
+    speaker_id: int | None
+    instruct: str | None
+    non_streaming: bool
+
+
+def resolve(cfg, req: Request) -> Resolved:
+    """Check `req` against what checkpoint config `cfg` can do; raise RequestError naming the field."""
+    tcfg, kind = cfg.talker, cfg.model_type
+    if not isinstance(req.text, str) or not req.text.strip():
+        raise RequestError("text: empty; give the words to speak")
+    language = (req.language or "auto").lower()
+    if language not in tcfg.languages:
+        raise RequestError(f"language: {req.language!r} is not known to this checkpoint; "
+                           f"choose one of {', '.join(tcfg.languages)}")
+    language_id = None if language == "auto" else tcfg.codec_language_id[language]
+    speaker_id = None
+    has_ref = req.voice is not None or req.ref_audio is not None
+    if kind == "custom_voice":
+        if not req.speaker:
+            raise RequestError(f"speaker: required by this CustomVoice checkpoint; choose one of {', '.join(tcfg.speakers)}")
+        speaker = req.speaker.lower()
+        if speaker not in tcfg.spk_id:
+            raise RequestError(f"speaker: {req.speaker!r} is not known to this checkpoint; "
+                               f"choose one of {', '.join(tcfg.speakers)}")
+        speaker_id = tcfg.spk_id[speaker]
+        dialect = tcfg.spk_is_dialect.get(speaker) or None
+        if dialect and language in ("chinese", "auto"):
+            language_id = tcfg.codec_language_id[dialect]  # official: dialect speakers speak their dialect
+    elif req.speaker:
+        raise RequestError(f"speaker: this {kind} checkpoint has no preset speakers "
+                           f"(preset speakers need a CustomVoice checkpoint)")
+    if req.instruct and not cfg.accepts_instruct:
+        why = ("0.6B CustomVoice checkpoints take no instruction" if kind == "custom_voice"
+               else "Base checkpoints take no instruction; describe voices with a VoiceDesign checkpoint")
+        raise RequestError(f"instruct: {why}")
+    if kind == "base":
+        if not has_ref:
+            raise RequestError("ref_audio: this Base checkpoint clones a voice; give ref_audio (+ ref_text) or a voice")
+        if req.voice is None and not req.x_vector_only and not (req.ref_text or "").strip():
+            raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
+                               "or set x_vector_only")
+    elif has_ref:
+        raise RequestError(f"ref_audio: voice cloning needs a Base checkpoint; this one is {kind}")
+    non_streaming = req.non_streaming if req.non_streaming is not None else kind != "base"
+    return Resolved(language_id, speaker_id, req.instruct or None, non_streaming)
+
+
+class PromptBuilder:
+    """Turns requests into talker prompts for one loaded checkpoint."""
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+        self.cfg = ckpt.config
+        self.talker = ckpt.model.talker
+
+    @torch.inference_mode()
+    def build(self, req: Request, voice: Voice | None = None) -> Prompt:
+        """Embeddings for `req`; Base requests need their `voice` (already encoded)."""
+        r = resolve(self.cfg, req)
+        cfg, tcfg, talker, tok = self.cfg, self.cfg.talker, self.talker, self.ckpt.tokenizer
+        dev = self.ckpt.device
+        ids = lambda values: torch.tensor([values], dtype=torch.long, device=dev)  # noqa: E731 (1, n)
+        text_ids = ids(tok.assistant_ids(req.text))
+        if text_ids.shape[1] < 9:
+            raise RequestError("text: tokenizer produced no tokens for the text")
+        tts_bos, tts_eos, tts_pad = talker.embed_text(
+            ids([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])).chunk(3, dim=1)
+
+        if r.language_id is None:
+            tags = [tcfg.codec_nothink_id, tcfg.codec_think_bos_id, tcfg.codec_think_eos_id]
+        else:
+            tags = [tcfg.codec_think_id, tcfg.codec_think_bos_id, r.language_id, tcfg.codec_think_eos_id]
+        codec = [talker.embed_codec(ids(tags))]
+        if r.speaker_id is not None:
+            codec.append(talker.embed_codec(ids([r.speaker_id])))
+        elif voice is not None:
+            codec.append(voice.x_vector.to(dev, tts_pad.dtype).view(1, 1, -1))
+        codec.append(talker.embed_codec(ids([tcfg.codec_pad_id, tcfg.codec_bos_id])))
+        codec = torch.cat(codec, dim=1)  # (1, n, D): tags, [speaker], pad, bos
+
+        role = talker.embed_text(text_ids[:, :3])  # <|im_start|>assistant\n
+        text_side = torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1)
+        parts = [role, text_side + codec[:, :-1]]
+        if r.instruct:
+            parts.insert(0, talker.embed_text(ids(tok.instruct_ids(r.instruct))))
+
+        if voice is not None and voice.icl:
+            icl, trailing = self._icl(text_ids, voice, tts_eos, tts_pad, r.non_streaming)
+            parts.append(icl)
+        elif r.non_streaming:
+            body = torch.cat((talker.embed_text(text_ids[:, 3:-5]), tts_eos), dim=1)
+            body = body + talker.embed_codec(ids([tcfg.codec_pad_id] * body.shape[1]))
+            parts += [body, tts_pad + talker.embed_codec(ids([tcfg.codec_bos_id]))]
+            trailing = tts_pad
+        else:
+            parts.append(talker.embed_text(text_ids[:, 3:4]) + codec[:, -1:])
+            trailing = torch.cat((talker.embed_text(text_ids[:, 4:-5]), tts_eos), dim=1)
+        embeds = torch.cat(parts, dim=1)
+        ref_codes = voice.ref_codes if voice is not None and voice.icl else None
+        return Prompt(embeds[0], trailing[0], tts_pad[0, 0], ref_codes)
+
+    def _icl(self, text_ids, voice: Voice, tts_eos, tts_pad, non_streaming: bool):
+        """In-context cloning: reference text + target text against bos + reference codes."""
+        talker, tcfg, dev = self.talker, self.cfg.talker, self.ckpt.device
+        ref_ids = torch.tensor([self.ckpt.tokenizer.reference_ids(voice.ref_text or "")], device=dev)
+        text = talker.embed_text(torch.cat([ref_ids[:, 3:-2], text_ids[:, 3:-5]], dim=-1))
+        text = torch.cat([text, tts_eos], dim=1)  # (1, T1, D)
+        codes = voice.ref_codes.to(dev)
+        codec = talker.embed_frame(codes).unsqueeze(0)  # (1, R, D)
+        bos = talker.embed_codec(torch.tensor([[tcfg.codec_bos_id]], device=dev))
+        codec = torch.cat([bos, codec], dim=1)  # (1, R + 1, D)
+        n_text, n_codec = text.shape[1], codec.shape[1]
+        if non_streaming:
+            pads = talker.embed_codec(torch.tensor([[tcfg.codec_pad_id] * n_text], device=dev))
+            return torch.cat([text + pads, codec + tts_pad], dim=1), tts_pad
+        if n_text > n_codec:
+            return text[:, :n_codec] + codec, text[:, n_codec:]
+        text = torch.cat([text] + [tts_pad] * (n_codec - n_text), dim=1)
+        return text + codec, tts_pad

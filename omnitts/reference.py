@@ -1,0 +1,112 @@
+"""The slow path: one request at a time, eager, written to be obviously correct.
+
+This is the yardstick every fast path is tested against (batched engine, graphs, streaming decode),
+and it is itself tested for parity with the official package. It mirrors the official loop:
+
+    prefill -> logits -> c0 -> [code predictor: c1..c15 -> frame -> next input] -> logits -> c0 ...
+
+stopping when c0 is EOS (never part of the output) or the frame budget is reached. Logits are taken
+from the same tensor shapes as the official code (heads applied to every prefill position, then the
+last row kept) so greedy results match bit for bit on the same weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import sampling
+from .models.layers import KVCache
+from .params import SamplingParams
+from .prompt import Prompt
+
+
+@dataclass
+class Generation:
+    codes: torch.Tensor  # (frames, 16) int64, CPU
+    finish_reason: str  # "eos" | "length"
+    talker_margin: float  # smallest top-1/top-2 gap of the processed codebook-0 logits (greedy robustness)
+    predictor_margin: float  # same for codebooks 1..15
+
+
+@torch.inference_mode()
+def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
+    """Run the talker and code predictor for one prompt until EOS or `params.max_frames` frames."""
+    talker = ckpt.model.talker
+    tcfg = ckpt.config.talker
+    dev = ckpt.device
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, dev)
+    eos = tcfg.codec_eos_token_id
+
+    cache = KVCache(tcfg.num_hidden_layers)
+    x = prompt.embeds.unsqueeze(0).to(talker.codec_head.weight.dtype)
+    length = x.shape[1]
+    hidden = talker(x, torch.arange(length, device=dev)[None], cache)
+    logits = talker.logits(hidden)[:, -1].float()  # (1, V)
+    history = torch.zeros((1, 0), dtype=torch.long, device=dev)
+    frames: list[torch.Tensor] = []
+    margins_t, margins_p = [], []
+    finish = "length"
+    while True:
+        logits = sampling.repetition_penalty(logits, history, params.repetition_penalty)
+        if history.shape[1] < sampling.MIN_NEW_TOKENS:
+            logits[:, eos] = float("-inf")
+        logits = logits.masked_fill(suppress, float("-inf"))
+        margins_t.append(sampling.margin(logits))
+        c0 = sampling.pick(logits, params.do_sample, params.temperature, params.top_k, params.top_p, gen)
+        if int(c0) == eos:
+            finish = "eos"
+            break
+        history = torch.cat([history, c0[:, None]], dim=1)
+        codes = _predict_residuals(talker, hidden[:, -1:], c0, params, gen, margins_p)  # (1, 16)
+        frames.append(codes)
+        if len(frames) >= params.max_frames:
+            break
+        step = len(frames) - 1  # this frame's input also carries trailing text token `step`
+        text = prompt.trailing[step] if step < prompt.trailing.shape[0] else prompt.pad
+        x = (talker.embed_frame(codes) + text).unsqueeze(1)  # (1, 1, D)
+        hidden = talker(x, torch.tensor([[length + step]], device=dev), cache)
+        logits = talker.logits(hidden)[:, -1].float()
+    codes = torch.cat(frames, dim=0).cpu() if frames else torch.zeros((0, tcfg.num_code_groups), dtype=torch.long)
+    return Generation(codes, finish, min(margins_t), min(margins_p, default=float("inf")))
+
+
+def _predict_residuals(talker, past_hidden, c0, params: SamplingParams, gen, margins: list) -> torch.Tensor:
+    """Codebooks 1..G-1 for one frame, each step conditioned on all previous codes of the frame."""
+    predictor = talker.code_predictor
+    groups = predictor.cfg.num_code_groups
+    cache = KVCache(predictor.cfg.num_hidden_layers)
+    dev = c0.device
+    x = torch.cat([past_hidden, talker.embed_codec(c0)[:, None]], dim=1)  # (1, 2, D)
+    hidden = predictor(x, torch.arange(2, device=dev)[None], cache)
+    codes = [c0]
+    for group in range(1, groups):
+        logits = predictor.logits(group, hidden)[:, -1].float()
+        margins.append(sampling.margin(logits))
+        code = sampling.pick(logits, params.subtalker_dosample, params.subtalker_temperature,
+                             params.subtalker_top_k, params.subtalker_top_p, gen)
+        codes.append(code)
+        if group < groups - 1:
+            hidden = predictor(predictor.embed(group, code)[:, None], torch.tensor([[group + 1]], device=dev), cache)
+    return torch.stack(codes, dim=-1)
+
+
+@torch.inference_mode()
+def decode_codes(ckpt, codes: torch.Tensor, ref_codes: torch.Tensor | None = None) -> np.ndarray:
+    """Frames (F, 16) -> float32 waveform at 24 kHz, the reference's whole-utterance decode.
+
+    With `ref_codes` (ICL cloning) the reference frames are decoded in front, as the official
+    pipeline does, and the matching share of samples is cut from the start.
+    """
+    if codes.shape[0] == 0:
+        return np.zeros(0, dtype=np.float32)
+    full = codes if ref_codes is None else torch.cat([ref_codes.to(codes.device), codes], dim=0)
+    wav = ckpt.codec.chunked(full.T.unsqueeze(0).to(ckpt.device))[0, 0].float().cpu().numpy()
+    if ref_codes is not None:
+        cut = int(ref_codes.shape[0] / max(full.shape[0], 1) * wav.shape[0])
+        wav = wav[cut:]
+    return wav

@@ -1,0 +1,50 @@
+"""One synthesis request and the cloned voice it may use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Voice:
+    """A cloned voice (Base checkpoints): speaker embedding, plus reference codes and text for ICL.
+
+    `ref_codes` is None in x-vector-only mode. Build one with `TTS.clone_voice` (or let a request's
+    `ref_audio` build it); reuse it across requests to encode the reference only once.
+    """
+
+    x_vector: torch.Tensor  # (talker hidden,) float32
+    ref_codes: torch.Tensor | None  # (frames, 16) int64
+    ref_text: str | None
+
+    @property
+    def icl(self) -> bool:
+        return self.ref_codes is not None
+
+
+@dataclass
+class Request:
+    """What to say and how. Which fields apply depends on the checkpoint kind:
+
+    - CustomVoice: `speaker` (required), `instruct` (1.7B only);
+    - VoiceDesign: `instruct` (the voice description);
+    - Base: `voice`, or `ref_audio` + `ref_text` (ICL) / `ref_audio` + `x_vector_only=True`.
+
+    `language` is a language name the checkpoint knows, or "auto". `non_streaming` picks the text
+    mode (None = the official default: non-streaming for CustomVoice/VoiceDesign, streaming for Base).
+    """
+
+    text: str
+    language: str = "auto"
+    speaker: str | None = None
+    instruct: str | None = None
+    ref_audio: str | Path | tuple[np.ndarray, int] | None = None
+    ref_text: str | None = None
+    x_vector_only: bool = False
+    voice: Voice | None = None
+    non_streaming: bool | None = None
+    id: str | None = None

@@ -1,0 +1,108 @@
+"""The text tokenizer of a checkpoint, with an opt-in switch that reproduces the official token ids.
+
+By default text is tokenised exactly as the checkpoint's tokenizer files define (the Qwen2 byte-level
+BPE with its own pre-tokenizer regex), as the model was trained and as vllm-omni does.
+
+`official_regex=True` reproduces the official `qwen-tts` 0.1.1 wrapper, which loads the tokenizer with
+`fix_mistral_regex=True`; under transformers 4.57.3 that swaps the first pre-tokenizer step for
+Mistral's regex on these checkpoints, so e.g. "iPhone" is split before the capital. Use it only to
+match the official package's token ids (parity checks).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+from .errors import CheckpointError
+
+_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+          "added_tokens.json")
+_LOADED: dict[str, object] = {}  # digest of the tokenizer files -> loaded tokenizer (this process)
+
+# The pattern transformers 4.57.3 installs when `fix_mistral_regex=True` (public regex, verbatim).
+MISTRAL_PRETOKENIZER_REGEX = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+    r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+class TextTokenizer:
+    """Text -> token ids, for the chat-wrapped strings the prompt builder asks for."""
+
+    def __init__(self, ckpt: Path, official_regex: bool = False):
+        import tokenizers
+        from transformers import AutoTokenizer
+
+        ckpt = Path(ckpt)
+        if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
+            raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
+        self._tok = copy.deepcopy(_load_cached(ckpt))
+        self.official_regex = official_regex
+        if official_regex:
+            backend = self._tok.backend_tokenizer
+            pre = backend.pre_tokenizer
+            if not isinstance(pre, tokenizers.pre_tokenizers.Sequence):
+                raise CheckpointError(f"{ckpt}: tokenizer pre-tokenizer is not a Sequence; cannot apply the official regex")
+            pre[0] = tokenizers.pre_tokenizers.Split(
+                pattern=tokenizers.Regex(MISTRAL_PRETOKENIZER_REGEX), behavior="isolated"
+            )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def token_id(self, token: str) -> int:
+        return self._tok.convert_tokens_to_ids(token)
+
+    # The three chat wrappers the official prompt uses; ids are sliced by position afterwards.
+    def assistant_ids(self, text: str) -> list[int]:
+        return self.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+    def reference_ids(self, text: str) -> list[int]:
+        return self.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n")
+
+    def instruct_ids(self, instruct: str) -> list[int]:
+        return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("OMNITTS_CACHE_DIR") or Path.home() / ".cache" / "omnitts")
+
+
+def _load_cached(ckpt: Path):
+    """Load the checkpoint's tokenizer, converting vocab.json + merges.txt to a fast tokenizer once.
+
+    Published checkpoints ship no tokenizer.json, so transformers rebuilds the fast tokenizer from
+    the BPE files on every load (seconds for a 151k vocabulary). The converted result is kept under
+    ~/.cache/omnitts/tokenizers/<digest of the files> and in memory; it tokenizes identically.
+    """
+    from transformers import AutoTokenizer
+
+    digest = hashlib.sha256()
+    for name in _FILES:
+        if (ckpt / name).is_file():
+            digest.update(name.encode() + b"\0" + (ckpt / name).read_bytes())
+    key = digest.hexdigest()[:24]
+    if key in _LOADED:
+        return _LOADED[key]
+    cached = _cache_root() / "tokenizers" / key
+    source = cached if (cached / "tokenizer.json").is_file() else ckpt
+    try:
+        # fix_mistral_regex=False: keep the checkpoint's own regex, and silence transformers' warning
+        # about it (TextTokenizer applies the official swap itself when asked to).
+        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True, fix_mistral_regex=False)
+    except Exception as exc:  # transformers raises many types here; the file is what matters
+        raise CheckpointError(f"{ckpt}: cannot load the text tokenizer ({type(exc).__name__}: {exc})") from None
+    if source is ckpt:
+        try:
+            tmp = cached.with_name(f".{key}.{os.getpid()}.tmp")
+            tok.save_pretrained(str(tmp))
+            os.replace(tmp, cached)
+        except OSError:  # a read-only or full cache, or another process won the race: only costs speed
+            shutil.rmtree(tmp, ignore_errors=True)
+    _LOADED[key] = tok
+    return tok
