@@ -1,0 +1,108 @@
+"""Reading a JSONL manifest into requests, with errors that name the file, line and field.
+
+One JSON object per line:
+    {"id": "intro", "text": "Hello.", "language": "english", "speaker": "ryan"}
+Fields: id, text, language, speaker, instruct, ref_audio, ref_text, x_vector_only, non_streaming,
+seed. Relative `ref_audio` paths resolve against the manifest's folder. Blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import OmniTTSError, RequestError
+from .prompt import resolve
+from .request import Request
+
+FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": str, "ref_audio": str,
+          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int}
+SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+@dataclass
+class Item:
+    line: int
+    request: Request
+    seed: int | None
+
+
+class ManifestError(OmniTTSError):
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("\n".join(errors))
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, dict | str]]:
+    """(line number, parsed object) per non-blank line, or (line number, error text)."""
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
+                continue
+            yield number, obj if isinstance(obj, dict) else "expected a JSON object"
+
+
+def parse_item(obj: dict, number: int, base: Path) -> Item:
+    """Validate one manifest object's fields (not yet against a checkpoint)."""
+    unknown = sorted(set(obj) - set(FIELDS))
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown field; valid fields are {', '.join(FIELDS)}")
+    for name, kind in FIELDS.items():
+        value = obj.get(name)
+        if value is not None and not (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
+            raise RequestError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
+    item_id = obj.get("id")
+    if not item_id:
+        raise RequestError("id: missing; every line needs an id (it names the output file)")
+    if not SAFE_ID.match(item_id):
+        raise RequestError(f"id: {item_id!r} is not a safe file name (letters, digits, '.', '_', '-'; "
+                           "not starting with '.' or '-')")
+    ref_audio = obj.get("ref_audio")
+    if ref_audio is not None:
+        ref_audio = Path(ref_audio) if Path(ref_audio).is_absolute() else base / ref_audio
+        if not ref_audio.is_file():
+            raise RequestError(f"ref_audio: file not found: {ref_audio}")
+    request = Request(text=obj.get("text") or "", language=obj.get("language") or "auto",
+                      speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
+                      ref_text=obj.get("ref_text"), x_vector_only=bool(obj.get("x_vector_only", False)),
+                      non_streaming=obj.get("non_streaming"), id=item_id)
+    return Item(number, request, obj.get("seed"))
+
+
+def load_manifest(path, cfg) -> list[Item]:
+    """Every item of manifest `path`, checked against checkpoint config `cfg`.
+
+    Raises ManifestError listing every bad line (`file:line: field: problem`) if any is bad.
+    """
+    path = Path(path)
+    items, errors, seen = [], [], {}
+    for number, obj in read_lines(path):
+        try:
+            if isinstance(obj, str):
+                raise RequestError(obj)
+            item = parse_item(obj, number, path.parent)
+            if item.request.id in seen:
+                raise RequestError(f"id: {item.request.id!r} already used on line {seen[item.request.id]}")
+            resolve(cfg, item.request)
+        except RequestError as exc:
+            errors.append(f"{path}:{number}: {exc}")
+            continue
+        seen[item.request.id] = number
+        items.append(item)
+    if errors:
+        raise ManifestError(errors)
+    if not items:
+        raise ManifestError([f"{path}: no items (the manifest is empty)"])
+    return items

@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny random checkpoints in the published layout, built once per test session."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from omnitts.testing.checkpoint import build_checkpoint
+
+
+@pytest.fixture(scope="session")
+def ckpt_dir(tmp_path_factory):
+    """Factory: ckpt_dir(kind, preset="tiny-0.6b", eos_scale=0.0) -> path (cached for the session)."""
+    root = tmp_path_factory.mktemp("ckpts")
+    built = {}
+
+    def get(kind: str, preset: str = "tiny-0.6b", eos_scale: float = 0.0):
+        key = (kind, preset, eos_scale)
+        if key not in built:
+            built[key] = build_checkpoint(root / f"{kind}-{preset}-{eos_scale}", kind=kind, preset=preset,
+                                          eos_scale=eos_scale)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tts_factory(ckpt_dir):
+    import omnitts
+
+    loaded = {}
+
+    def get(kind: str, preset: str = "tiny-0.6b", eos_scale: float = 0.0, **kwargs):
+        key = (kind, preset, eos_scale, tuple(sorted(kwargs.items())))
+        if key not in loaded:
+            loaded[key] = omnitts.load(ckpt_dir(kind, preset, eos_scale), **kwargs)
+        return loaded[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def ref_wav(tmp_path_factory):
+    """A 2 s, 22.05 kHz stereo reference clip (exercises resampling and channel mixing)."""
+    path = tmp_path_factory.mktemp("audio") / "ref.wav"
+    t = np.arange(int(22050 * 2.0)) / 22050
+    left = 0.3 * np.sin(2 * np.pi * 200 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+    right = 0.25 * np.sin(2 * np.pi * 330 * t)
+    sf.write(path, np.stack([left, right], axis=1).astype(np.float32), 22050)
+    return path

@@ -1,0 +1,88 @@
+"""Loading: strict tensor mapping and one clear error naming the file and tensor/field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import omnitts
+from omnitts.errors import CheckpointError
+
+
+@pytest.fixture
+def cv_copy(ckpt_dir, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir("custom_voice"), dst)
+    return dst
+
+
+def test_every_kind_and_size_loads(ckpt_dir):
+    for kind in ("custom_voice", "voice_design", "base"):
+        for preset in ("tiny-0.6b", "tiny-1.7b"):
+            tts = omnitts.load(ckpt_dir(kind, preset))
+            assert tts.info()["kind"] == kind
+            projection = tts.ckpt.model.talker.code_predictor.small_to_mtp_projection
+            assert isinstance(projection, torch.nn.Identity) == (preset == "tiny-0.6b")
+            assert (tts.ckpt.codec_encoder is not None) == (kind == "base")
+
+
+def test_missing_config_file(cv_copy):
+    (cv_copy / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"config\.json: file not found"):
+        omnitts.load(cv_copy)
+
+
+def test_missing_speech_tokenizer_weights(cv_copy):
+    (cv_copy / "speech_tokenizer" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"speech_tokenizer/model\.safetensors: file not found"):
+        omnitts.load(cv_copy)
+
+
+def _rewrite_weights(path, change):
+    tensors = load_file(str(path))
+    change(tensors)
+    save_file(tensors, str(path))
+
+
+def test_missing_tensor_is_named(cv_copy):
+    _rewrite_weights(cv_copy / "model.safetensors", lambda t: t.pop("talker.codec_head.weight"))
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: missing tensor talker\.codec_head\.weight"):
+        omnitts.load(cv_copy)
+
+
+def test_misshaped_tensor_is_named(cv_copy):
+    def shrink(t):
+        t["talker.model.norm.weight"] = t["talker.model.norm.weight"][:-1].clone()
+    _rewrite_weights(cv_copy / "model.safetensors", shrink)
+    with pytest.raises(CheckpointError, match=r"tensor talker\.model\.norm\.weight has shape \(63,\), config\.json implies \(64,\)"):
+        omnitts.load(cv_copy)
+
+
+def test_unexpected_tensor_is_named(cv_copy):
+    _rewrite_weights(cv_copy / "model.safetensors", lambda t: t.update({"speaker_encoder.fc.bias": torch.zeros(4)}))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor speaker_encoder\.fc\.bias"):
+        omnitts.load(cv_copy)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("tokenizer_type", "qwen3_tts_tokenizer_25hz", "tokenizer_type='qwen3_tts_tokenizer_25hz' is not supported"),
+    ("tts_model_type", "dialogue", "tts_model_type='dialogue' is not one of"),
+])
+def test_unsupported_config_field(cv_copy, field, value, message):
+    config = json.loads((cv_copy / "config.json").read_text())
+    config[field] = value
+    (cv_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        omnitts.load(cv_copy)
+
+
+def test_bfloat16_keeps_codec_float32(ckpt_dir):
+    tts = omnitts.load(ckpt_dir("custom_voice"), dtype="bfloat16")
+    assert tts.ckpt.model.talker.codec_head.weight.dtype == torch.bfloat16
+    assert tts.ckpt.codec.pre_conv.conv.weight.dtype == torch.float32
+    result = tts.synthesize("Half precision still speaks.", speaker="ryan", greedy=True, max_frames=6)
+    assert result.frames == 6 and result.audio.dtype.name == "float32"

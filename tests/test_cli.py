@@ -1,0 +1,97 @@
+"""`omnitts synth` end to end on the tiny checkpoints, through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import soundfile as sf
+from typer.testing import CliRunner
+
+from omnitts.cli import app
+
+runner = CliRunner()
+
+
+def _manifest(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows),
+                    encoding="utf-8")
+    return path
+
+
+def test_synth_writes_playable_24khz_wavs_and_codes(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "a", "text": "First line.", "language": "english", "speaker": "ryan"},
+        {"id": "b", "text": "Second line.", "speaker": "Vivian", "seed": 5},
+    ])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "--model", str(ckpt_dir("custom_voice")), "--out", str(out),
+                                 "--greedy", "--max-frames", "6", "--save-codes", "--quiet"])
+    assert result.exit_code == 0, result.output
+    for name in ("a", "b"):
+        audio, rate = sf.read(out / f"{name}.wav")
+        assert rate == 24000 and audio.shape == (6 * 1920,)
+        codes = np.load(out / f"{name}.codes.npy")
+        assert codes.dtype == np.int64 and codes.shape == (6, 16)
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_voice_clone_manifest_resolves_relative_ref_audio(ckpt_dir, tmp_path, ref_wav):
+    (tmp_path / "refs").mkdir()
+    (tmp_path / "refs" / "r.wav").write_bytes(ref_wav.read_bytes())
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "icl", "text": "Clone me.", "ref_audio": "refs/r.wav", "ref_text": "Reference words."},
+        {"id": "xvec", "text": "Clone me.", "ref_audio": "refs/r.wav", "x_vector_only": True},
+    ])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(tmp_path / "o"),
+                                 "--greedy", "--max-frames", "5", "-q"])
+    assert result.exit_code == 0, result.output
+    assert sf.info(tmp_path / "o" / "xvec.wav").frames == 5 * 1920
+
+
+def test_bad_lines_are_reported_with_line_and_field(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "ok", "text": "Fine.", "speaker": "ryan"},
+        "{not json",
+        {"id": "spk", "text": "Hi.", "speaker": "bob"},
+        {"id": "lang", "text": "Hi.", "speaker": "ryan", "language": "elvish"},
+        {"id": "ok", "text": "Duplicate id.", "speaker": "ryan"},
+        {"id": "../evil", "text": "Hi.", "speaker": "ryan"},
+        {"id": "extra", "text": "Hi.", "speaker": "ryan", "volume": 3},
+        {"id": "clone", "text": "Hi.", "speaker": "ryan", "ref_audio": "missing.wav"},
+        {"text": "No id.", "speaker": "ryan"},
+    ])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out)])
+    assert result.exit_code == 2
+    text = result.output
+    for line, needle in [(2, "malformed JSON"), (3, "speaker: 'bob' is not known"), (4, "language: 'elvish'"),
+                         (5, "id: 'ok' already used on line 1"), (6, "id: '../evil' is not a safe file name"),
+                         (7, "volume: unknown field"), (8, "ref_audio: file not found"), (9, "id: missing")]:
+        assert f"m.jsonl:{line}: {needle}" in text, (line, text)
+    assert not out.exists()  # nothing synthesized when the manifest is bad
+
+
+def test_mode_the_checkpoint_cannot_do(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Hi.", "instruct": "Loud.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "m.jsonl:1: instruct: 0.6B CustomVoice checkpoints take no instruction" in result.output
+
+
+def test_missing_checkpoint_file_is_one_line(ckpt_dir, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir("custom_voice"), ckpt)
+    (ckpt / "model.safetensors").unlink()
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Hi.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt), "-o", str(tmp_path / "o"), "-q"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1].startswith("error: ")
+    assert "model.safetensors: file not found" in result.output
+
+
+def test_info_lists_speakers(ckpt_dir):
+    result = runner.invoke(app, ["info", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 0 and "ryan" in result.output and "custom_voice" in result.output

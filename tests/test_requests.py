@@ -1,0 +1,38 @@
+"""Requests a checkpoint cannot serve fail before any compute, naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnitts.errors import RequestError
+
+
+@pytest.mark.parametrize("kind,kwargs,message", [
+    ("custom_voice", dict(speaker="bob"), r"speaker: 'bob' is not known"),
+    ("custom_voice", dict(), r"speaker: required"),
+    ("custom_voice", dict(speaker="ryan", language="klingon"), r"language: 'klingon' is not known"),
+    ("custom_voice", dict(speaker="ryan", language="sichuan_dialect"), r"language: 'sichuan_dialect' is not known"),
+    ("custom_voice", dict(speaker="ryan", instruct="Be loud."), r"instruct: 0\.6B CustomVoice checkpoints take no instruction"),
+    ("voice_design", dict(speaker="ryan"), r"speaker: this voice_design checkpoint has no preset speakers"),
+    ("base", dict(), r"ref_audio: this Base checkpoint clones a voice"),
+    ("base", dict(instruct="Be loud.", ref_audio="x.wav", ref_text="hi"), r"instruct: Base checkpoints take no instruction"),
+])
+def test_impossible_requests(tts_factory, kind, kwargs, message):
+    tts = tts_factory(kind)
+    with pytest.raises(RequestError, match=message):
+        tts.synthesize("Some words.", greedy=True, max_frames=4, **kwargs)
+
+
+def test_cloning_needs_base(tts_factory, ref_wav):
+    with pytest.raises(RequestError, match="voice cloning needs a Base checkpoint"):
+        tts_factory("voice_design").synthesize("Hi.", ref_audio=ref_wav, ref_text="Hello.", max_frames=4)
+
+
+def test_icl_needs_ref_text(tts_factory, ref_wav):
+    with pytest.raises(RequestError, match="ref_text: required"):
+        tts_factory("base").synthesize("Hi.", ref_audio=ref_wav, max_frames=4)
+
+
+def test_empty_text(tts_factory):
+    with pytest.raises(RequestError, match="text: empty"):
+        tts_factory("custom_voice").synthesize("   ", speaker="ryan")
