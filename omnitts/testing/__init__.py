@@ -1,0 +1,1 @@
+"""Test support: random checkpoints in the published layout (not imported by the runtime)."""

@@ -1,0 +1,201 @@
+"""Parity with the official qwen-tts 0.1.1 package on the same random checkpoints.
+
+Builds tiny checkpoints of every kind in both size shapes (hidden sizes equal with an identity
+projection, like 0.6B; a wider talker with a real small_to_mtp_projection, like 1.7B), runs the
+official package (in its own venv, scripts/reference_runner.py) and omnitts' reference path with
+greedy decoding on the same inputs, and compares: codes must be identical, waveforms within 1e-4.
+Also checks that `official_tokenizer=True` reproduces the official token ids on tricky text.
+
+    python scripts/parity.py [--work .cache/parity] [--frames 48]
+
+Prints a table (case, frames, identical?, max |Δ|, min greedy margin) and exits 1 on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+WAV_TOLERANCE = 1e-4
+
+# name -> (kind, preset, eos_scale)
+CHECKPOINTS = {
+    "cv-0.6b": ("custom_voice", "tiny-0.6b", 0.0),
+    "cv-1.7b": ("custom_voice", "tiny-1.7b", 0.0),
+    "vd-1.7b": ("voice_design", "tiny-1.7b", 0.0),
+    "base-0.6b": ("base", "tiny-0.6b", 0.0),
+    "base-1.7b": ("base", "tiny-1.7b", 0.0),
+    "cv-0.6b-eos": ("custom_voice", "tiny-0.6b", 3.0),
+}
+
+CASES = [
+    dict(name="cv_plain", ckpt="cv-0.6b", mode="custom_voice", text="Hello there, this is a plain sentence.",
+         language="English", speaker="ryan"),
+    dict(name="cv_auto_streaming", ckpt="cv-0.6b", mode="custom_voice", text="Language auto, streaming text mode.",
+         language="Auto", speaker="serena", non_streaming_mode=False),
+    dict(name="cv_dialect", ckpt="cv-0.6b", mode="custom_voice", text="今天天气很好，我们去公园吧。",
+         language="Chinese", speaker="eric"),
+    dict(name="cv_dialect_auto", ckpt="cv-1.7b", mode="custom_voice", text="北京的胡同很有意思。",
+         language="Auto", speaker="dylan"),
+    dict(name="cv_instruct", ckpt="cv-1.7b", mode="custom_voice", text="With an instruction this time.",
+         language="English", speaker="vivian", instruct="Speak cheerfully and a little fast."),
+    dict(name="cv_plain_1.7b", ckpt="cv-1.7b", mode="custom_voice", text="No instruction on the wide talker.",
+         language="English", speaker="aiden"),
+    dict(name="vd", ckpt="vd-1.7b", mode="voice_design", text="A described voice speaks these words.",
+         language="English", instruct="A warm, low male voice, slow and calm."),
+    dict(name="vd_streaming", ckpt="vd-1.7b", mode="voice_design", text="Streaming text mode for voice design.",
+         language="Auto", instruct="Bright young female voice.", non_streaming_mode=False),
+    dict(name="clone_icl", ckpt="base-0.6b", mode="voice_clone", text="Cloned voice, in-context mode.",
+         language="English", ref_text="This is what the reference clip says.", x_vector_only_mode=False),
+    dict(name="clone_icl_nonstreaming", ckpt="base-0.6b", mode="voice_clone", text="In-context, non-streaming text.",
+         language="English", ref_text="Reference words.", x_vector_only_mode=False, non_streaming_mode=True),
+    dict(name="clone_xvec", ckpt="base-0.6b", mode="voice_clone", text="Speaker embedding only.",
+         language="Auto", x_vector_only_mode=True),
+    dict(name="clone_icl_1.7b", ckpt="base-1.7b", mode="voice_clone", text="Wide talker cloning an iPhone user.",
+         language="English", ref_text="The reference for the wide model.", x_vector_only_mode=False),
+    dict(name="cv_eos", ckpt="cv-0.6b-eos", mode="custom_voice", text="This one may stop early at EOS.",
+         language="English", speaker="ryan", min_frames=1),
+]
+
+TOKENIZE_TEXTS = [
+    "iPhone and JavaScript users can't stop; I'm sure they'll agree.",
+    "CamelCaseWords like McDonald and OpenAI, plus HTTPServer.",
+    "Numbers: 2024, 3.14159, 1,000,000 and 42nd.",
+    "中文测试：你好，世界！今天是2024年。",
+    "日本語のテキストと English mixed 한국어.",
+    "  leading spaces and trailing newline\n",
+]
+
+
+def reference_python(venv: Path) -> Path:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        sys.exit(f"reference venv not found at {venv}; create it with: python scripts/reference_env.py")
+    return python
+
+
+def build_inputs(work: Path) -> dict[str, Path]:
+    """Checkpoints (cached by name) and a reference clip at 16 kHz stereo (exercises resampling)."""
+    import soundfile as sf
+
+    from omnitts.testing.checkpoint import build_checkpoint
+
+    paths = {}
+    for name, (kind, preset, eos_scale) in CHECKPOINTS.items():
+        folder = work / "ckpt" / name
+        if not (folder / "model.safetensors").exists():
+            build_checkpoint(folder, kind=kind, preset=preset, seed=zlib.crc32(name.encode()) % 1000, eos_scale=eos_scale)
+        paths[name] = folder
+    ref = work / "ref_16k_stereo.wav"
+    if not ref.exists():
+        t = np.arange(int(16000 * 2.3)) / 16000
+        left = 0.3 * np.sin(2 * np.pi * 180 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 2.5 * t))
+        right = 0.2 * np.sin(2 * np.pi * 310 * t + 0.5)
+        sf.write(ref, np.stack([left, right], axis=1).astype(np.float32), 16000)
+    paths["ref"] = ref
+    return paths
+
+
+def run_reference(python: Path, paths: dict, frames: int, work: Path) -> Path:
+    """Run the official package over every case (one runner call per checkpoint)."""
+    out = work / "reference"
+    out.mkdir(parents=True, exist_ok=True)
+    for ckpt in CHECKPOINTS:
+        cases = [_official_case(c, frames, paths) for c in CASES if c["ckpt"] == ckpt]
+        if ckpt == "cv-0.6b":
+            cases.append({"name": "tokenize", "mode": "tokenize", "texts": TOKENIZE_TEXTS})
+        spec = work / f"cases-{ckpt}.json"
+        spec.write_text(json.dumps({"checkpoint": str(paths[ckpt]), "dtype": "float32", "cases": cases}, indent=1))
+        subprocess.run([str(python), str(ROOT / "scripts" / "reference_runner.py"), str(spec), str(out)], check=True)
+    return out
+
+
+def _official_case(case: dict, frames: int, paths: dict) -> dict:
+    spec = {k: v for k, v in case.items() if k not in ("ckpt", "min_frames")}
+    spec["max_new_tokens"] = frames + 1  # the official last token never gets a frame
+    if case["mode"] == "voice_clone":
+        spec["ref_audio"] = str(paths["ref"])
+    return spec
+
+
+def run_omnitts(case: dict, frames: int, paths: dict):
+    import omnitts
+
+    tts = omnitts.load(paths[case["ckpt"]], official_tokenizer=True)
+    request = omnitts.Request(
+        text=case["text"], language=case["language"], speaker=case.get("speaker"), instruct=case.get("instruct"),
+        ref_audio=paths["ref"] if case["mode"] == "voice_clone" else None, ref_text=case.get("ref_text"),
+        x_vector_only=case.get("x_vector_only_mode", False), non_streaming=case.get("non_streaming_mode"))
+    return tts.run(request, tts.default_params(greedy=True, max_frames=frames))
+
+
+def compare(reference: Path, frames: int, paths: dict) -> tuple[list[dict], bool]:
+    rows, ok = [], True
+    for case in CASES:
+        ref = np.load(reference / f"{case['name']}.npz")
+        started = time.time()
+        result = run_omnitts(case, frames, paths)
+        ref_codes = ref["codes"]
+        identical = ref_codes.shape == result.codes.shape and bool((ref_codes == result.codes).all())
+        if ref["wav"].shape == result.audio.shape:
+            delta = float(np.abs(ref["wav"] - result.audio).max()) if result.audio.size else 0.0
+        else:
+            delta = float("inf")
+        good = identical and delta <= WAV_TOLERANCE and result.frames >= case.get("min_frames", 40)
+        ok &= good
+        rows.append(dict(case=case["name"], ckpt=case["ckpt"], frames=result.frames, ref_frames=int(ref_codes.shape[0]),
+                         identical=identical, max_abs_diff=delta,
+                         margin=min(result.talker_margin, result.predictor_margin), ok=good,
+                         seconds=round(time.time() - started, 2)))
+    return rows, ok
+
+
+def compare_tokens(reference: Path, paths: dict) -> tuple[list[dict], bool]:
+    from omnitts.tokenizer import TextTokenizer
+
+    ref = np.load(reference / "tokenize.npz", allow_pickle=True)
+    official = TextTokenizer(paths["cv-0.6b"], official_regex=True)
+    native = TextTokenizer(paths["cv-0.6b"])
+    rows, ok = [], True
+    for i, text in enumerate(TOKENIZE_TEXTS):
+        expected = [int(x) for x in ref[f"assistant_ids_{i}"]]
+        same = official.assistant_ids(text) == expected
+        ok &= same
+        rows.append(dict(text=text, official_identical=same, native_differs=native.assistant_ids(text) != expected))
+    return rows, ok
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "parity")
+    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("OMNITTS_REF_VENV", ROOT / ".cache" / "ref-venv")))
+    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    python = reference_python(args.venv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    paths = build_inputs(args.work)
+    reference = run_reference(python, paths, args.frames, args.work)
+    rows, ok = compare(reference, args.frames, paths)
+    token_rows, tokens_ok = compare_tokens(reference, paths)
+    print(f"{'case':26} {'frames':>6} {'identical':>9} {'max|Δ|':>10} {'min margin':>10}  ok")
+    for r in rows:
+        print(f"{r['case']:26} {r['frames']:>6} {str(r['identical']):>9} {r['max_abs_diff']:>10.2e} {r['margin']:>10.4f}  {r['ok']}")
+    for r in token_rows:
+        print(f"tokens identical={r['official_identical']!s:5} native differs={r['native_differs']!s:5}  {r['text']!r}")
+    if args.json:
+        args.json.write_text(json.dumps({"cases": rows, "tokens": token_rows}, indent=1, ensure_ascii=False))
+    return 0 if ok and tokens_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
