@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import torch
+
 # The official wrapper's hard defaults, used where generation_config.json is silent.
 _DEFAULTS = dict(
     do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
@@ -61,3 +63,50 @@ class SamplingParams:
     def greedy(self) -> "SamplingParams":
         """Argmax in talker and sub-talker (penalty and suppression still apply, as officially)."""
         return replace(self, do_sample=False, subtalker_dosample=False)
+
+
+@dataclass
+class RowParams:
+    """Per-row sampling parameters as tensors, so one batch mixes requests without host syncs.
+
+    Shapes: flags (B,); temperatures, top-p, penalty (B, 1) float32; top-k (B, 1) int64.
+    """
+
+    do_sample: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    penalty: torch.Tensor
+    sub_do_sample: torch.Tensor
+    sub_temperature: torch.Tensor
+    sub_top_k: torch.Tensor
+    sub_top_p: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: int, device=None) -> "RowParams":
+        flag = lambda: torch.zeros(rows, dtype=torch.bool, device=device)  # noqa: E731
+        real = lambda: torch.ones((rows, 1), dtype=torch.float32, device=device)  # noqa: E731
+        count = lambda: torch.zeros((rows, 1), dtype=torch.long, device=device)  # noqa: E731
+        return cls(flag(), real(), count(), real(), real(), flag(), real(), count(), real())
+
+    @classmethod
+    def of(cls, params: list[SamplingParams], device=None) -> "RowParams":
+        rows = cls.empty(len(params), device)
+        for i, p in enumerate(params):
+            rows.set(i, p)
+        return rows
+
+    def set(self, row: int, p: SamplingParams) -> None:
+        """Write request parameters `p` into `row` (host -> device copies, no sync)."""
+        self.do_sample[row] = p.do_sample
+        self.temperature[row] = p.temperature
+        self.top_k[row] = p.top_k
+        self.top_p[row] = p.top_p
+        self.penalty[row] = p.repetition_penalty
+        self.sub_do_sample[row] = p.subtalker_dosample
+        self.sub_temperature[row] = p.subtalker_temperature
+        self.sub_top_k[row] = p.subtalker_top_k
+        self.sub_top_p[row] = p.subtalker_top_p
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in fields(self)]

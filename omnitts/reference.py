@@ -19,7 +19,7 @@ import torch
 
 from . import sampling
 from .models.layers import KVCache
-from .params import SamplingParams
+from .params import RowParams, SamplingParams
 from .prompt import Prompt
 
 
@@ -35,10 +35,12 @@ class Generation:
 def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     """Run the talker and code predictor for one prompt until EOS or `params.max_frames` frames."""
     talker = ckpt.model.talker
-    tcfg = ckpt.config.talker
+    tcfg, pcfg = ckpt.config.talker, ckpt.config.predictor
     dev = ckpt.device
+    rows = RowParams.of([params], dev)
     gen = torch.Generator(device=dev)
     gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    noise_size = sampling.frame_noise_size(tcfg.vocab_size, pcfg.vocab_size, pcfg.num_code_groups)
     suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, dev)
     eos = tcfg.codec_eos_token_id
 
@@ -47,22 +49,23 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     length = x.shape[1]
     hidden = talker(x, torch.arange(length, device=dev)[None], cache)
     logits = talker.logits(hidden)[:, -1].float()  # (1, V)
-    history = torch.zeros((1, 0), dtype=torch.long, device=dev)
+    seen = torch.zeros_like(logits, dtype=torch.bool)
     frames: list[torch.Tensor] = []
     margins_t, margins_p = [], []
     finish = "length"
     while True:
-        logits = sampling.repetition_penalty(logits, history, params.repetition_penalty)
-        if history.shape[1] < sampling.MIN_NEW_TOKENS:
-            logits[:, eos] = float("-inf")
-        logits = logits.masked_fill(suppress, float("-inf"))
+        noise = sampling.draw_noise(gen, noise_size, dev)[None] if params.do_sample or params.subtalker_dosample \
+            else torch.ones((1, noise_size), device=dev)
+        generated = torch.tensor([len(frames)], device=dev)
+        logits = sampling.process_talker(logits, seen, rows.penalty, generated, suppress, eos)
         margins_t.append(sampling.margin(logits))
-        c0 = sampling.pick(logits, params.do_sample, params.temperature, params.top_k, params.top_p, gen)
+        c0 = sampling.choose(logits, rows.do_sample, rows.temperature, rows.top_k, rows.top_p,
+                             noise[:, : tcfg.vocab_size])
         if int(c0) == eos:
             finish = "eos"
             break
-        history = torch.cat([history, c0[:, None]], dim=1)
-        codes = _predict_residuals(talker, hidden[:, -1:], c0, params, gen, margins_p)  # (1, 16)
+        seen[0, c0] = True
+        codes = _predict_residuals(talker, hidden[:, -1:], c0, rows, noise[:, tcfg.vocab_size:], margins_p)
         frames.append(codes)
         if len(frames) >= params.max_frames:
             break
@@ -75,10 +78,10 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     return Generation(codes, finish, min(margins_t), min(margins_p, default=float("inf")))
 
 
-def _predict_residuals(talker, past_hidden, c0, params: SamplingParams, gen, margins: list) -> torch.Tensor:
+def _predict_residuals(talker, past_hidden, c0, rows: "RowParams", noise, margins: list) -> torch.Tensor:
     """Codebooks 1..G-1 for one frame, each step conditioned on all previous codes of the frame."""
     predictor = talker.code_predictor
-    groups = predictor.cfg.num_code_groups
+    groups, vocab = predictor.cfg.num_code_groups, predictor.cfg.vocab_size
     cache = KVCache(predictor.cfg.num_hidden_layers)
     dev = c0.device
     x = torch.cat([past_hidden, talker.embed_codec(c0)[:, None]], dim=1)  # (1, 2, D)
@@ -87,8 +90,8 @@ def _predict_residuals(talker, past_hidden, c0, params: SamplingParams, gen, mar
     for group in range(1, groups):
         logits = predictor.logits(group, hidden)[:, -1].float()
         margins.append(sampling.margin(logits))
-        code = sampling.pick(logits, params.subtalker_dosample, params.subtalker_temperature,
-                             params.subtalker_top_k, params.subtalker_top_p, gen)
+        code = sampling.choose(logits, rows.sub_do_sample, rows.sub_temperature, rows.sub_top_k, rows.sub_top_p,
+                               noise[:, (group - 1) * vocab : group * vocab])
         codes.append(code)
         if group < groups - 1:
             hidden = predictor(predictor.embed(group, code)[:, None], torch.tensor([[group + 1]], device=dev), cache)

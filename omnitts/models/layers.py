@@ -48,7 +48,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class KVCache:
-    """Growing per-layer key/value history for one eager forward pass sequence (the slow path)."""
+    """Growing per-layer key/value history for one eager sequence (the slow path).
+
+    Any object with `length` and `update(layer, k, v) -> (keys, values)` can stand in for it; the
+    engine uses preallocated per-slot caches with the same interface.
+    """
 
     def __init__(self, num_layers: int):
         self.keys: list[torch.Tensor | None] = [None] * num_layers
@@ -58,7 +62,7 @@ class KVCache:
     def length(self) -> int:
         return 0 if self.keys[0] is None else self.keys[0].shape[2]
 
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Add k, v (B, Hkv, T, D) for `layer`; return the whole history."""
         if self.keys[layer] is not None:
             k = torch.cat((self.keys[layer], k), dim=2)
@@ -96,7 +100,7 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         if cache is not None:
-            k, v = cache.append(layer, k, v)
+            k, v = cache.update(layer, k, v)
         groups = self.heads // self.kv_heads
         if groups > 1:
             k = k.repeat_interleave(groups, dim=1)
