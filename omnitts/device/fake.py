@@ -1,0 +1,97 @@
+"""A CPU stand-in for CUDA/NPU graphs that enforces their rules, so tests can check the bookkeeping.
+
+Rules a captured frame must obey, and how this fake enforces them:
+  - no host sync during capture: `.item()`, `.tolist()`, `.numpy()`, `bool(t)`, `int(t)`,
+    data-dependent shapes (`nonzero`, `unique`, `masked_select`) raise `GraphRuleError`;
+  - no RNG during capture (random numbers must come from the staged noise buffer): torch's sampling
+    functions raise;
+  - capture does not execute: the state is restored after the capture run, as if nothing had run;
+  - stable input addresses: every replay checks the state tensors still live where they did at
+    capture (a reallocated buffer would be silently ignored by a real graph);
+  - outputs are overwritten on every replay: the output buffer is poisoned before each replay, so
+    code that relied on a stale output would read garbage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .base import Backend
+
+
+class GraphRuleError(RuntimeError):
+    """Code under capture did something a real device graph cannot record."""
+
+
+_SYNCS = ["item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique"]
+_TORCH_SYNCS = ["nonzero", "unique", "masked_select", "argwhere"]
+_RNG_TENSOR = ["exponential_", "uniform_", "normal_", "random_", "bernoulli_", "geometric_", "cauchy_",
+               "log_normal_"]
+_RNG_TORCH = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "multinomial",
+              "bernoulli", "normal", "randperm", "poisson"]
+
+
+@contextlib.contextmanager
+def graph_rules():
+    """Within this block, host syncs and RNG calls raise GraphRuleError."""
+    saved = []
+
+    def forbid(owner, name, what):
+        original = getattr(owner, name)
+        saved.append((owner, name, original))
+
+        def refuse(*args, **kwargs):
+            raise GraphRuleError(f"{what} `{name}` during graph capture")
+        setattr(owner, name, refuse)
+
+    for name in _SYNCS:
+        forbid(torch.Tensor, name, "host sync")
+    for name in _TORCH_SYNCS:
+        forbid(torch, name, "data-dependent shape (host sync)")
+    for name in _RNG_TENSOR:
+        forbid(torch.Tensor, name, "random number generation")
+    for name in _RNG_TORCH:
+        forbid(torch, name, "random number generation")
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+
+class FakeGraph:
+    def __init__(self, fn, state: list[torch.Tensor], output: torch.Tensor):
+        self.fn, self.state, self.output = fn, state, output
+        self.addresses = [t.data_ptr() for t in state]
+        self.replays = 0
+
+    def replay(self) -> None:
+        moved = [i for i, t in enumerate(self.state) if t.data_ptr() != self.addresses[i]]
+        if moved:
+            raise GraphRuleError(f"state tensors {moved} were reallocated after capture; a real graph would not see them")
+        self.output.fill_(-(2**40))  # poison: the replay must write every output it is read for
+        self.fn()
+        self.replays += 1
+
+
+class FakeGraphBackend(Backend):
+    """CPU execution with graph bookkeeping checked."""
+
+    name = "cpu"
+    supports_graphs = True
+
+    def __init__(self, eager: bool = False):
+        super().__init__(eager=eager)
+        self.captured: list[FakeGraph] = []
+
+    def capture(self, fn, pool, state: list[torch.Tensor], output: torch.Tensor) -> FakeGraph:
+        saved = [t.clone() for t in state]
+        with graph_rules():
+            fn()
+        for tensor, copy in zip(state, saved):  # capture records work; it does not run it
+            tensor.copy_(copy)
+        graph = FakeGraph(fn, state, output)
+        self.captured.append(graph)
+        return graph

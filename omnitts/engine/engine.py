@@ -1,0 +1,161 @@
+"""The engine: continuous batching over preallocated slots, with deferred device-to-host copies.
+
+    engine = Engine(ckpt, EngineConfig(max_num_seqs=16))
+    engine.add(prompt, params)
+    while engine.has_work():
+        for seq in engine.step():
+            ...  # seq.codes(), seq.finish_reason
+
+One `step()`: admit waiting requests into free slots (batched prefill), stage each sampling
+request's noise from its own generator, launch one frame for every running slot, start copying that
+frame's codes to the host, then read the *previous* step's codes (which have long arrived) and
+retire requests that hit EOS or their budget. The host therefore learns about EOS one step late: a
+finished request runs at most one extra frame, which is discarded, and its slot is reused at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import sampling
+from ..device import Backend, get_backend
+from ..errors import RequestError
+from ..params import SamplingParams
+from ..prompt import Prompt
+from .runner import ModelRunner
+from .scheduler import Scheduler, Sequence
+from .state import SlotCache, SlotState, move_row
+
+
+@dataclass
+class EngineConfig:
+    """Engine-wide settings (per-request ones live in SamplingParams)."""
+
+    max_num_seqs: int = 8
+    max_positions: int = 4096  # talker positions per slot: prompt + frames
+    max_text_tokens: int = 1024  # trailing-text tokens per request (streaming text mode)
+    device: str = "cpu"
+    eager: bool = False  # never capture graphs (also: OMNITTS_EAGER=1)
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_positions < 16:
+            raise ValueError(f"max_positions must be >= 16, got {self.max_positions}")
+
+
+class Engine:
+    def __init__(self, ckpt, config: EngineConfig | None = None, backend: Backend | None = None):
+        self.ckpt = ckpt
+        self.config = config = config or EngineConfig()
+        cfg = ckpt.config
+        tcfg, pcfg = cfg.talker, cfg.predictor
+        dtype = ckpt.model.talker.codec_head.weight.dtype
+        self.noise_size = sampling.frame_noise_size(tcfg.vocab_size, pcfg.vocab_size, pcfg.num_code_groups)
+        self.eos = tcfg.codec_eos_token_id
+        self.state = SlotState(config.max_num_seqs, cfg, config.max_text_tokens, self.noise_size, dtype, ckpt.device)
+        self.cache = SlotCache(tcfg.num_hidden_layers, config.max_num_seqs, tcfg.num_key_value_heads,
+                               config.max_positions, tcfg.head_dim, dtype, ckpt.device)
+        self.runner = ModelRunner(ckpt, self.state, self.cache)
+        self.backend = backend or get_backend(config.device, eager=config.eager)
+        self.steps = self.backend.frame_steps(self.runner, config.max_num_seqs, config.max_positions,
+                                              self._device_state(), self.state.codes)
+        self.scheduler = Scheduler(config.max_num_seqs)
+        self.pending = None  # (host copy of the last launched frame, the sequences of its rows)
+        self.next_id = 0
+        self.steps_run = 0
+
+    # -- requests -------------------------------------------------------------------------------
+    def add(self, prompt: Prompt, params: SamplingParams, tag=None) -> Sequence:
+        """Queue a prompt; it is admitted as soon as a slot is free."""
+        length, text = prompt.embeds.shape[0], prompt.trailing.shape[0]
+        if length + params.max_frames + 1 > self.config.max_positions:  # +1: the discarded overshoot frame
+            raise RequestError(f"max_frames: prompt ({length} positions) + {params.max_frames} frames exceeds "
+                               f"the engine's max_positions={self.config.max_positions}; lower max_frames or "
+                               "raise max_positions")
+        if text > self.config.max_text_tokens:
+            raise RequestError(f"text: {text} trailing text tokens exceed max_text_tokens="
+                               f"{self.config.max_text_tokens}; split the text or raise the limit")
+        generator = None
+        if params.do_sample or params.subtalker_dosample:
+            generator = torch.Generator(device=self.ckpt.device)
+            generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        seq = Sequence(self.next_id, prompt, params, tag, generator)
+        self.next_id += 1
+        self.scheduler.add(seq)
+        return seq
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self.pending is not None
+
+    # -- the loop -------------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Run one frame for every running request; return the requests that finished."""
+        self._admit()
+        launched = None
+        running = list(self.scheduler.running)
+        if running:
+            span = max(self.cache_lengths(running)) + 1  # positions this frame attends to
+            self._stage_noise(running)
+            self.steps.run(len(running), span)
+            launched = (self.backend.to_host(self.state.codes[: len(running)]), running)
+        finished = self._collect(self.pending) if self.pending is not None else []
+        self.pending = launched
+        self.steps_run += 1
+        return finished
+
+    def run(self):
+        """Step until every queued request has finished, yielding them as they do."""
+        while self.has_work():
+            yield from self.step()
+
+    def cache_lengths(self, seqs: list[Sequence]) -> list[int]:
+        """Talker positions each sequence will have filled before this step (known without a sync)."""
+        return [seq.prompt.embeds.shape[0] + seq.launched for seq in seqs]
+
+    def _admit(self) -> None:
+        new = self.scheduler.admit()
+        if not new:
+            return
+        state = self.state
+        for seq in new:
+            seq.admitted_at = self.steps_run
+            row = seq.slot
+            state.reset(row)
+            state.params.set(row, seq.params)
+            state.load_text(row, seq.prompt.trailing.to(state.trailing.dtype), seq.prompt.pad.to(state.trailing.dtype))
+        self.runner.prefill(new[0].slot, [seq.prompt.embeds for seq in new])
+
+    def _stage_noise(self, running: list[Sequence]) -> None:
+        """Each sampling request's noise for this frame, from its own generator (outside any graph)."""
+        for seq in running:
+            seq.launched += 1
+            if seq.generator is not None:
+                self.state.noise[seq.slot] = sampling.draw_noise(seq.generator, self.noise_size, self.ckpt.device)
+
+    def _collect(self, pending) -> list[Sequence]:
+        """Read a launched frame's codes; retire sequences that ended (EOS or budget)."""
+        transfer, seqs = pending
+        codes = transfer.result()  # (B, 16) int64 numpy
+        finished = []
+        for row, seq in enumerate(seqs):
+            if seq.finished:
+                continue  # the overshoot frame of a sequence that ended one step earlier
+            if int(codes[row, 0]) == self.eos:
+                seq.finish_reason = "eos"
+            else:
+                seq.frames.append(codes[row].copy())
+                if len(seq.frames) >= seq.params.max_frames:
+                    seq.finish_reason = "length"
+            if seq.finished:
+                seq.finished_at = self.steps_run
+                finished.append(seq)
+                moved = self.scheduler.release(seq)
+                if moved is not None:
+                    move_row(self.state.per_row() + self.cache.tensors(), *moved)
+        return finished
+
+    def _device_state(self) -> list:
+        return self.state.per_row() + [self.state.codes] + self.cache.tensors()

@@ -1,0 +1,99 @@
+"""The model side of the engine: batched prefill, and one whole frame for a batch of slots.
+
+`frame` is the hot path: choose codebook 0 from the pending logits, run the code predictor's 15
+steps, embed the frame, add each row's next trailing-text embedding and run one talker step to get
+the next logits. It reads and writes only preallocated state (the slot prefix 0..batch-1), takes
+its randomness from the staged noise buffer and makes no host sync, so a device backend can capture
+it whole as one graph per batch size. Prefill has variable shapes and always runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import sampling
+from ..models.layers import KVCache
+from .state import SlotCache, SlotState
+
+
+class ModelRunner:
+    def __init__(self, ckpt, state: SlotState, cache: SlotCache):
+        self.ckpt = ckpt
+        self.talker = ckpt.model.talker
+        self.state = state
+        self.cache = cache
+        tcfg = ckpt.config.talker
+        self.eos = tcfg.codec_eos_token_id
+        self.vocab = tcfg.vocab_size
+        self.suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, ckpt.device)
+
+    @torch.inference_mode()
+    def prefill(self, start: int, prompts: list[torch.Tensor]) -> None:
+        """Prompts (L_i, D) into rows start..start+n: K/V written, next logits and hidden stored."""
+        dev, dtype = self.ckpt.device, self.state.hidden.dtype
+        n, longest = len(prompts), max(p.shape[0] for p in prompts)
+        lengths = torch.tensor([p.shape[0] for p in prompts], device=dev)
+        x = torch.zeros((n, longest, prompts[0].shape[1]), dtype=dtype, device=dev)
+        for i, p in enumerate(prompts):  # right padding: real positions keep their indices 0..L-1
+            x[i, : p.shape[0]] = p
+        pos = torch.arange(longest, device=dev)
+        causal = pos[None, :] <= pos[:, None]
+        valid = pos[None, :] < lengths[:, None]  # (n, L) keys that exist
+        mask = (causal[None] & valid[:, None, :])[:, None]  # (n, 1, L, L)
+        mask = mask | torch.eye(longest, dtype=torch.bool, device=dev)  # padded queries see themselves
+        self.cache.prefill(start, n)
+        hidden = self.talker(x, pos.expand(n, longest), self.cache, mask)
+        last = hidden[torch.arange(n, device=dev), lengths - 1]  # (n, D)
+        rows = slice(start, start + n)
+        self.state.hidden[rows] = last
+        self.state.logits[rows] = self.talker.logits(last).float()
+        self.state.lengths[rows] = lengths
+
+    @torch.inference_mode()
+    def frame(self, batch: int, span: int) -> None:
+        """Advance rows 0..batch-1 by one frame; the frame's codes land in `state.codes[:batch]`."""
+        s, talker = self.state, self.talker
+        rows = slice(0, batch)
+        p = s.params
+        logits = sampling.process_talker(s.logits[rows], s.seen[rows], p.penalty[rows], s.generated[rows],
+                                         self.suppress, self.eos)
+        noise = s.noise[rows]
+        c0 = sampling.choose(logits, p.do_sample[rows], p.temperature[rows], p.top_k[rows], p.top_p[rows],
+                             noise[:, : self.vocab])
+        codes = self._residuals(s.hidden[rows], c0, rows, noise[:, self.vocab:])  # (B, 16)
+        s.codes[rows] = codes
+        s.seen[rows].scatter_(1, c0[:, None], True)  # (one_hot would check values: a host sync)
+        # Trailing text token k joins frame k's embedding; past the text, the stored tts_pad does.
+        index = torch.minimum(s.generated[rows], s.trailing_len[rows])
+        text = s.trailing[rows][torch.arange(batch, device=c0.device), index]
+        s.generated[rows] += 1
+        x = (talker.embed_frame(codes) + text).unsqueeze(1)  # (B, 1, D)
+        positions = s.lengths[rows].clamp(max=self.cache.capacity - 1)  # padding rows never overflow
+        keys = torch.arange(span, device=c0.device)
+        mask = (keys[None, :] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
+        self.cache.decode(batch, positions, span)
+        hidden = talker(x, positions[:, None], self.cache, mask)[:, 0]
+        s.lengths[rows] = positions + 1
+        s.hidden[rows] = hidden
+        s.logits[rows] = talker.logits(hidden).float()
+
+    def _residuals(self, past_hidden, c0, rows: slice, noise) -> torch.Tensor:
+        """Codebooks 1..15 for every row (the code predictor's loop, KV-cached within the frame)."""
+        predictor = self.talker.code_predictor
+        p = self.state.params
+        groups, vocab = predictor.cfg.num_code_groups, predictor.cfg.vocab_size
+        batch = c0.shape[0]
+        cache = KVCache(predictor.cfg.num_hidden_layers)
+        x = torch.stack([past_hidden, self.talker.embed_codec(c0)], dim=1)  # (B, 2, D)
+        positions = torch.arange(2, device=c0.device).expand(batch, 2)
+        hidden = predictor(x, positions, cache)
+        codes = [c0]
+        for group in range(1, groups):
+            logits = predictor.logits(group, hidden)[:, -1].float()  # heads on all rows, as the slow path
+            code = sampling.choose(logits, p.sub_do_sample[rows], p.sub_temperature[rows], p.sub_top_k[rows],
+                                   p.sub_top_p[rows], noise[:, (group - 1) * vocab : group * vocab])
+            codes.append(code)
+            if group < groups - 1:
+                step = torch.full((batch, 1), group + 1, device=c0.device)
+                hidden = predictor(predictor.embed(group, code)[:, None], step, cache)
+        return torch.stack(codes, dim=-1)

@@ -1,0 +1,79 @@
+"""Which request runs in which slot: a waiting queue and a prefix of running slots.
+
+Running sequences occupy slots 0..n-1 in order. A new request is admitted into slot n as soon as
+there is room; a finished one frees its slot at once by moving the last running sequence into it
+(the caller moves the device rows the same way). No device data is read here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..params import SamplingParams
+from ..prompt import Prompt
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request inside the engine."""
+
+    id: int
+    prompt: Prompt
+    params: SamplingParams
+    tag: object = None  # the caller's handle (e.g. the Request), returned untouched
+    generator: torch.Generator | None = None
+    frames: list[np.ndarray] = field(default_factory=list)
+    finish_reason: str | None = None
+    slot: int | None = None
+    launched: int = 0  # frames launched for this sequence (known to the host without a sync)
+    admitted_at: int | None = None  # engine step numbers, for progress and tests
+    finished_at: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def samples(self) -> bool:
+        return self.params.do_sample or self.params.subtalker_dosample
+
+    def codes(self) -> np.ndarray:
+        return np.stack(self.frames) if self.frames else np.zeros((0, 16), dtype=np.int64)
+
+
+class Scheduler:
+    def __init__(self, max_num_seqs: int):
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def admit(self) -> list[Sequence]:
+        """Move waiting sequences into free slots (appended after the running prefix)."""
+        admitted = []
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting.popleft()
+            seq.slot = len(self.running)
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def release(self, seq: Sequence) -> tuple[int, int] | None:
+        """Free `seq`'s slot. Returns (src, dst) if the last running sequence moved into it."""
+        slot = seq.slot
+        last = self.running.pop()
+        seq.slot = None
+        if last is seq:
+            return None
+        self.running[slot] = last
+        last.slot = slot
+        return len(self.running), slot

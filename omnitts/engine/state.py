@@ -1,0 +1,92 @@
+"""Everything the engine keeps on the device per running slot, preallocated once.
+
+Running requests occupy rows 0..n-1 of every tensor here (the batch is always a prefix, so a step
+reads contiguous views and no per-step gather is needed). When a request finishes, the last running
+row is moved into its place (`move`). Nothing is allocated per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..params import RowParams
+
+
+class SlotCache:
+    """Talker K/V for `slots` rows x `capacity` positions per layer, with the attention `update` hook.
+
+    Bind it before a forward: `prefill(start, count)` writes fresh keys to rows start..start+count and
+    attends to them directly; `decode(batch, positions, span)` writes one key per row at that row's
+    position and returns the first `span` positions of rows 0..batch-1.
+    """
+
+    def __init__(self, layers: int, slots: int, kv_heads: int, capacity: int, head_dim: int, dtype, device):
+        shape = (slots, kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.capacity = capacity
+        self.length = 1  # never "empty": callers always pass explicit masks
+        self._rows = slice(0, 0)
+        self._positions = None
+        self._span = 0
+
+    def prefill(self, start: int, count: int) -> None:
+        self._rows, self._positions = slice(start, start + count), None
+
+    def decode(self, batch: int, positions: torch.Tensor, span: int) -> None:
+        self._rows, self._positions, self._span = slice(0, batch), positions, span
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        if self._positions is None:  # prefill: k, v (count, Hkv, T, D)
+            self.k[layer][self._rows, :, : k.shape[2]] = k
+            self.v[layer][self._rows, :, : v.shape[2]] = v
+            return k, v
+        rows = torch.arange(k.shape[0], device=k.device)
+        self.k[layer][rows, :, self._positions] = k[:, :, 0]
+        self.v[layer][rows, :, self._positions] = v[:, :, 0]
+        return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.k + self.v
+
+
+class SlotState:
+    """Per-row decoding state: logits awaiting a choice, last hidden, history, counters, text, params."""
+
+    def __init__(self, slots: int, cfg, text_capacity: int, noise_size: int, dtype, device):
+        t = cfg.talker
+        self.slots = slots
+        self.logits = torch.zeros((slots, t.vocab_size), dtype=torch.float32, device=device)
+        self.hidden = torch.zeros((slots, t.hidden_size), dtype=dtype, device=device)
+        self.seen = torch.zeros((slots, t.vocab_size), dtype=torch.bool, device=device)
+        self.generated = torch.zeros(slots, dtype=torch.long, device=device)  # frames so far
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)  # talker positions filled
+        self.trailing = torch.zeros((slots, text_capacity + 1, t.hidden_size), dtype=dtype, device=device)
+        self.trailing_len = torch.zeros(slots, dtype=torch.long, device=device)
+        self.noise = torch.ones((slots, noise_size), dtype=torch.float32, device=device)
+        self.codes = torch.zeros((slots, t.num_code_groups), dtype=torch.long, device=device)
+        self.params = RowParams.empty(slots, device)
+        self.text_capacity = text_capacity
+
+    def per_row(self) -> list[torch.Tensor]:
+        """Tensors whose row i belongs to the request in slot i (moved together on compaction)."""
+        return [self.logits, self.hidden, self.seen, self.generated, self.lengths, self.trailing,
+                self.trailing_len, self.noise, *self.params.tensors()]
+
+    def reset(self, row: int) -> None:
+        self.seen[row] = False
+        self.generated[row] = 0
+        self.noise[row] = 1.0
+
+    def load_text(self, row: int, trailing: torch.Tensor, pad: torch.Tensor) -> None:
+        """Trailing text of the request in `row`, followed by tts_pad (used once the text runs out)."""
+        n = trailing.shape[0]
+        self.trailing[row, :n] = trailing
+        self.trailing[row, n] = pad
+        self.trailing_len[row] = n
+
+
+def move_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:
+    """Copy row `src` onto row `dst` in every tensor (compaction after a request finishes)."""
+    for tensor in tensors:
+        tensor[dst].copy_(tensor[src])

@@ -1,0 +1,126 @@
+"""The batched engine against the one-request slow path, and its scheduling and graph bookkeeping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnitts.device.fake import FakeGraphBackend, GraphRuleError, graph_rules
+from omnitts.engine import Engine, EngineConfig
+from omnitts.errors import RequestError
+from omnitts.reference import generate_codes
+from omnitts.request import Request
+
+
+def run_engine(tts, jobs, backend=None, **config):
+    """jobs: [(Request, SamplingParams)] -> {index: Sequence}; all added up front (admitted as slots free)."""
+    engine = Engine(tts.ckpt, EngineConfig(**{"max_positions": 512, **config}), backend=backend)
+    seqs = [engine.add(tts.prompts.build(req, _voice(tts, req)), params, tag=i) for i, (req, params) in enumerate(jobs)]
+    done = {seq.tag: seq for seq in engine.run()}
+    assert len(done) == len(seqs)
+    return done
+
+
+def _voice(tts, req):
+    if req.ref_audio is None:
+        return None
+    return tts.clone_voice(req.ref_audio, req.ref_text, req.x_vector_only)
+
+
+def slow(tts, req, params):
+    return generate_codes(tts.ckpt, tts.prompts.build(req, _voice(tts, req)), params).codes.numpy()
+
+
+@pytest.fixture(scope="module")
+def cv(tts_factory):
+    return tts_factory("custom_voice", "tiny-1.7b")
+
+
+def cv_jobs(tts, greedy=True, n=6):
+    texts = ["Short one.", "A somewhat longer sentence for the batch.", "你好，今天怎么样？",
+             "Instructions change the voice.", "Auto language, streaming text.", "Last of the group here."]
+    extra = [dict(speaker="ryan", language="english"), dict(speaker="vivian"), dict(speaker="eric", language="chinese"),
+             dict(speaker="serena", instruct="Whisper softly."), dict(speaker="aiden", non_streaming=False),
+             dict(speaker="dylan", language="auto")]
+    return [(Request(texts[i], **extra[i]), tts.default_params(greedy, max_frames=6 + 4 * i, seed=100 + i))
+            for i in range(n)]
+
+
+def test_batched_greedy_equals_slow_path_with_staggered_admission(cv, tts_factory, ref_wav):
+    jobs = cv_jobs(cv)
+    done = run_engine(cv, jobs, max_num_seqs=3)  # 6 requests through 3 slots: admissions mid-run
+    for i, (req, params) in enumerate(jobs):
+        np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")
+    assert max(seq.admitted_at for seq in done.values()) > 0
+    base = tts_factory("base")
+    clone_jobs = [
+        (Request("Cloned, in context.", ref_audio=ref_wav, ref_text="Reference words."), base.default_params(True, max_frames=9)),
+        (Request("Cloned, x-vector only.", ref_audio=ref_wav, x_vector_only=True), base.default_params(True, max_frames=5)),
+        (Request("In context, non-streaming.", ref_audio=ref_wav, ref_text="Ref.", non_streaming=True),
+         base.default_params(True, max_frames=7)),
+    ]
+    done = run_engine(base, clone_jobs, max_num_seqs=2)
+    for i, (req, params) in enumerate(clone_jobs):
+        np.testing.assert_array_equal(done[i].codes(), slow(base, req, params), err_msg=f"clone request {i}")
+
+
+def test_seeded_sampling_is_batch_invariant_and_matches_slow_path(cv):
+    target = (Request("The request we watch.", speaker="ryan"), cv.default_params(False, max_frames=12, seed=7))
+    alone = run_engine(cv, [target], max_num_seqs=1)[0].codes()
+    crowd = [(Request(f"Other request {i}.", speaker="vivian"), cv.default_params(False, max_frames=5 + i, seed=i))
+             for i in range(16)]
+    together = run_engine(cv, crowd[:9] + [target] + crowd[9:], max_num_seqs=17)[9].codes()
+    np.testing.assert_array_equal(alone, together)
+    np.testing.assert_array_equal(alone, slow(cv, *target))
+    assert not np.array_equal(alone, run_engine(cv, [(target[0], cv.default_params(False, max_frames=12, seed=8))],
+                                                max_num_seqs=1)[0].codes())
+
+
+def test_fake_graph_path_equals_eager(cv):
+    for greedy in (True, False):
+        jobs = cv_jobs(cv, greedy=greedy)
+        eager = run_engine(cv, jobs, max_num_seqs=4)
+        backend = FakeGraphBackend()
+        graphed = run_engine(cv, jobs, backend=backend, max_num_seqs=4)
+        assert len(backend.captured) == 3  # buckets 1, 2, 4
+        assert sum(g.replays for g in backend.captured) > 0
+        for i in eager:
+            np.testing.assert_array_equal(eager[i].codes(), graphed[i].codes(), err_msg=f"request {i}")
+
+
+def test_frame_step_makes_no_host_sync_and_the_check_can_fail(cv):
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
+    engine.add(cv.prompts.build(Request("Check syncs.", speaker="ryan")), cv.default_params(False, max_frames=3, seed=1))
+    engine._admit()
+    engine._stage_noise(engine.scheduler.running)
+    with graph_rules():
+        engine.runner.frame(1, 64)  # the whole frame: sampling, predictor loop, talker step
+    with pytest.raises(GraphRuleError, match="host sync `item`"):
+        with graph_rules():
+            engine.state.codes.sum().item()
+    with pytest.raises(GraphRuleError, match="random number generation"):
+        with graph_rules():
+            engine.state.noise.exponential_()
+
+
+def test_finished_requests_waste_at_most_one_frame_and_free_their_slot(tts_factory):
+    tts = tts_factory("custom_voice", eos_scale=3.0)  # early EOS is common here
+    jobs = [(Request("Long runner keeps going.", speaker="ryan"), tts.default_params(True, max_frames=40))]
+    jobs += [(Request(f"Short {i}.", speaker="vivian"), tts.default_params(True, max_frames=3)) for i in range(4)]
+    done = run_engine(tts, jobs, max_num_seqs=2)
+    long_end = done[0].finished_at
+    assert any(seq.admitted_at < long_end for i, seq in done.items() if i >= 2), "a freed slot was not reused"
+    reasons = set()
+    for seq in done.values():
+        reasons.add(seq.finish_reason)
+        useful = len(seq.frames) + (seq.finish_reason == "eos")
+        assert seq.launched - useful <= 1, (seq.launched, useful)
+    assert reasons == {"eos", "length"}
+    for i, (req, params) in enumerate(jobs):
+        np.testing.assert_array_equal(done[i].codes(), slow(tts, req, params))
+
+
+def test_request_that_cannot_fit_is_refused(cv):
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=1, max_positions=32))
+    with pytest.raises(RequestError, match="exceeds the engine's max_positions=32"):
+        engine.add(cv.prompts.build(Request("Too long for this cache.", speaker="ryan")), cv.default_params(True, max_frames=30))
