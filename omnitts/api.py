@@ -5,25 +5,31 @@
     result = tts.synthesize("Hello there.", speaker="ryan", language="english")
     result.save("hello.wav")
 
-This first API runs the one-request-at-a-time reference path. The library never prints.
+Requests run through the continuous-batching engine (`generate` takes many at once and yields
+results as they finish); `run_reference` keeps the one-request slow path that the engine is tested
+against. The library never prints.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 
 from .audio import load_reference, write_audio
 from .config import config_summary
-from .errors import RequestError
+from .errors import OmniTTSError, RequestError
 from .models.loader import Checkpoint, load_checkpoint
 from .params import SamplingParams
-from .prompt import PromptBuilder, resolve
+from .engine import Engine, plan
+from .prompt import Prompt, PromptBuilder, resolve
 from .reference import decode_codes, generate_codes
 from .request import Request, Voice
+
+KV_BUDGET_BYTES = 4 * 2**30  # default talker-cache budget of one generate() call
 
 
 @dataclass
@@ -34,9 +40,9 @@ class Result:
     sample_rate: int
     codes: np.ndarray  # (frames, 16) int64
     finish_reason: str  # "eos" or "length"
-    talker_margin: float
-    predictor_margin: float
     id: str | None = None
+    talker_margin: float | None = None  # smallest greedy top-1/top-2 gaps (reference path only)
+    predictor_margin: float | None = None
 
     @property
     def frames(self) -> int:
@@ -55,9 +61,13 @@ class Result:
 class TTS:
     """A loaded checkpoint, ready to synthesize. Create with `omnitts.load`."""
 
-    def __init__(self, ckpt: Checkpoint):
+    def __init__(self, ckpt: Checkpoint, max_batch: int = 8, eager: bool = False,
+                 kv_budget_bytes: int = KV_BUDGET_BYTES):
         self.ckpt = ckpt
         self.prompts = PromptBuilder(ckpt)
+        self.max_batch = max_batch
+        self.eager = eager
+        self.kv_budget_bytes = kv_budget_bytes
 
     @property
     def sample_rate(self) -> int:
@@ -88,38 +98,86 @@ class TTS:
         codes = None if x_vector_only else ckpt.codec_encoder.encode(wav)
         return Voice(x_vector=x_vector.float().cpu(), ref_codes=codes, ref_text=None if x_vector_only else ref_text)
 
-    def run(self, request: Request, params: SamplingParams) -> Result:
-        """Synthesize one `Request` with explicit sampling parameters."""
+    def prepare(self, request: Request) -> Prompt:
+        """Check `request`, encode its reference audio if any, and build its prompt."""
         resolve(self.ckpt.config, request)  # fail on a bad request before encoding any audio
         voice = request.voice
         if voice is None and request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
-        prompt = self.prompts.build(request, voice)
+        return self.prompts.build(request, voice)
+
+    def generate(self, jobs: Iterable[tuple[Request, SamplingParams]]) -> Iterator[Result]:
+        """Synthesize many requests together (continuous batching); yield each result as it finishes."""
+        prepared = [(request, self.prepare(request), params) for request, params in jobs]
+        if not prepared:
+            return
+        positions = max(p.embeds.shape[0] + params.max_frames + 1 for _, p, params in prepared)
+        text = max(p.trailing.shape[0] for _, p, _ in prepared)
+        config = plan(self.ckpt, positions, min(self.max_batch, len(prepared)), text, self.kv_budget_bytes,
+                      self.ckpt.device.type, self.eager)
+        engine = Engine(self.ckpt, config)
+        for request, prompt, params in prepared:
+            engine.add(prompt, params, tag=request)
+        for seq in engine.run():
+            codes = torch.from_numpy(seq.codes())
+            audio = decode_codes(self.ckpt, codes, seq.prompt.ref_codes)
+            yield Result(audio, self.sample_rate, seq.codes(), seq.finish_reason, seq.tag.id)
+
+    def run(self, request: Request, params: SamplingParams) -> Result:
+        """Synthesize one `Request` with explicit sampling parameters."""
+        return next(self.generate([(request, params)]))
+
+    def run_reference(self, request: Request, params: SamplingParams) -> Result:
+        """The one-request eager slow path (what the engine is tested against), with greedy margins."""
+        prompt = self.prepare(request)
         generation = generate_codes(self.ckpt, prompt, params)
         audio = decode_codes(self.ckpt, generation.codes, prompt.ref_codes)
-        return Result(audio, self.sample_rate, generation.codes.numpy(), generation.finish_reason,
-                      generation.talker_margin, generation.predictor_margin, request.id)
+        return Result(audio, self.sample_rate, generation.codes.numpy(), generation.finish_reason, request.id,
+                      generation.talker_margin, generation.predictor_margin)
 
-    def synthesize(self, text: str, *, language: str = "auto", speaker: str | None = None,
+    def synthesize(self, text: str | list[str], *, language: str = "auto", speaker: str | None = None,
                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
                    x_vector_only: bool = False, voice: Voice | None = None, non_streaming: bool | None = None,
                    greedy: bool = False, max_frames: int | None = None, seed: int | None = None,
-                   **sampling) -> Result:
-        """Speak `text`. See `Request` for which fields each checkpoint kind takes.
+                   **sampling) -> Result | list[Result]:
+        """Speak `text` (a string, or a list of strings batched together). See `Request` for which
+        fields each checkpoint kind takes.
 
         `greedy` takes the most likely code at every step (deterministic); otherwise codes are
         sampled with the checkpoint's defaults, overridable by keyword (`temperature`, `top_k`,
         `top_p`, `repetition_penalty`, `subtalker_*`). `max_frames` caps the length (12.5 frames/s).
+        With a list and a `seed`, item i uses seed + i. Reference audio is encoded once for a list.
         """
-        request = Request(text, language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice, non_streaming)
-        params = self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)
-        return self.run(request, params)
+        texts = [text] if isinstance(text, str) else list(text)
+        if ref_audio is not None and voice is None and len(texts) > 1:
+            voice = self.clone_voice(ref_audio, ref_text, x_vector_only)
+        jobs = []
+        for i, item in enumerate(texts):
+            request = Request(item, language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice,
+                              non_streaming, id=str(i))
+            item_seed = None if seed is None else seed + i
+            jobs.append((request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
+        results = {result.id: result for result in self.generate(jobs)}
+        ordered = [results[str(i)] for i in range(len(texts))]
+        return ordered[0] if isinstance(text, str) else ordered
 
 
-def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: bool = False) -> TTS:
+def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: bool = False,
+         max_batch: int = 8, eager: bool = False) -> TTS:
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
 
-    `dtype` (float32, bfloat16, float16) applies to the language models; the codec always runs in
-    float32. `official_tokenizer=True` reproduces the official package's token ids (see tokenizer.py).
+    `device`: cpu, cuda or npu. `dtype` (float32, bfloat16, float16) applies to the language models;
+    the codec always runs in float32. `max_batch` caps how many requests decode together; `eager`
+    turns graph capture off (also OMNITTS_EAGER=1). `official_tokenizer=True` reproduces the
+    official package's token ids (see tokenizer.py).
     """
-    return TTS(load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer))
+    if device == "npu":
+        from .device.npu import import_torch_npu
+
+        import_torch_npu()  # before any tensor goes to the NPU
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise OmniTTSError("device cuda: no CUDA device is visible to torch (use --device cpu)")
+    elif device not in ("cpu", "cuda"):
+        raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
+    ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer)
+    return TTS(ckpt, max_batch=max_batch, eager=eager)

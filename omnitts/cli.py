@@ -19,7 +19,9 @@ Greedy = Annotated[bool, typer.Option("--greedy", help="Argmax decoding in talke
 MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, help="Frame budget per item (12.5 frames/s).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for items without their own.")]
 Dtype = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16 (language models; codec stays float32).")]
-Device = Annotated[str, typer.Option("--device", help="cpu (cuda / npu arrive with the batched engine).")]
+Device = Annotated[str, typer.Option("--device", help="cpu | cuda | npu (npu needs torch_npu and CANN).")]
+MaxBatch = Annotated[int, typer.Option("--max-batch", min=1, help="Requests decoded together (continuous batching).")]
+Eager = Annotated[bool, typer.Option("--eager", help="No graph capture on cuda/npu (also OMNITTS_EAGER=1).")]
 SaveCodes = Annotated[bool, typer.Option("--save-codes", help="Also write <id>.codes.npy, int64 [frames, 16].")]
 OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", help="Tokenize like the official qwen-tts package (Mistral regex swap) instead of as the checkpoint defines.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
@@ -43,13 +45,15 @@ def synth(
     save_codes: SaveCodes = False,
     official_tokenizer: OfficialTok = False,
     quiet: Quiet = False,
+    max_batch: MaxBatch = 8,
+    eager: Eager = False,
 ):
     """Synthesize every line of MANIFEST into OUT/<id>.wav."""
     from .config import load_config
     from .manifest import ManifestError, load_manifest
 
-    if device != "cpu":
-        _fail(f"--device {device}: only cpu is available in this version")
+    if device not in ("cpu", "cuda", "npu"):
+        _fail(f"--device {device!r}: choose cpu, cuda or npu")
     try:
         items = load_manifest(manifest, load_config(model))
     except ManifestError as exc:
@@ -59,12 +63,14 @@ def synth(
     except OmniTTSError as exc:
         _fail(str(exc))
     try:
-        _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes, official_tokenizer, quiet)
+        _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes, official_tokenizer, quiet,
+             max_batch, eager)
     except OmniTTSError as exc:
         _fail(str(exc))
 
 
-def _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes, official_tokenizer, quiet):
+def _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes, official_tokenizer, quiet,
+         max_batch=8, eager=False):
     import numpy as np
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -73,19 +79,20 @@ def _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes,
 
     console = Console(stderr=True, quiet=quiet)
     with console.status("loading checkpoint"):
-        tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer)
+        tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=max_batch,
+                   eager=eager)
     out.mkdir(parents=True, exist_ok=True)
     total_seconds = 0.0
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=quiet) as progress:
         task = progress.add_task("synthesizing", total=len(items))
-        for item in items:
-            params = tts.default_params(greedy, max_frames=max_frames,
-                                        seed=item.seed if item.seed is not None else seed)
-            result = tts.run(item.request, params)
-            result.save(out / f"{item.request.id}.wav")
+        jobs = [(item.request, tts.default_params(greedy, max_frames=max_frames,
+                                                  seed=item.seed if item.seed is not None else seed))
+                for item in items]
+        for result in tts.generate(jobs):
+            result.save(out / f"{result.id}.wav")
             if save_codes:
-                np.save(out / f"{item.request.id}.codes.npy", result.codes.astype(np.int64))
+                np.save(out / f"{result.id}.codes.npy", result.codes.astype(np.int64))
             total_seconds += result.duration
             progress.advance(task)
     console.print(f"wrote {len(items)} file(s), {total_seconds:.1f} s of audio, to {out}")
@@ -134,7 +141,7 @@ def demo(
     ]
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
     synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype="float32", device="cpu",
-          save_codes=True, official_tokenizer=False, quiet=False)
+          save_codes=True, official_tokenizer=False, quiet=False, max_batch=8, eager=False)
 
 
 def main():

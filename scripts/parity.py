@@ -135,7 +135,7 @@ def run_omnitts(case: dict, frames: int, paths: dict):
         text=case["text"], language=case["language"], speaker=case.get("speaker"), instruct=case.get("instruct"),
         ref_audio=paths["ref"] if case["mode"] == "voice_clone" else None, ref_text=case.get("ref_text"),
         x_vector_only=case.get("x_vector_only_mode", False), non_streaming=case.get("non_streaming_mode"))
-    return tts.run(request, tts.default_params(greedy=True, max_frames=frames))
+    return tts.run_reference(request, tts.default_params(greedy=True, max_frames=frames))
 
 
 def compare(reference: Path, frames: int, paths: dict) -> tuple[list[dict], bool]:

@@ -210,7 +210,16 @@ def run_generation(tts, case: dict) -> dict:
         kwargs["voice_clone_prompt"] = items
     with capture(tts) as seen:
         wavs, sr = getattr(tts, GENERATE[mode])(**kwargs)
-    assert len(wavs) == len(seen["codes"]) == len(seen["decode_codes"]) == 1
+    batch = len(kwargs["text"]) if isinstance(kwargs["text"], list) else 1  # a static batch (benchmarks)
+    assert len(wavs) == len(seen["codes"]) == len(seen["decode_codes"]) == batch
+    if batch > 1:
+        for i in range(batch):
+            out[f"codes_{i}"] = seen["codes"][i].numpy().astype(np.int64)
+            out[f"wav_{i}"] = np.asarray(wavs[i], dtype=np.float32)
+        out["codes"] = np.concatenate([out[f"codes_{i}"] for i in range(batch)])  # all frames, for the summary
+        out["wav"] = np.concatenate([out[f"wav_{i}"] for i in range(batch)])
+        out["sample_rate"] = np.int64(sr)
+        return out
     out["codes"] = seen["codes"][0].numpy().astype(np.int64)
     out["decode_codes"] = seen["decode_codes"][0].numpy().astype(np.int64)
     out["wav"] = np.asarray(wavs[0], dtype=np.float32)

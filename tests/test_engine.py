@@ -124,3 +124,27 @@ def test_request_that_cannot_fit_is_refused(cv):
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=1, max_positions=32))
     with pytest.raises(RequestError, match="exceeds the engine's max_positions=32"):
         engine.add(cv.prompts.build(Request("Too long for this cache.", speaker="ryan")), cv.default_params(True, max_frames=30))
+
+
+def test_api_batches_a_list_and_matches_the_reference_path(cv):
+    texts = ["First of three.", "The second is a little longer than the first.", "Third."]
+    results = cv.synthesize(texts, speaker="ryan", language="english", greedy=True, max_frames=7)
+    assert [r.id for r in results] == ["0", "1", "2"]
+    for text, result in zip(texts, results):
+        reference = cv.run_reference(Request(text, "english", "ryan"), cv.default_params(True, max_frames=7))
+        np.testing.assert_array_equal(result.codes, reference.codes)
+        np.testing.assert_allclose(result.audio, reference.audio, atol=1e-5)
+
+
+def test_unavailable_devices_fail_with_one_clear_line(ckpt_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"id": "a", "text": "Hi.", "speaker": "ryan"}\n')
+    for device, needle in [("npu", "--device npu needs torch_npu and the Ascend CANN toolkit"),
+                           ("cuda", "no CUDA device is visible"), ("tpu", "choose cpu, cuda or npu")]:
+        result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")),
+                                          "-o", str(tmp_path / "o"), "--device", device, "-q"])
+        assert result.exit_code == 2 and needle in result.output, (device, result.output)

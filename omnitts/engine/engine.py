@@ -46,6 +46,26 @@ class EngineConfig:
             raise ValueError(f"max_positions must be >= 16, got {self.max_positions}")
 
 
+def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
+         device: str = "cpu", eager: bool = False) -> EngineConfig:
+    """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
+
+    The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
+    slots are reduced until it fits `kv_budget_bytes`. Raises RequestError if not even one fits.
+    """
+    t = ckpt.config.talker
+    itemsize = ckpt.model.talker.codec_head.weight.element_size()
+    positions = -(-positions // 64) * 64  # round up: fewer distinct shapes, a little headroom
+    per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * positions * itemsize
+    slots = min(max_num_seqs, kv_budget_bytes // per_slot)
+    if slots < 1:
+        raise RequestError(f"max_frames: one request needs {positions} positions ({per_slot / 2**30:.1f} GiB of "
+                           f"talker cache), over the {kv_budget_bytes / 2**30:.1f} GiB budget; lower max_frames "
+                           "or raise the cache budget")
+    return EngineConfig(max_num_seqs=int(slots), max_positions=positions, max_text_tokens=max(text_tokens, 1),
+                        device=device, eager=eager)
+
+
 class Engine:
     def __init__(self, ckpt, config: EngineConfig | None = None, backend: Backend | None = None):
         self.ckpt = ckpt
