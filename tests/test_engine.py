@@ -83,7 +83,7 @@ def test_fake_graph_path_equals_eager(cv):
         backend = FakeGraphBackend()
         graphed = run_engine(cv, jobs, backend=backend, max_num_seqs=4)
         assert len(backend.captured) == 3  # buckets 1, 2, 4
-        assert sum(g.replays for g in backend.captured) > 0
+        assert all(g.replays > 0 for g in backend.captured)  # every bucket served some step
         for i in eager:
             np.testing.assert_array_equal(eager[i].codes(), graphed[i].codes(), err_msg=f"request {i}")
 

@@ -1,23 +1,26 @@
 """A CPU stand-in for CUDA/NPU graphs that enforces their rules, so tests can check the bookkeeping.
 
-Rules a captured frame must obey, and how this fake enforces them:
+`FakeGraphBackend` is the accelerator backend (the same capture code as CUDA and NPU) running on a
+fake device API. Rules a captured frame must obey, and how the fake enforces them:
   - no host sync during capture: `.item()`, `.tolist()`, `.numpy()`, `bool(t)`, `int(t)`,
     data-dependent shapes (`nonzero`, `unique`, `masked_select`) raise `GraphRuleError`;
-  - no RNG during capture (random numbers must come from the staged noise buffer): torch's sampling
+  - no RNG during capture (random numbers come from the staged noise buffer): torch's sampling
     functions raise;
-  - capture does not execute: the state is restored after the capture run, as if nothing had run;
+  - capture does not execute: the slot state is restored after the capture run, as if nothing ran;
   - stable input addresses: every replay checks the state tensors still live where they did at
-    capture (a reallocated buffer would be silently ignored by a real graph);
+    capture (a real graph would keep reading the old buffers);
   - outputs are overwritten on every replay: the output buffer is poisoned before each replay, so
-    code that relied on a stale output would read garbage.
+    code relying on a stale output reads garbage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import types
 
 import torch
 
+from .accelerator import AcceleratorBackend
 from .base import Backend
 
 
@@ -39,8 +42,7 @@ def graph_rules():
     saved = []
 
     def forbid(owner, name, what):
-        original = getattr(owner, name)
-        saved.append((owner, name, original))
+        saved.append((owner, name, getattr(owner, name)))
 
         def refuse(*args, **kwargs):
             raise GraphRuleError(f"{what} `{name}` during graph capture")
@@ -62,10 +64,20 @@ def graph_rules():
 
 
 class FakeGraph:
+    """Records nothing: capture checks the rules and undoes its work; replay re-runs the function."""
+
     def __init__(self, fn, state: list[torch.Tensor], output: torch.Tensor):
         self.fn, self.state, self.output = fn, state, output
         self.addresses = [t.data_ptr() for t in state]
         self.replays = 0
+
+    @contextlib.contextmanager
+    def capture(self):
+        saved = [t.clone() for t in self.state]
+        with graph_rules():
+            yield
+        for tensor, copy in zip(self.state, saved):
+            tensor.copy_(copy)
 
     def replay(self) -> None:
         moved = [i for i, t in enumerate(self.state) if t.data_ptr() != self.addresses[i]]
@@ -76,22 +88,36 @@ class FakeGraph:
         self.replays += 1
 
 
-class FakeGraphBackend(Backend):
-    """CPU execution with graph bookkeeping checked."""
+class _Stream:
+    def wait_stream(self, other) -> None:
+        pass
+
+
+def _fake_api():
+    """The slice of the torch.cuda / torch.npu API the accelerator backend uses, on the CPU."""
+    return types.SimpleNamespace(
+        Stream=_Stream, current_stream=_Stream, stream=lambda s: contextlib.nullcontext(),
+        graph_pool_handle=object, graph=lambda graph, pool=None: graph.capture(),
+    )
+
+
+class FakeGraphBackend(AcceleratorBackend):
+    """The accelerator backend's capture and replay code, on the CPU, with graph rules enforced."""
 
     name = "cpu"
-    supports_graphs = True
 
     def __init__(self, eager: bool = False):
         super().__init__(eager=eager)
         self.captured: list[FakeGraph] = []
+        self._api = _fake_api()
 
-    def capture(self, fn, pool, state: list[torch.Tensor], output: torch.Tensor) -> FakeGraph:
-        saved = [t.clone() for t in state]
-        with graph_rules():
-            fn()
-        for tensor, copy in zip(state, saved):  # capture records work; it does not run it
-            tensor.copy_(copy)
+    @property
+    def api(self):
+        return self._api
+
+    def new_graph(self, fn, state, output) -> FakeGraph:
         graph = FakeGraph(fn, state, output)
         self.captured.append(graph)
         return graph
+
+    to_host = Backend.to_host  # plain copies: pinned memory needs a real accelerator

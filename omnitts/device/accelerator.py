@@ -1,0 +1,86 @@
+"""What CUDA and Ascend NPU backends share: torch_npu mirrors the torch.cuda API (streams, events,
+graphs, graph pools), so one implementation serves both, parameterised by the device module.
+
+Written against the public APIs; neither backend has run on real hardware in this project yet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import Backend
+
+
+class PinnedTransfer:
+    """A non-blocking device-to-host copy into a fresh pinned buffer, complete when its event fires.
+
+    A fresh buffer per copy: a reused staging buffer must never be handed out as a view (the bug
+    found in vllm-omni PR #3164's review); `result()` returns an owned copy.
+    """
+
+    def __init__(self, api, tensor: torch.Tensor):
+        self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        self.host.copy_(tensor, non_blocking=True)
+        self.event = api.Event()
+        self.event.record()
+
+    def result(self) -> np.ndarray:
+        self.event.synchronize()
+        return self.host.numpy().copy()
+
+
+class Graph:
+    def __init__(self, graph):
+        self.graph = graph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+    @property
+    def replays(self) -> int:  # the CPU fake counts; real graphs do not
+        return getattr(self.graph, "replays", 0)
+
+
+class AcceleratorBackend(Backend):
+    """Graphs captured after a warm-up on a side stream; all buckets share one memory pool."""
+
+    supports_graphs = True
+
+    @property
+    def api(self):
+        """torch.cuda or torch.npu."""
+        return getattr(torch, self.name)
+
+    def new_graph(self, fn, state, output):
+        """An empty graph object of the device API (the arguments serve the CPU fake only)."""
+        raise NotImplementedError
+
+    def to_host(self, tensor: torch.Tensor) -> PinnedTransfer:
+        return PinnedTransfer(self.api, tensor)
+
+    def graph_pool(self):
+        return self.api.graph_pool_handle()
+
+    def capture(self, fn, pool, state, output) -> Graph:
+        api = self.api
+        side = api.Stream()
+        side.wait_stream(api.current_stream())
+        saved = [t.clone() for t in state]
+        with api.stream(side):
+            for _ in range(2):  # warm-up: lazy initialisation and allocator state before capture
+                fn()
+        api.current_stream().wait_stream(side)
+        for tensor, copy in zip(state, saved):  # the warm-up must leave no trace in the slots
+            tensor.copy_(copy)
+        graph = self.new_graph(fn, state, output)
+        with self.capturing():
+            with api.graph(graph, pool=pool):
+                fn()
+        return Graph(graph)
+
+    def capturing(self):
+        """A context checking the capture (CUDA: host syncs raise)."""
+        import contextlib
+
+        return contextlib.nullcontext()
