@@ -109,6 +109,10 @@ class TTS:
     def generate(self, jobs: Iterable[tuple[Request, SamplingParams]]) -> Iterator[Result]:
         """Synthesize many requests together (continuous batching); yield each result as it finishes."""
         prepared = [(request, self.prepare(request), params) for request, params in jobs]
+        yield from self.generate_prepared(prepared)
+
+    def generate_prepared(self, prepared: list[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Result]:
+        """`generate` for requests already turned into prompts (see `prepare`)."""
         if not prepared:
             return
         positions = max(p.embeds.shape[0] + params.max_frames + 1 for _, p, params in prepared)

@@ -32,6 +32,10 @@ def _fail(message: str, code: int = 2):
     raise typer.Exit(code)
 
 
+Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
+RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
+
+
 @app.command()
 def synth(
     manifest: Annotated[Path, typer.Argument(help="JSONL manifest: one {id, text, language, speaker | instruct | ref_audio ...} per line.")],
@@ -47,55 +51,100 @@ def synth(
     quiet: Quiet = False,
     max_batch: MaxBatch = 8,
     eager: Eager = False,
+    strict: Strict = False,
+    retry_failed: RetryFailed = False,
 ):
-    """Synthesize every line of MANIFEST into OUT/<id>.wav."""
+    """Synthesize every line of MANIFEST into OUT/<id>.wav, recording each in OUT/results.jsonl.
+
+    Bad lines are reported (file:line: field: problem) and recorded as errors while the rest run;
+    re-running the same command skips what is done. Exit code 1 if any item failed.
+    """
     from .config import load_config
-    from .manifest import ManifestError, load_manifest
+    from .manifest import check_manifest
 
     if device not in ("cpu", "cuda", "npu"):
         _fail(f"--device {device!r}: choose cpu, cuda or npu")
     try:
-        items = load_manifest(manifest, load_config(model))
-    except ManifestError as exc:
-        for line in exc.errors:
-            typer.echo(f"error: {line}", err=True)
+        items, bad = check_manifest(manifest, load_config(model))
+    except OmniTTSError as exc:
+        _fail(str(exc))
+    for line in bad:
+        typer.echo(f"error: {line.message}", err=True)
+    if bad and (strict or not items):
         raise typer.Exit(2)
-    except OmniTTSError as exc:
-        _fail(str(exc))
+    settings = dict(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes)
     try:
-        _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes, official_tokenizer, quiet,
-             max_batch, eager)
+        failed = _run(items, bad, model, out, settings, quiet, retry_failed,
+                      dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer,
+                           max_batch=max_batch, eager=eager))
     except OmniTTSError as exc:
         _fail(str(exc))
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: finished items are in {out}/results.jsonl; run the same command again "
+                   "to resume", err=True)
+        raise typer.Exit(130)
+    if failed:
+        raise typer.Exit(1)
 
 
-def _run(items, model, out, greedy, max_frames, seed, dtype, device, save_codes, official_tokenizer, quiet,
-         max_batch=8, eager=False):
+def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> int:
+    """Synthesize `items` not yet done into `out`; returns how many items failed."""
+    import time
+
     import numpy as np
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .api import load
+    from .ledger import Ledger, remove_leftovers
 
     console = Console(stderr=True, quiet=quiet)
-    with console.status("loading checkpoint"):
-        tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=max_batch,
-                   eager=eager)
     out.mkdir(parents=True, exist_ok=True)
-    total_seconds = 0.0
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, disable=quiet) as progress:
-        task = progress.add_task("synthesizing", total=len(items))
-        jobs = [(item.request, tts.default_params(greedy, max_frames=max_frames,
-                                                  seed=item.seed if item.seed is not None else seed))
-                for item in items]
-        for result in tts.generate(jobs):
-            result.save(out / f"{result.id}.wav")
-            if save_codes:
-                np.save(out / f"{result.id}.codes.npy", result.codes.astype(np.int64))
-            total_seconds += result.duration
-            progress.advance(task)
-    console.print(f"wrote {len(items)} file(s), {total_seconds:.1f} s of audio, to {out}")
+    remove_leftovers(out)
+    ledger = Ledger(out)
+    for line in bad:
+        if ledger.failed.get(line.id, {}).get("error") != line.message:
+            ledger.write(_record(line.id, "error", error=line.message))
+    todo = [item for item in items if not ledger.is_done(item.request.id, out)
+            and (retry_failed or item.request.id not in ledger.failed)]
+    skipped = len(items) - len(todo)
+    failed, seconds, started = len(bad), 0.0, time.time()
+    if todo:
+        with console.status("loading checkpoint"):
+            tts = load(model, **load_kwargs)
+        prepared = []
+        for item in todo:
+            seed = item.seed if item.seed is not None else settings["seed"]
+            params = tts.default_params(settings["greedy"], max_frames=settings["max_frames"], seed=seed)
+            try:
+                prepared.append((item.request, tts.prepare(item.request), params))
+            except OmniTTSError as exc:
+                failed += 1
+                console.print(f"error: {item.request.id}: {exc}")
+                ledger.write(_record(item.request.id, "error", seed=seed, error=str(exc)))
+        seeds = {request.id: params.seed for request, _, params in prepared}
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[rate]}"))
+        with Progress(*columns, console=console, disable=quiet) as progress:
+            task = progress.add_task("synthesizing", total=len(prepared), rate="")
+            for result in tts.generate_prepared(prepared):
+                name = f"{result.id}.wav"
+                result.save(out / name)
+                if settings["save_codes"]:
+                    np.save(out / f"{result.id}.codes.npy", result.codes.astype(np.int64))
+                seconds += result.duration
+                ledger.write(_record(result.id, "ok", path=name, seconds=round(result.duration, 3),
+                                     frames=result.frames, finish_reason=result.finish_reason, seed=seeds[result.id]))
+                wall = time.time() - started
+                progress.update(task, advance=1, rate=f"{seconds / wall:.2f}x realtime" if wall else "")
+    console.print(f"done {len(todo) - (failed - len(bad))}, failed {failed}, skipped {skipped} (already done); "
+                  f"{seconds:.1f} s of audio in {time.time() - started:.1f} s, into {out}")
+    return failed
+
+
+def _record(item_id, status, path=None, seconds=None, frames=None, finish_reason=None, seed=None, error=None):
+    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "frames": frames,
+            "finish_reason": finish_reason or ("error" if status == "error" else None), "seed": seed, "error": error}
 
 
 @app.command()
@@ -141,7 +190,8 @@ def demo(
     ]
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
     synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype="float32", device="cpu",
-          save_codes=True, official_tokenizer=False, quiet=False, max_batch=8, eager=False)
+          save_codes=True, official_tokenizer=False, quiet=False, max_batch=8, eager=False, strict=False,
+          retry_failed=False)
 
 
 def main():

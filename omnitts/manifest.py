@@ -81,13 +81,17 @@ def parse_item(obj: dict, number: int, base: Path) -> Item:
     return Item(number, request, obj.get("seed"))
 
 
-def load_manifest(path, cfg) -> list[Item]:
-    """Every item of manifest `path`, checked against checkpoint config `cfg`.
+@dataclass
+class BadLine:
+    line: int
+    id: str  # the line's id, or "line-N" when it has no usable one
+    message: str  # "file:line: field: problem"
 
-    Raises ManifestError listing every bad line (`file:line: field: problem`) if any is bad.
-    """
+
+def check_manifest(path, cfg) -> tuple[list[Item], list[BadLine]]:
+    """Every good item of manifest `path` (checked against checkpoint config `cfg`), and the bad lines."""
     path = Path(path)
-    items, errors, seen = [], [], {}
+    items, bad, seen = [], [], {}
     for number, obj in read_lines(path):
         try:
             if isinstance(obj, str):
@@ -97,12 +101,23 @@ def load_manifest(path, cfg) -> list[Item]:
                 raise RequestError(f"id: {item.request.id!r} already used on line {seen[item.request.id]}")
             resolve(cfg, item.request)
         except RequestError as exc:
-            errors.append(f"{path}:{number}: {exc}")
+            raw_id = obj.get("id") if isinstance(obj, dict) else None
+            usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and raw_id not in seen
+            bad.append(BadLine(number, raw_id if usable else f"line-{number}", f"{path}:{number}: {exc}"))
             continue
         seen[item.request.id] = number
         items.append(item)
-    if errors:
-        raise ManifestError(errors)
-    if not items:
-        raise ManifestError([f"{path}: no items (the manifest is empty)"])
+    if not items and not bad:
+        bad.append(BadLine(0, "line-0", f"{path}: no items (the manifest is empty)"))
+    return items, bad
+
+
+def load_manifest(path, cfg) -> list[Item]:
+    """Every item of manifest `path`, checked against checkpoint config `cfg`.
+
+    Raises ManifestError listing every bad line (`file:line: field: problem`) if any is bad.
+    """
+    items, bad = check_manifest(path, cfg)
+    if bad:
+        raise ManifestError([b.message for b in bad])
     return items

@@ -49,7 +49,7 @@ def test_voice_clone_manifest_resolves_relative_ref_audio(ckpt_dir, tmp_path, re
     assert sf.info(tmp_path / "o" / "xvec.wav").frames == 5 * 1920
 
 
-def test_bad_lines_are_reported_with_line_and_field(ckpt_dir, tmp_path):
+def test_bad_lines_are_reported_recorded_and_the_rest_runs(ckpt_dir, tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [
         {"id": "ok", "text": "Fine.", "speaker": "ryan"},
         "{not json",
@@ -62,20 +62,44 @@ def test_bad_lines_are_reported_with_line_and_field(ckpt_dir, tmp_path):
         {"text": "No id.", "speaker": "ryan"},
     ])
     out = tmp_path / "out"
-    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out)])
-    assert result.exit_code == 2
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "4", "-q"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1  # some items failed
     text = result.output
     for line, needle in [(2, "malformed JSON"), (3, "speaker: 'bob' is not known"), (4, "language: 'elvish'"),
                          (5, "id: 'ok' already used on line 1"), (6, "id: '../evil' is not a safe file name"),
                          (7, "volume: unknown field"), (8, "ref_audio: file not found"), (9, "id: missing")]:
         assert f"m.jsonl:{line}: {needle}" in text, (line, text)
-    assert not out.exists()  # nothing synthesized when the manifest is bad
+    assert sf.info(out / "ok.wav").frames == 4 * 1920  # the good line still ran
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["id"]: r["status"] for r in records} == {
+        "ok": "ok", "line-2": "error", "spk": "error", "lang": "error", "line-5": "error", "line-6": "error",
+        "extra": "error", "clone": "error", "line-9": "error"}
+    assert not (out / "spk.wav").exists()
+    # --strict stops before synthesis; a re-run skips what is done and does not repeat error lines.
+    strict = runner.invoke(app, args + ["--strict"])
+    assert strict.exit_code == 2 and len((out / "results.jsonl").read_text().splitlines()) == len(records)
+
+
+def test_rerun_resumes_without_duplicates_and_redoes_broken_files(ckpt_dir, tmp_path):
+    rows = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(3)]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    (out / "u1.wav").write_bytes(b"truncated")  # a damaged output is not done
+    (out / ".u2.wav.abc.tmp").write_bytes(b"leftover")  # a kill's leftover temporary file
+    assert runner.invoke(app, args).exit_code == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == ["u0", "u1", "u2", "u1"]
+    assert sf.info(out / "u1.wav").frames == 3 * 1920
+    assert not list(out.glob(".*.tmp"))
 
 
 def test_mode_the_checkpoint_cannot_do(ckpt_dir, tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Hi.", "instruct": "Loud.", "speaker": "ryan"}])
     result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")])
-    assert result.exit_code == 2
+    assert result.exit_code == 2  # nothing left to run
     assert "m.jsonl:1: instruct: 0.6B CustomVoice checkpoints take no instruction" in result.output
 
 

@@ -1,0 +1,71 @@
+"""`results.jsonl`: one line per finished item, the record a re-run resumes from.
+
+Each line: id, status ("ok" | "error"), path, seconds, frames, finish_reason ("eos" | "length" |
+"error"), seed, error, timings. Lines are appended and flushed one at a time, after the item's audio
+file is in place (atomic rename), so a line never points at a missing or half-written file; a line
+cut off by a kill is ignored when reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+NAME = "results.jsonl"
+
+
+class Ledger:
+    def __init__(self, out: Path):
+        self.path = Path(out) / NAME
+        self.done: dict[str, dict] = {}  # id -> last good record
+        self.failed: dict[str, dict] = {}
+        if self.path.exists():
+            for record in self._read():
+                self._note(record)
+
+    def _read(self):
+        with open(self.path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line torn by a kill: that item simply runs again
+                if isinstance(record, dict) and isinstance(record.get("id"), str):
+                    yield record
+
+    def is_done(self, item_id: str, out: Path) -> bool:
+        """Done = a good record whose audio file still exists and decodes."""
+        record = self.done.get(item_id)
+        if record is None:
+            return False
+        try:
+            import soundfile as sf
+
+            sf.info(str(Path(out) / record["path"]))
+            return True
+        except Exception:  # missing or unreadable file: synthesize again
+            return False
+
+    def write(self, record: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._note(record)
+
+    def _note(self, record: dict) -> None:
+        """The latest record of an id wins."""
+        ok = record.get("status") == "ok"
+        (self.done if ok else self.failed)[record["id"]] = record
+        (self.failed if ok else self.done).pop(record["id"], None)
+
+
+def remove_leftovers(out: Path) -> int:
+    """Delete temporary files of an interrupted run (they never count as done)."""
+    removed = 0
+    for tmp in Path(out).glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
