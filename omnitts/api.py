@@ -115,6 +115,7 @@ class TTS:
         """`generate` for requests already turned into prompts (see `prepare`)."""
         if not prepared:
             return
+        prepared = [(r, p, params.with_budget(p.text_tokens, r.max_seconds)) for r, p, params in prepared]
         positions = max(p.embeds.shape[0] + params.max_frames + 1 for _, p, params in prepared)
         text = max(p.trailing.shape[0] for _, p, _ in prepared)
         config = plan(self.ckpt, positions, min(self.max_batch, len(prepared)), text, self.kv_budget_bytes,
@@ -134,7 +135,7 @@ class TTS:
     def run_reference(self, request: Request, params: SamplingParams) -> Result:
         """The one-request eager slow path (what the engine is tested against), with greedy margins."""
         prompt = self.prepare(request)
-        generation = generate_codes(self.ckpt, prompt, params)
+        generation = generate_codes(self.ckpt, prompt, params.with_budget(prompt.text_tokens, request.max_seconds))
         audio = decode_codes(self.ckpt, generation.codes, prompt.ref_codes)
         return Result(audio, self.sample_rate, generation.codes.numpy(), generation.finish_reason, request.id,
                       generation.talker_margin, generation.predictor_margin)

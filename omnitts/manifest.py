@@ -3,7 +3,7 @@
 One JSON object per line:
     {"id": "intro", "text": "Hello.", "language": "english", "speaker": "ryan"}
 Fields: id, text, language, speaker, instruct, ref_audio, ref_text, x_vector_only, non_streaming,
-seed. Relative `ref_audio` paths resolve against the manifest's folder. Blank lines are skipped.
+seed, max_seconds. Relative `ref_audio` paths resolve against the manifest's folder. Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .prompt import resolve
 from .request import Request
 
 FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": str, "ref_audio": str,
-          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int}
+          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": (int, float)}
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -61,8 +61,12 @@ def parse_item(obj: dict, number: int, base: Path) -> Item:
         raise RequestError(f"{unknown[0]}: unknown field; valid fields are {', '.join(FIELDS)}")
     for name, kind in FIELDS.items():
         value = obj.get(name)
-        if value is not None and not (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
-            raise RequestError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
+        numeric = kind is int or kind == (int, float)
+        if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
+            expected = "number" if kind == (int, float) else kind.__name__
+            raise RequestError(f"{name}: expected {expected}, got {type(value).__name__}")
+    if obj.get("max_seconds") is not None and not obj["max_seconds"] > 0:
+        raise RequestError(f"max_seconds: must be > 0, got {obj['max_seconds']}")
     item_id = obj.get("id")
     if not item_id:
         raise RequestError("id: missing; every line needs an id (it names the output file)")
@@ -77,7 +81,7 @@ def parse_item(obj: dict, number: int, base: Path) -> Item:
     request = Request(text=obj.get("text") or "", language=obj.get("language") or "auto",
                       speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
                       ref_text=obj.get("ref_text"), x_vector_only=bool(obj.get("x_vector_only", False)),
-                      non_streaming=obj.get("non_streaming"), id=item_id)
+                      non_streaming=obj.get("non_streaming"), id=item_id, max_seconds=obj.get("max_seconds"))
     return Item(number, request, obj.get("seed"))
 
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+FRAMES_PER_SECOND = 12.5
+GUARD_BASE_FRAMES, GUARD_FRAMES_PER_TOKEN = 40, 10  # runaway guard (see SamplingParams.with_budget)
+
 # The official wrapper's hard defaults, used where generation_config.json is silent.
 _DEFAULTS = dict(
     do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
@@ -19,7 +22,9 @@ class SamplingParams:
 
     Talker (codebook 0): `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty` (over the
     codebook-0 codes generated so far). Sub-talker (codebooks 1..15): the `subtalker_*` fields, no penalty.
-    `max_frames` is the frame budget (80 ms each); `seed` makes sampling reproducible.
+    `max_frames` is the frame budget (80 ms each); None derives it from the text (the runaway
+    guard, see `with_budget`), never above `frame_cap` (generation_config's max_new_tokens - 1).
+    `seed` makes sampling reproducible.
     """
 
     do_sample: bool = True
@@ -31,8 +36,9 @@ class SamplingParams:
     subtalker_temperature: float = 0.9
     subtalker_top_k: int = 50
     subtalker_top_p: float = 1.0
-    max_frames: int = 2047
+    max_frames: int | None = None
     seed: int | None = None
+    frame_cap: int = 8191
 
     def __post_init__(self):
         for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
@@ -44,7 +50,7 @@ class SamplingParams:
         for name in ("top_k", "subtalker_top_k"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
-        if self.max_frames < 1:
+        if self.max_frames is not None and self.max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
 
     @classmethod
@@ -52,13 +58,28 @@ class SamplingParams:
         """Defaults from a checkpoint's generation_config.json, then `overrides` (None = keep)."""
         values = {k: gen.get(k, v) for k, v in _DEFAULTS.items()}
         # Official max_new_tokens counts codebook-0 tokens; the last one never gets a frame.
-        values["max_frames"] = max(1, int(gen.get("max_new_tokens", 2048)) - 1)
+        values["frame_cap"] = max(1, int(gen.get("max_new_tokens", 2048)) - 1)
         names = {f.name for f in fields(cls)}
         unknown = set(overrides) - names
         if unknown:
             raise ValueError(f"unknown sampling parameter(s) {sorted(unknown)}; valid: {sorted(names)}")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def with_budget(self, text_tokens: int, max_seconds: float | None = None) -> "SamplingParams":
+        """These parameters with a definite `max_frames`.
+
+        Explicit `max_frames` wins; otherwise `max_seconds` if given, else the runaway guard: a
+        generous allowance for the text (40 frames plus 10 per text token, several times normal
+        speech), so a model that never says EOS stops instead of running for minutes.
+        """
+        if self.max_frames is not None:
+            frames = self.max_frames
+        elif max_seconds is not None:
+            frames = max(1, round(max_seconds * FRAMES_PER_SECOND))
+        else:
+            frames = GUARD_BASE_FRAMES + GUARD_FRAMES_PER_TOKEN * text_tokens
+        return replace(self, max_frames=min(frames, self.frame_cap))
 
     def greedy(self) -> "SamplingParams":
         """Argmax in talker and sub-talker (penalty and suppression still apply, as officially)."""

@@ -31,6 +31,7 @@ class Prompt:
     trailing: torch.Tensor  # (T, hidden) text added to frame k's input while k < T
     pad: torch.Tensor  # (hidden,) tts_pad, added once the trailing text is used up
     ref_codes: torch.Tensor | None  # (R, 16) prepended at decode time and cut from the audio (ICL)
+    text_tokens: int = 0  # tokens of the text to speak (sizes the runaway guard)
 
 
 @dataclass
@@ -137,7 +138,7 @@ class PromptBuilder:
             trailing = torch.cat((talker.embed_text(text_ids[:, 4:-5]), tts_eos), dim=1)
         embeds = torch.cat(parts, dim=1)
         ref_codes = voice.ref_codes if voice is not None and voice.icl else None
-        return Prompt(embeds[0], trailing[0], tts_pad[0, 0], ref_codes)
+        return Prompt(embeds[0], trailing[0], tts_pad[0, 0], ref_codes, text_ids.shape[1] - 8)
 
     def _icl(self, text_ids, voice: Voice, tts_eos, tts_pad, non_streaming: bool):
         """In-context cloning: reference text + target text against bos + reference codes."""

@@ -34,6 +34,7 @@ class Generation:
 @torch.inference_mode()
 def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     """Run the talker and code predictor for one prompt until EOS or `params.max_frames` frames."""
+    params = params.with_budget(prompt.text_tokens) if params.max_frames is None else params
     talker = ckpt.model.talker
     tcfg, pcfg = ckpt.config.talker, ckpt.config.predictor
     dev = ckpt.device

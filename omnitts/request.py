@@ -48,3 +48,4 @@ class Request:
     voice: Voice | None = None
     non_streaming: bool | None = None
     id: str | None = None
+    max_seconds: float | None = None  # frame budget in seconds (when max_frames is not set)

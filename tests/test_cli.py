@@ -119,3 +119,15 @@ def test_missing_checkpoint_file_is_one_line(ckpt_dir, tmp_path):
 def test_info_lists_speakers(ckpt_dir):
     result = runner.invoke(app, ["info", str(ckpt_dir("custom_voice"))])
     assert result.exit_code == 0 and "ryan" in result.output and "custom_voice" in result.output
+
+
+def test_max_seconds_field_sets_the_budget(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "short", "text": "A line with a time limit.", "speaker": "ryan", "max_seconds": 0.4},
+        {"id": "bad", "text": "Negative.", "speaker": "ryan", "max_seconds": -1},
+    ])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "-q"])
+    assert result.exit_code == 1 and "m.jsonl:2: max_seconds: must be > 0" in result.output
+    record = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
+    assert record["id"] == "short" and record["frames"] == 5 and record["finish_reason"] == "length"

@@ -79,3 +79,15 @@ def test_text_modes_differ(tts_factory):
     a = tts.synthesize("Two text modes.", instruct="Calm.", greedy=True, max_frames=8)
     b = tts.synthesize("Two text modes.", instruct="Calm.", greedy=True, max_frames=8, non_streaming=False)
     assert not np.array_equal(a.codes, b.codes)
+
+
+def test_runaway_guard_bounds_requests_without_a_budget(tts_factory):
+    """EOS never comes on this checkpoint: without max_frames the text-derived guard stops it."""
+    tts = tts_factory("custom_voice")
+    text = "Guarded words."
+    tokens = len(tts.ckpt.tokenizer.assistant_ids(text)) - 8
+    result = tts.synthesize(text, speaker="ryan", greedy=True)
+    assert result.finish_reason == "length" and result.frames == 40 + 10 * tokens
+    params = tts.default_params(True, max_frames=None)
+    assert params.with_budget(tokens, max_seconds=0.4).max_frames == 5
+    assert params.with_budget(10_000).max_frames == 8191  # never above generation_config's max_new_tokens - 1

@@ -90,6 +90,7 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
     def add(self, prompt: Prompt, params: SamplingParams, tag=None) -> Sequence:
         """Queue a prompt; it is admitted as soon as a slot is free."""
+        params = params.with_budget(prompt.text_tokens) if params.max_frames is None else params
         length, text = prompt.embeds.shape[0], prompt.trailing.shape[0]
         if length + params.max_frames + 1 > self.config.max_positions:  # +1: the discarded overshoot frame
             raise RequestError(f"max_frames: prompt ({length} positions) + {params.max_frames} frames exceeds "
