@@ -25,15 +25,13 @@ Eager = Annotated[bool, typer.Option("--eager", help="No graph capture on cuda/n
 SaveCodes = Annotated[bool, typer.Option("--save-codes", help="Also write <id>.codes.npy, int64 [frames, 16].")]
 OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", help="Tokenize like the official qwen-tts package (Mistral regex swap) instead of as the checkpoint defines.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
+RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
 
 
 def _fail(message: str, code: int = 2):
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
-
-
-Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
-RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
 
 
 @app.command()
