@@ -30,12 +30,6 @@ class Item:
     seed: int | None
 
 
-class ManifestError(OmniTTSError):
-    def __init__(self, errors: list[str]):
-        self.errors = errors
-        super().__init__("\n".join(errors))
-
-
 def read_lines(path: Path) -> Iterator[tuple[int, dict | str]]:
     """(line number, parsed object) per non-blank line, or (line number, error text)."""
     try:
@@ -114,14 +108,3 @@ def check_manifest(path, cfg) -> tuple[list[Item], list[BadLine]]:
     if not items and not bad:
         bad.append(BadLine(0, "line-0", f"{path}: no items (the manifest is empty)"))
     return items, bad
-
-
-def load_manifest(path, cfg) -> list[Item]:
-    """Every item of manifest `path`, checked against checkpoint config `cfg`.
-
-    Raises ManifestError listing every bad line (`file:line: field: problem`) if any is bad.
-    """
-    items, bad = check_manifest(path, cfg)
-    if bad:
-        raise ManifestError([b.message for b in bad])
-    return items
