@@ -16,6 +16,7 @@ import numpy as np
 from .errors import AudioError
 
 MIN_REFERENCE_SECONDS = 0.5
+FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
 
 
 def load_reference(source, target_sr: int) -> np.ndarray:
@@ -57,9 +58,11 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    kind = path.suffix.lower().lstrip(".")
+    if kind not in FORMATS:
+        raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
     try:
-        sf.write(tmp, samples, sample_rate, format=path.suffix.lstrip(".").upper() or "WAV", subtype="PCM_16"
-                 if path.suffix.lower() == ".wav" else None)
+        sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

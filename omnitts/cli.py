@@ -27,6 +27,7 @@ OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", help="Tokeniz
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
+Format = Annotated[str, typer.Option("--format", help="Audio format of the outputs: wav | flac | ogg.")]
 
 
 def _fail(message: str, code: int = 2):
@@ -51,6 +52,7 @@ def synth(
     eager: Eager = False,
     strict: Strict = False,
     retry_failed: RetryFailed = False,
+    audio_format: Format = "wav",
 ):
     """Synthesize every line of MANIFEST into OUT/<id>.wav, recording each in OUT/results.jsonl.
 
@@ -62,6 +64,8 @@ def synth(
 
     if device not in ("cpu", "cuda", "npu"):
         _fail(f"--device {device!r}: choose cpu, cuda or npu")
+    if audio_format not in ("wav", "flac", "ogg"):
+        _fail(f"--format {audio_format!r}: choose wav, flac or ogg")
     try:
         items, bad = check_manifest(manifest, load_config(model))
     except OmniTTSError as exc:
@@ -70,7 +74,7 @@ def synth(
         typer.echo(f"error: {line.message}", err=True)
     if bad and (strict or not items):
         raise typer.Exit(2)
-    settings = dict(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes)
+    settings = dict(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format)
     try:
         failed = _run(items, bad, model, out, settings, quiet, retry_failed,
                       dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer,
@@ -126,7 +130,7 @@ def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> 
         with Progress(*columns, console=console, disable=quiet) as progress:
             task = progress.add_task("synthesizing", total=len(prepared), rate="")
             for result in tts.generate_prepared(prepared):
-                name = f"{result.id}.wav"
+                name = f"{result.id}.{settings['format']}"
                 result.save(out / name)
                 if settings["save_codes"]:
                     np.save(out / f"{result.id}.codes.npy", result.codes.astype(np.int64))
@@ -189,7 +193,7 @@ def demo(
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
     synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype="float32", device="cpu",
           save_codes=True, official_tokenizer=False, quiet=False, max_batch=8, eager=False, strict=False,
-          retry_failed=False)
+          retry_failed=False, audio_format="wav")
 
 
 def main():

@@ -131,3 +131,18 @@ def test_max_seconds_field_sets_the_budget(ckpt_dir, tmp_path):
     assert result.exit_code == 1 and "m.jsonl:2: max_seconds: must be > 0" in result.output
     record = json.loads((out / "results.jsonl").read_text().splitlines()[-1])
     assert record["id"] == "short" and record["frames"] == 5 and record["finish_reason"] == "length"
+
+
+def test_flac_and_ogg_outputs(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Compressed output.", "speaker": "ryan"}])
+    for fmt in ("flac", "ogg"):
+        out = tmp_path / fmt
+        result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                     "--max-frames", "4", "--format", fmt, "-q"])
+        assert result.exit_code == 0, result.output
+        info = sf.info(out / f"x.{fmt}")
+        assert info.samplerate == 24000 and info.frames == 4 * 1920
+        assert json.loads((out / "results.jsonl").read_text())["path"] == f"x.{fmt}"
+    bad = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "m"),
+                              "--format", "mp3"])
+    assert bad.exit_code == 2 and "--format 'mp3': choose wav, flac or ogg" in bad.output
