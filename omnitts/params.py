@@ -66,6 +66,11 @@ class SamplingParams:
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
+    @property
+    def samples(self) -> bool:
+        """Whether any choice is random (then the request needs its own generator and noise)."""
+        return self.do_sample or self.subtalker_dosample
+
     def with_budget(self, text_tokens: int, max_seconds: float | None = None) -> "SamplingParams":
         """These parameters with a definite `max_frames`.
 
@@ -131,3 +136,7 @@ class RowParams:
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in fields(self)]
+
+    def select(self, rows: slice) -> "RowParams":
+        """Views of `rows` of every parameter (no copy)."""
+        return RowParams(*(t[rows] for t in self.tensors()))

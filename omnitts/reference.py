@@ -34,7 +34,7 @@ class Generation:
 @torch.inference_mode()
 def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     """Run the talker and code predictor for one prompt until EOS or `params.max_frames` frames."""
-    params = params.with_budget(prompt.text_tokens) if params.max_frames is None else params
+    params = params.with_budget(prompt.text_tokens)
     talker = ckpt.model.talker
     tcfg, pcfg = ckpt.config.talker, ckpt.config.predictor
     dev = ckpt.device
@@ -55,7 +55,7 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     margins_t, margins_p = [], []
     finish = "length"
     while True:
-        noise = sampling.draw_noise(gen, noise_size, dev)[None] if params.do_sample or params.subtalker_dosample \
+        noise = sampling.draw_noise(gen, noise_size, dev)[None] if params.samples \
             else torch.ones((1, noise_size), device=dev)
         generated = torch.tensor([len(frames)], device=dev)
         logits = sampling.process_talker(logits, seen, rows.penalty, generated, suppress, eos)
@@ -66,7 +66,7 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
             finish = "eos"
             break
         seen[0, c0] = True
-        codes = _predict_residuals(talker, hidden[:, -1:], c0, rows, noise[:, tcfg.vocab_size:], margins_p)
+        codes = predict_residuals(talker, hidden[:, -1], c0, rows, noise[:, tcfg.vocab_size:], margins_p)
         frames.append(codes)
         if len(frames) >= params.max_frames:
             break
@@ -79,23 +79,31 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     return Generation(codes, finish, min(margins_t), min(margins_p, default=float("inf")))
 
 
-def _predict_residuals(talker, past_hidden, c0, rows: "RowParams", noise, margins: list) -> torch.Tensor:
-    """Codebooks 1..G-1 for one frame, each step conditioned on all previous codes of the frame."""
+def predict_residuals(talker, past_hidden, c0, rows: RowParams, noise, margins: list | None = None) -> torch.Tensor:
+    """Codebooks 1..G-1 of one frame for every row, each step conditioned on the frame's earlier codes.
+
+    past_hidden (B, D) is the talker's last hidden state, c0 (B,) codebook 0, `rows` the rows'
+    sub-talker parameters, noise (B, (G-1) * V). The engine's frame calls this same function, so the
+    fast and slow paths cannot drift apart. `margins` (slow path only) collects greedy margins, which
+    costs a host sync per step.
+    """
     predictor = talker.code_predictor
     groups, vocab = predictor.cfg.num_code_groups, predictor.cfg.vocab_size
+    batch, dev = c0.shape[0], c0.device
     cache = KVCache(predictor.cfg.num_hidden_layers)
-    dev = c0.device
-    x = torch.cat([past_hidden, talker.embed_codec(c0)[:, None]], dim=1)  # (1, 2, D)
-    hidden = predictor(x, torch.arange(2, device=dev)[None], cache)
+    x = torch.stack([past_hidden, talker.embed_codec(c0)], dim=1)  # (B, 2, D)
+    hidden = predictor(x, torch.arange(2, device=dev).expand(batch, 2), cache)
     codes = [c0]
     for group in range(1, groups):
-        logits = predictor.logits(group, hidden)[:, -1].float()
-        margins.append(sampling.margin(logits))
+        logits = predictor.logits(group, hidden)[:, -1].float()  # heads on every position, as officially
+        if margins is not None:
+            margins.append(sampling.margin(logits))
         code = sampling.choose(logits, rows.sub_do_sample, rows.sub_temperature, rows.sub_top_k, rows.sub_top_p,
                                noise[:, (group - 1) * vocab : group * vocab])
         codes.append(code)
         if group < groups - 1:
-            hidden = predictor(predictor.embed(group, code)[:, None], torch.tensor([[group + 1]], device=dev), cache)
+            step = torch.full((batch, 1), group + 1, device=dev)
+            hidden = predictor(predictor.embed(group, code)[:, None], step, cache)
     return torch.stack(codes, dim=-1)
 
 

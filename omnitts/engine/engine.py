@@ -90,7 +90,7 @@ class Engine:
     # -- requests -------------------------------------------------------------------------------
     def add(self, prompt: Prompt, params: SamplingParams, tag=None) -> Sequence:
         """Queue a prompt; it is admitted as soon as a slot is free."""
-        params = params.with_budget(prompt.text_tokens) if params.max_frames is None else params
+        params = params.with_budget(prompt.text_tokens)
         length, text = prompt.embeds.shape[0], prompt.trailing.shape[0]
         if length + params.max_frames + 1 > self.config.max_positions:  # +1: the discarded overshoot frame
             raise RequestError(f"max_frames: prompt ({length} positions) + {params.max_frames} frames exceeds "
@@ -100,7 +100,7 @@ class Engine:
             raise RequestError(f"text: {text} trailing text tokens exceed max_text_tokens="
                                f"{self.config.max_text_tokens}; split the text or raise the limit")
         generator = None
-        if params.do_sample or params.subtalker_dosample:
+        if params.samples:
             generator = torch.Generator(device=self.ckpt.device)
             generator.manual_seed(params.seed if params.seed is not None else torch.seed())
         seq = Sequence(self.next_id, prompt, params, tag, generator)

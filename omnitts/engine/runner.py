@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import sampling
-from ..models.layers import KVCache
+from ..reference import predict_residuals
 from .state import SlotCache, SlotState
 
 
@@ -60,7 +60,7 @@ class ModelRunner:
         noise = s.noise[rows]
         c0 = sampling.choose(logits, p.do_sample[rows], p.temperature[rows], p.top_k[rows], p.top_p[rows],
                              noise[:, : self.vocab])
-        codes = self._residuals(s.hidden[rows], c0, rows, noise[:, self.vocab:])  # (B, 16)
+        codes = predict_residuals(talker, s.hidden[rows], c0, p.select(rows), noise[:, self.vocab:])  # (B, 16)
         s.codes[rows] = codes
         s.seen[rows].scatter_(1, c0[:, None], True)  # (one_hot would check values: a host sync)
         # Trailing text token k joins frame k's embedding; past the text, the stored tts_pad does.
@@ -76,24 +76,3 @@ class ModelRunner:
         s.lengths[rows] = positions + 1
         s.hidden[rows] = hidden
         s.logits[rows] = talker.logits(hidden).float()
-
-    def _residuals(self, past_hidden, c0, rows: slice, noise) -> torch.Tensor:
-        """Codebooks 1..15 for every row (the code predictor's loop, KV-cached within the frame)."""
-        predictor = self.talker.code_predictor
-        p = self.state.params
-        groups, vocab = predictor.cfg.num_code_groups, predictor.cfg.vocab_size
-        batch = c0.shape[0]
-        cache = KVCache(predictor.cfg.num_hidden_layers)
-        x = torch.stack([past_hidden, self.talker.embed_codec(c0)], dim=1)  # (B, 2, D)
-        positions = torch.arange(2, device=c0.device).expand(batch, 2)
-        hidden = predictor(x, positions, cache)
-        codes = [c0]
-        for group in range(1, groups):
-            logits = predictor.logits(group, hidden)[:, -1].float()  # heads on all rows, as the slow path
-            code = sampling.choose(logits, p.sub_do_sample[rows], p.sub_temperature[rows], p.sub_top_k[rows],
-                                   p.sub_top_p[rows], noise[:, (group - 1) * vocab : group * vocab])
-            codes.append(code)
-            if group < groups - 1:
-                step = torch.full((batch, 1), group + 1, device=c0.device)
-                hidden = predictor(predictor.embed(group, code)[:, None], step, cache)
-        return torch.stack(codes, dim=-1)

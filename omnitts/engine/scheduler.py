@@ -37,10 +37,6 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    @property
-    def samples(self) -> bool:
-        return self.params.do_sample or self.params.subtalker_dosample
-
     def codes(self) -> np.ndarray:
         return np.stack(self.frames) if self.frames else np.zeros((0, 16), dtype=np.int64)
 
