@@ -24,7 +24,7 @@ from .config import config_summary
 from .errors import OmniTTSError, RequestError
 from .models.loader import Checkpoint, load_checkpoint
 from .params import SamplingParams
-from .engine import Engine, plan
+from .pipeline import Job, Pipeline
 from .prompt import Prompt, PromptBuilder, resolve
 from .reference import decode_codes, generate_codes
 from .request import Request, Voice
@@ -107,26 +107,21 @@ class TTS:
         return self.prompts.build(request, voice)
 
     def generate(self, jobs: Iterable[tuple[Request, SamplingParams]]) -> Iterator[Result]:
-        """Synthesize many requests together (continuous batching); yield each result as it finishes."""
-        prepared = [(request, self.prepare(request), params) for request, params in jobs]
-        yield from self.generate_prepared(prepared)
+        """Synthesize many requests together (continuous batching); yield each result as it finishes.
 
-    def generate_prepared(self, prepared: list[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Result]:
+        `jobs` is read lazily, a few batches ahead of the engine, so it may be a long generator.
+        A request that cannot be prepared (bad reference audio, unknown speaker...) raises.
+        """
+        for outcome in Pipeline(self).run(Job(request, params) for request, params in jobs):
+            if not outcome.ok:
+                raise outcome.exception
+            yield outcome.result
+
+    def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Result]:
         """`generate` for requests already turned into prompts (see `prepare`)."""
-        if not prepared:
-            return
-        prepared = [(r, p, params.with_budget(p.text_tokens, r.max_seconds)) for r, p, params in prepared]
-        positions = max(p.embeds.shape[0] + params.max_frames + 1 for _, p, params in prepared)
-        text = max(p.trailing.shape[0] for _, p, _ in prepared)
-        config = plan(self.ckpt, positions, min(self.max_batch, len(prepared)), text, self.kv_budget_bytes,
-                      self.ckpt.device.type, self.eager)
-        engine = Engine(self.ckpt, config)
-        for request, prompt, params in prepared:
-            engine.add(prompt, params, tag=request)
-        for seq in engine.run():
-            codes = torch.from_numpy(seq.codes())
-            audio = decode_codes(self.ckpt, codes, seq.prompt.ref_codes)
-            yield Result(audio, self.sample_rate, seq.codes(), seq.finish_reason, seq.tag.id)
+        jobs = (Job(request, params, prompt=prompt) for request, prompt, params in prepared)
+        for outcome in Pipeline(self).run(jobs):
+            yield outcome.result
 
     def run(self, request: Request, params: SamplingParams) -> Result:
         """Synthesize one `Request` with explicit sampling parameters."""

@@ -35,6 +35,11 @@ def _fail(message: str, code: int = 2):
     raise typer.Exit(code)
 
 
+RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, help="Retry items that ran out of their derived frame budget up to N times, each with a derived seed (sampling only).")]
+Loudness = Annotated[Optional[float], typer.Option("--loudness", help="Normalize each file to this integrated loudness (LUFS, EBU R128, e.g. -23 or -16), peak-limited below -1 dBFS.")]
+ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", help="Also write the finished items as a Hugging Face `datasets` dataset (Audio column) to this folder.")]
+
+
 @app.command()
 def synth(
     manifest: Annotated[Path, typer.Argument(help="JSONL manifest: one {id, text, language, speaker | instruct | ref_audio ...} per line.")],
@@ -53,12 +58,18 @@ def synth(
     strict: Strict = False,
     retry_failed: RetryFailed = False,
     audio_format: Format = "wav",
+    retry_runaway: RetryRunaway = 0,
+    loudness: Loudness = None,
+    export_dataset: ExportDataset = None,
 ):
     """Synthesize every line of MANIFEST into OUT/<id>.wav, recording each in OUT/results.jsonl.
 
     Bad lines are reported (file:line: field: problem) and recorded as errors while the rest run;
-    re-running the same command skips what is done. Exit code 1 if any item failed.
+    re-running the same command skips what is done. Ctrl-C stops starting new items and finishes the
+    running ones (twice: drops them too); either way the same command resumes. Exit code 1 if any
+    item failed.
     """
+    from .batch import Batch, Settings
     from .config import load_config
     from .manifest import check_manifest
 
@@ -74,79 +85,121 @@ def synth(
         typer.echo(f"error: {line.message}", err=True)
     if bad and (strict or not items):
         raise typer.Exit(2)
-    settings = dict(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format)
+    settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
+                        retry_failed=retry_failed, retry_runaway=retry_runaway, loudness=loudness)
+    batch = Batch(out, settings)
+    for line in bad:
+        batch.record_bad(line.id, line.message)
+    load_kwargs = dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=max_batch,
+                       eager=eager)
     try:
-        failed = _run(items, bad, model, out, settings, quiet, retry_failed,
-                      dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer,
-                           max_batch=max_batch, eager=eager))
+        _run(batch, items, len(items) + len(bad), model, load_kwargs, quiet)
     except OmniTTSError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: finished items are in {out}/results.jsonl; run the same command again "
-                   "to resume", err=True)
+        typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
+                   "again to resume", err=True)
         raise typer.Exit(130)
-    if failed:
+    if export_dataset is not None and batch.tally.done + batch.tally.skipped:
+        from .batch import export_dataset as export
+
+        count = export(out, items, export_dataset)
+        typer.echo(f"exported {count} items to {export_dataset}", err=True)
+    if batch.tally.failed:
         raise typer.Exit(1)
 
 
-def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> int:
-    """Synthesize `items` not yet done into `out`; returns how many items failed."""
-    import time
-
-    import numpy as np
+def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> None:
+    """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
 
     from .api import load
-    from .ledger import Ledger, remove_leftovers
+    from .pipeline import Pipeline
 
     console = Console(stderr=True, quiet=quiet)
-    out.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(out)
-    ledger = Ledger(out)
-    for line in bad:
-        if ledger.failed.get(line.id, {}).get("error") != line.message:
-            ledger.write(_record(line.id, "error", error=line.message))
-    todo = [item for item in items if not ledger.is_done(item.request.id, out)
-            and (retry_failed or item.request.id not in ledger.failed)]
-    skipped = len(items) - len(todo)
-    failed, seconds, started = len(bad), 0.0, time.time()
-    if todo:
+    tally = batch.tally
+    pending = batch.pending(items)
+    first = next(pending, None)
+    if first is not None:
         with console.status("loading checkpoint"):
             tts = load(model, **load_kwargs)
-        prepared = []
-        for item in todo:
-            seed = item.seed if item.seed is not None else settings["seed"]
-            params = tts.default_params(settings["greedy"], max_frames=settings["max_frames"], seed=seed)
-            try:
-                prepared.append((item.request, tts.prepare(item.request), params))
-            except OmniTTSError as exc:
-                failed += 1
-                console.print(f"error: {item.request.id}: {exc}")
-                ledger.write(_record(item.request.id, "error", seed=seed, error=str(exc)))
-        seeds = {request.id: params.seed for request, _, params in prepared}
+        stopping = _GracefulStop(console)
+        pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping.requested)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[rate]}"))
-        with Progress(*columns, console=console, disable=quiet) as progress:
-            task = progress.add_task("synthesizing", total=len(prepared), rate="")
-            for result in tts.generate_prepared(prepared):
-                name = f"{result.id}.{settings['format']}"
-                result.save(out / name)
-                if settings["save_codes"]:
-                    np.save(out / f"{result.id}.codes.npy", result.codes.astype(np.int64))
-                seconds += result.duration
-                ledger.write(_record(result.id, "ok", path=name, seconds=round(result.duration, 3),
-                                     frames=result.frames, finish_reason=result.finish_reason, seed=seeds[result.id]))
-                wall = time.time() - started
-                progress.update(task, advance=1, rate=f"{seconds / wall:.2f}x realtime" if wall else "")
-    console.print(f"done {len(todo) - (failed - len(bad))}, failed {failed}, skipped {skipped} (already done); "
-                  f"{seconds:.1f} s of audio in {time.time() - started:.1f} s, into {out}")
-    return failed
+                   TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
+        with stopping, Progress(*columns, console=console, disable=quiet) as progress:
+            task = progress.add_task("synthesizing", total=total, rate="")
+            jobs = batch.jobs(tts, _chain(first, pending))
+            for outcome in pipeline.run(jobs):
+                rec = batch.save(outcome)
+                if not outcome.ok:
+                    console.print(f"error: {rec['id']}: {rec['error']}")
+                progress.update(task, completed=tally.done + tally.failed + tally.skipped,
+                                rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+        if stopping.count:
+            console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
+                          "keeps what is done)")
+    _summary(console, batch)
 
 
-def _record(item_id, status, path=None, seconds=None, frames=None, finish_reason=None, seed=None, error=None):
-    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "frames": frames,
-            "finish_reason": finish_reason or ("error" if status == "error" else None), "seed": seed, "error": error}
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+class _GracefulStop:
+    """First Ctrl-C: stop starting items, finish the running ones. Second: interrupt at once."""
+
+    def __init__(self, console):
+        self.console = console
+        self.count = 0
+
+    def requested(self) -> bool:
+        return self.count > 0
+
+    def _handle(self, signum, frame):
+        self.count += 1
+        if self.count > 1:
+            raise KeyboardInterrupt
+        self.console.print("stopping: finishing the items in progress (Ctrl-C again to drop them)")
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def _summary(console, batch) -> None:
+    from rich.table import Table
+
+    t = batch.tally
+    table = Table(title=f"omnitts synth -> {batch.out}", show_header=True)
+    for name in ("done", "failed", "skipped", "audio", "wall time", "speed"):
+        table.add_column(name, justify="right")
+    table.add_row(str(t.done), str(t.failed), str(t.skipped), _hms(t.seconds), _hms(t.wall),
+                  f"{t.realtime:.2f}x realtime")
+    console.print(table)
+    for item_id, message in t.errors[:20]:
+        console.print(f"  failed {item_id}: {message}")
+    if len(t.errors) > 20:
+        console.print(f"  ... and {len(t.errors) - 20} more (see {batch.out}/results.jsonl)")
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 @app.command()
@@ -193,7 +246,7 @@ def demo(
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
     synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype="float32", device="cpu",
           save_codes=True, official_tokenizer=False, quiet=False, max_batch=8, eager=False, strict=False,
-          retry_failed=False, audio_format="wav")
+          retry_failed=False, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None)
 
 
 def main():

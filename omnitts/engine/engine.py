@@ -108,6 +108,12 @@ class Engine:
         self.scheduler.add(seq)
         return seq
 
+    def drop_waiting(self) -> list[Sequence]:
+        """Forget queued requests that were never admitted (they have not started); returns them."""
+        dropped = list(self.scheduler.waiting)
+        self.scheduler.waiting.clear()
+        return dropped
+
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.pending is not None
 

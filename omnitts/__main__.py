@@ -1,0 +1,5 @@
+"""`python -m omnitts ...` is the `omnitts` command."""
+
+from .cli import main
+
+main()

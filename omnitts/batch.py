@@ -1,0 +1,196 @@
+"""One output directory of a manifest run: what is done, what to run, and writing results.
+
+    batch = Batch(out, settings)
+    for item in batch.pending(items): ...        # skips what an earlier run finished
+    record = batch.save(outcome)                 # audio file (atomic) first, then its ledger line
+
+Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power loss):
+- an audio file appears only by atomic rename of a finished temporary file (`.<name>.*.tmp`), and
+  leftover temporary files are deleted when a run starts;
+- a `results.jsonl` line is appended (and fsynced) only after its file is in place, so a line never
+  points at a missing or partial file; a line torn by a kill is ignored;
+- "done" means a good ledger line whose file still decodes; anything else runs again, and the
+  atomic rename replaces, never duplicates, a file. Nothing is written outside `out`.
+The terminal belongs to the CLI: this module only returns records and counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .ledger import Ledger, remove_leftovers
+from .pipeline import Job, Outcome
+
+
+@dataclass
+class Settings:
+    """How a manifest run synthesizes and writes (per-item fields override the first three)."""
+
+    greedy: bool = False
+    max_frames: int | None = None
+    seed: int | None = None
+    save_codes: bool = False
+    format: str = "wav"
+    retry_failed: bool = False
+    retry_runaway: int = 0
+    loudness: float | None = None  # target LUFS, None = leave levels alone
+
+
+@dataclass
+class Tally:
+    """Counts for the progress bar and the closing summary."""
+
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0  # audio written in this run
+    errors: list = field(default_factory=list)  # (id, message)
+    started: float = field(default_factory=time.time)
+
+    @property
+    def wall(self) -> float:
+        return time.time() - self.started
+
+    @property
+    def realtime(self) -> float:
+        return self.seconds / self.wall if self.wall > 0 else 0.0
+
+
+class Batch:
+    def __init__(self, out: Path, settings: Settings):
+        self.out = Path(out)
+        self.settings = settings
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.leftovers = remove_leftovers(self.out)
+        self.ledger = Ledger(self.out)
+        self.tally = Tally()
+
+    # -- what to run ------------------------------------------------------------------------------
+    def record_bad(self, item_id: str, message: str) -> None:
+        """A line that failed validation: recorded once (not again on every re-run)."""
+        self.tally.failed += 1
+        self.tally.errors.append((item_id, message))
+        if self.ledger.failed.get(item_id, {}).get("error") != message:
+            self.ledger.write(record(item_id, "error", error=message))
+
+    def pending(self, items: Iterable) -> Iterator:
+        """The items not finished by an earlier run (failed ones only with `retry_failed`)."""
+        for item in items:
+            item_id = item.request.id
+            if self.ledger.is_done(item_id, self.out) or (item_id in self.ledger.failed
+                                                          and not self.settings.retry_failed):
+                self.tally.skipped += 1
+                continue
+            yield item
+
+    def jobs(self, tts, items: Iterable) -> Iterator[Job]:
+        """Manifest items -> pipeline jobs, with sampling from the checkpoint, the flags and the item."""
+        s = self.settings
+        for item in items:
+            seed = item.seed if item.seed is not None else s.seed
+            overrides = getattr(item, "sampling", None) or {}
+            params = tts.default_params(s.greedy, max_frames=s.max_frames, seed=seed, **overrides)
+            yield Job(item.request, params, key=item)
+
+    # -- writing ----------------------------------------------------------------------------------
+    def save(self, outcome: Outcome) -> dict:
+        """Write an outcome's audio (and codes), then its ledger line; returns the record."""
+        item_id = outcome.job.request.id
+        if not outcome.ok:
+            self.tally.failed += 1
+            self.tally.errors.append((item_id, outcome.error))
+            rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings)
+            self.ledger.write(rec)
+            return rec
+        result, s = outcome.result, self.settings
+        if s.loudness is not None:
+            from .loudness import normalize_loudness
+
+            result.audio = normalize_loudness(result.audio, result.sample_rate, s.loudness)
+        name = f"{item_id}.{s.format}"
+        if s.save_codes:  # codes first: the ledger line (written last) vouches for both files
+            _save_npy(self.out / f"{item_id}.codes.npy", result.codes.astype(np.int64))
+        result.save(self.out / name)
+        rec = record(item_id, "ok", path=name, seconds=round(result.duration, 3), frames=result.frames,
+                     finish_reason=result.finish_reason, seed=outcome.seed, attempts=outcome.attempts,
+                     pieces=outcome.pieces, timings=outcome.timings)
+        self.ledger.write(rec)
+        self.tally.done += 1
+        self.tally.seconds += result.duration
+        return rec
+
+
+def record(item_id, status, path=None, seconds=None, frames=None, finish_reason=None, seed=None, error=None,
+           attempts=None, pieces=None, timings=None) -> dict:
+    """One results.jsonl line (the same keys for every status)."""
+    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "frames": frames,
+            "finish_reason": finish_reason or ("error" if status == "error" else None), "seed": seed,
+            "error": error, "attempts": attempts, "pieces": pieces, "timings": timings}
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """np.save, atomically (temporary name in the same folder, then rename)."""
+    import os
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.save(handle, array)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def sf_rate(out: Path, ledger: Ledger) -> int:
+    """The sample rate of the finished files (all outputs of one checkpoint share it)."""
+    import soundfile as sf
+
+    rec = next(iter(ledger.done.values()))
+    return sf.info(str(Path(out) / rec["path"])).samplerate
+
+
+def export_dataset(out: Path, items: Iterable, target: Path) -> int:
+    """Write the finished items of `items` (manifest order) as a `datasets` dataset with an Audio column.
+
+    Rows stream through `Dataset.from_generator`, so memory stays flat; returns the row count. The
+    audio column holds each file's encoded bytes (built as a plain struct, then cast to `Audio`, so
+    no audio codec package is needed to write it).
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
+    ledger = Ledger(out)
+    rows = {"count": 0}
+
+    def generate():
+        for item in items:
+            rec = ledger.done.get(item.request.id)
+            path = Path(out) / rec["path"] if rec else None
+            if path is None or not path.is_file():
+                continue
+            rows["count"] += 1
+            r = item.request
+            yield {"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
+                   "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
+                   "seconds": float(rec["seconds"]), "frames": int(rec["frames"]), "seed": rec.get("seed")}
+
+    features = datasets.Features({
+        "id": datasets.Value("string"), "text": datasets.Value("string"), "language": datasets.Value("string"),
+        "speaker": datasets.Value("string"), "instruct": datasets.Value("string"),
+        "audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
+        "seconds": datasets.Value("float32"), "frames": datasets.Value("int32"), "seed": datasets.Value("int64"),
+    })
+    dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(Path(target) / ".build"))
+    rate = int(sf_rate(out, ledger)) if rows["count"] else None
+    dataset.cast_column("audio", datasets.Audio(sampling_rate=rate)).save_to_disk(str(target))
+    import shutil
+
+    shutil.rmtree(Path(target) / ".build", ignore_errors=True)
+    return rows["count"]

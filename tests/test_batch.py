@@ -1,0 +1,151 @@
+"""The manifest run: records, runaway retries, dataset export, graceful stop, lazy pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import soundfile as sf
+from typer.testing import CliRunner
+
+from omnitts.cli import app
+from omnitts.pipeline import Job, Pipeline, derive_seed
+from omnitts.request import Request
+
+runner = CliRunner()
+
+
+def _manifest(path, rows):
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_records_carry_timings_seed_attempts_and_pieces(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Timed.", "speaker": "ryan"}])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--max-frames", "3", "-q"])
+    assert result.exit_code == 0, result.output
+    (rec,) = _records(out)
+    assert rec["attempts"] == 1 and rec["pieces"] == 1
+    assert isinstance(rec["seed"], int)  # sampling without --seed: a seed is drawn and recorded
+    assert set(rec["timings"]) == {"prepare", "generate", "decode", "total"}
+    assert all(v >= 0 for v in rec["timings"].values()) and rec["timings"]["total"] >= rec["timings"]["decode"]
+
+
+def test_recorded_seed_reproduces_the_item(tts_factory, ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Reproduce me.", "speaker": "ryan"}])
+    out = tmp_path / "out"
+    runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                        "--max-frames", "5", "--save-codes", "-q"])
+    seed = _records(out)[0]["seed"]
+    tts = tts_factory("custom_voice")
+    again = tts.synthesize("Reproduce me.", speaker="ryan", seed=seed, max_frames=5)
+    assert np.array_equal(again.codes, np.load(out / "a.codes.npy"))
+
+
+def test_retry_runaway_reruns_with_derived_seeds(tts_factory, ckpt_dir, tmp_path):
+    # The tiny checkpoint never says EOS, so every sampled item exhausts its derived budget.
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "run", "text": "Hi.", "speaker": "ryan", "seed": 7},
+        {"id": "capped", "text": "Hi.", "speaker": "ryan", "seed": 7, "max_seconds": 0.4},  # explicit: no retry
+    ])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--retry-runaway", "2", "--save-codes", "-q"])
+    assert result.exit_code == 0, result.output
+    recs = {r["id"]: r for r in _records(out)}
+    assert recs["run"]["attempts"] == 3 and recs["run"]["finish_reason"] == "length"
+    assert recs["capped"]["attempts"] == 1 and recs["capped"]["frames"] == 5
+    # The kept attempt is the second retry: the item's seed derived twice over, nothing else.
+    tts = tts_factory("custom_voice")
+    expected = tts.synthesize("Hi.", speaker="ryan", seed=derive_seed(7, "retry", 2))
+    assert np.array_equal(np.load(out / "run.codes.npy"), expected.codes)
+    assert recs["run"]["frames"] == expected.frames
+
+
+def test_export_dataset_has_an_audio_column_in_manifest_order(ckpt_dir, tmp_path):
+    import datasets
+
+    rows = [{"id": f"u{i}", "text": f"Line {i}.", "speaker": "ryan"} for i in range(3)]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
+    out, export = tmp_path / "out", tmp_path / "ds"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--max-frames", "3", "--export-dataset", str(export), "-q"])
+    assert result.exit_code == 0, result.output
+    dataset = datasets.load_from_disk(str(export)).cast_column("audio", datasets.Audio(decode=False))
+    assert dataset["id"] == ["u0", "u1", "u2"] and dataset["text"] == ["Line 0.", "Line 1.", "Line 2."]
+    for row in dataset:
+        assert row["audio"]["bytes"] == (out / f"{row['id']}.wav").read_bytes()
+        assert row["frames"] == 3
+    assert not (export / ".build").exists()
+
+
+def test_stop_finishes_running_items_and_drops_the_rest(tts_factory):
+    tts = tts_factory("custom_voice")
+    params = tts.default_params(greedy=True, max_frames=4)
+    jobs = [Job(Request(f"Item {i}.", speaker="ryan", id=str(i)), params) for i in range(12)]
+    outcomes = []
+    pipeline = Pipeline(tts, lookahead=4, stop=lambda: len(outcomes) > 0)
+    for outcome in pipeline.run(jobs):
+        outcomes.append(outcome)
+    finished = [o.job.request.id for o in outcomes]
+    # Items already admitted when the stop came finish; nothing queued behind them starts.
+    assert 1 <= len(finished) <= tts.max_batch and len(finished) < 12
+    assert all(o.result.frames == 4 for o in outcomes)
+
+
+def test_pipeline_reads_jobs_lazily_and_grows_the_engine(tts_factory):
+    tts = tts_factory("custom_voice", max_batch=2)
+    pulled = []
+
+    def jobs():
+        for i in range(10):
+            pulled.append(i)
+            frames = 3 if i < 8 else 90  # the last ones need a bigger engine
+            yield Job(Request(f"Item {i}.", speaker="ryan", id=str(i)),
+                      tts.default_params(greedy=True, max_frames=frames))
+
+    pipeline = Pipeline(tts, lookahead=3)
+    stream = pipeline.run(jobs())
+    first = next(stream)
+    # Prepared but unfinished requests stay within the running batch + lookahead (+1 being pulled).
+    assert len(pulled) <= 2 + 3 + 1
+    rest = list(stream)
+    assert sorted(int(o.job.request.id) for o in [first] + rest) == list(range(10))
+    assert pipeline.engines_built >= 2
+    alone = tts.synthesize("Item 9.", speaker="ryan", greedy=True, max_frames=90)
+    (nine,) = [o for o in rest if o.job.request.id == "9"]
+    assert np.array_equal(nine.result.codes, alone.codes)
+
+
+def test_interrupted_rerun_reports_how_to_resume(ckpt_dir, tmp_path, monkeypatch):
+    """A Ctrl-C that escapes (the second press) leaves a clean directory and says how to resume."""
+    import omnitts.batch
+
+    rows = [{"id": f"u{i}", "text": f"Line {i}.", "speaker": "ryan"} for i in range(4)]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
+    out = tmp_path / "out"
+    real_save = omnitts.batch.Batch.save
+    calls = {"n": 0}
+
+    def save_then_interrupt(self, outcome):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_save(self, outcome)
+
+    monkeypatch.setattr(omnitts.batch.Batch, "save", save_then_interrupt)
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3",
+            "--max-batch", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130 and "run the same command again to resume" in result.output
+    assert [r["id"] for r in _records(out)] == ["u0"]
+    monkeypatch.setattr(omnitts.batch.Batch, "save", real_save)
+    assert runner.invoke(app, args + ["-q"]).exit_code == 0
+    assert sorted(r["id"] for r in _records(out)) == ["u0", "u1", "u2", "u3"]
+    assert all(sf.info(out / f"u{i}.wav").frames == 3 * 1920 for i in range(4))
