@@ -24,7 +24,7 @@ MaxBatch = Annotated[int, typer.Option("--max-batch", min=1, help="Requests deco
 Eager = Annotated[bool, typer.Option("--eager", help="No graph capture on cuda/npu (also OMNITTS_EAGER=1).")]
 SaveCodes = Annotated[bool, typer.Option("--save-codes", help="Also write <id>.codes.npy, int64 [frames, 16].")]
 OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", help="Tokenize like the official qwen-tts package (Mistral regex swap) instead of as the checkpoint defines.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or spinner (for logs); errors and the summary still print.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
 Format = Annotated[str, typer.Option("--format", help="Audio format of the outputs: wav | flac | ogg.")]
@@ -93,7 +93,7 @@ def synth(
     load_kwargs = dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=max_batch,
                        eager=eager)
     try:
-        _run(batch, items, len(items) + len(bad), model, load_kwargs, quiet)
+        stopped = _run(batch, items, len(items) + len(bad), model, load_kwargs, quiet)
     except OmniTTSError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
@@ -105,12 +105,17 @@ def synth(
 
         count = export(out, items, export_dataset)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
+    if stopped:
+        raise typer.Exit(130)
     if batch.tally.failed:
         raise typer.Exit(1)
 
 
-def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> None:
-    """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary."""
+def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> bool:
+    """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary.
+
+    Returns whether a Ctrl-C stopped the run early.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
@@ -118,13 +123,15 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
     from .api import load
     from .pipeline import Pipeline
 
-    console = Console(stderr=True, quiet=quiet)
+    console = Console(stderr=True)
     tally = batch.tally
     pending = batch.pending(items)
     first = next(pending, None)
+    stopped = False
     if first is not None:
-        with console.status("loading checkpoint"):
-            tts = load(model, **load_kwargs)
+        if not quiet:
+            console.print("loading checkpoint")
+        tts = load(model, **load_kwargs)
         stopping = _GracefulStop(console)
         pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping.requested)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -138,10 +145,12 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
                     console.print(f"error: {rec['id']}: {rec['error']}")
                 progress.update(task, completed=tally.done + tally.failed + tally.skipped,
                                 rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
-        if stopping.count:
+        stopped = stopping.count > 0
+        if stopped:
             console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
                           "keeps what is done)")
     _summary(console, batch)
+    return stopped
 
 
 def _chain(first, rest):
