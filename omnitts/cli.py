@@ -28,6 +28,10 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
 Format = Annotated[str, typer.Option("--format", help="Audio format of the outputs: wav | flac | ogg.")]
+ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", help="FIELD=COLUMN: read FIELD from this column (JSON key); repeatable.")]
+IdCol = Annotated[Optional[str], typer.Option("--id-column", help="Column holding the id (same as --column id=NAME).")]
+TextCol = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text (same as --column text=NAME).")]
+ManifestArg = Annotated[Path, typer.Argument(help="Manifest: JSONL (one {id, text, ...} per line), .csv/.tsv, .parquet, .arrow, or a datasets save_to_disk folder.")]
 
 
 def _fail(message: str, code: int = 2):
@@ -37,7 +41,7 @@ def _fail(message: str, code: int = 2):
 
 @app.command()
 def synth(
-    manifest: Annotated[Path, typer.Argument(help="JSONL manifest: one {id, text, language, speaker | instruct | ref_audio ...} per line.")],
+    manifest: ManifestArg,
     model: Model,
     out: Out,
     greedy: Greedy = False,
@@ -53,6 +57,9 @@ def synth(
     strict: Strict = False,
     retry_failed: RetryFailed = False,
     audio_format: Format = "wav",
+    column: ColumnMap = None,
+    id_column: IdCol = None,
+    text_column: TextCol = None,
 ):
     """Synthesize every line of MANIFEST into OUT/<id>.wav, recording each in OUT/results.jsonl.
 
@@ -60,14 +67,14 @@ def synth(
     re-running the same command skips what is done. Exit code 1 if any item failed.
     """
     from .config import load_config
-    from .manifest import check_manifest
+    from .manifest import check_manifest, column_map
 
     if device not in ("cpu", "cuda", "npu"):
         _fail(f"--device {device!r}: choose cpu, cuda or npu")
     if audio_format not in ("wav", "flac", "ogg"):
         _fail(f"--format {audio_format!r}: choose wav, flac or ogg")
     try:
-        items, bad = check_manifest(manifest, load_config(model))
+        items, bad = check_manifest(manifest, load_config(model), column_map(column, id_column, text_column))
     except OmniTTSError as exc:
         _fail(str(exc))
     for line in bad:
@@ -117,7 +124,8 @@ def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> 
         prepared = []
         for item in todo:
             seed = item.seed if item.seed is not None else settings["seed"]
-            params = tts.default_params(settings["greedy"], max_frames=settings["max_frames"], seed=seed)
+            params = tts.default_params(settings["greedy"], max_frames=settings["max_frames"], seed=seed,
+                                        **item.sampling)
             try:
                 prepared.append((item.request, tts.prepare(item.request), params))
             except OmniTTSError as exc:
@@ -147,6 +155,33 @@ def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> 
 def _record(item_id, status, path=None, seconds=None, frames=None, finish_reason=None, seed=None, error=None):
     return {"id": item_id, "status": status, "path": path, "seconds": seconds, "frames": frames,
             "finish_reason": finish_reason or ("error" if status == "error" else None), "seed": seed, "error": error}
+
+
+@app.command()
+def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_column: IdCol = None,
+             text_column: TextCol = None):
+    """Check every line of MANIFEST against the checkpoint's config, without loading weights.
+
+    Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
+    datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise.
+    """
+    from .config import load_config
+    from .manifest import BadLine, column_map, iter_manifest
+
+    good = bad = 0
+    try:
+        cfg, columns = load_config(model), column_map(column, id_column, text_column)
+        for entry in iter_manifest(manifest, cfg, columns):
+            if isinstance(entry, BadLine):
+                bad += 1
+                typer.echo(entry.message)
+            else:
+                good += 1
+    except OmniTTSError as exc:
+        _fail(str(exc))
+    typer.echo(f"{manifest}: {good} good, {bad} bad")
+    if bad:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -202,3 +237,7 @@ def main():
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
