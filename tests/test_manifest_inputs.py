@@ -387,3 +387,25 @@ def test_reading_memory_grows_only_with_the_ids_seen(tmp_path, kind):
     assert count(large) == 6000
     assert growth < allowance + 200_000, (growth, allowance)
     assert as_list > 3 * (growth + 1), (as_list, growth)  # materialising would show up
+
+
+def test_synth_applies_per_item_sampling_overrides(ckpt_dir, tmp_path, monkeypatch):
+    from omnitts.api import TTS
+
+    made = []
+    original = TTS.default_params
+
+    def recording(self, greedy=False, **overrides):
+        made.append(original(self, greedy, **overrides))
+        return made[-1]
+
+    monkeypatch.setattr(TTS, "default_params", recording)
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in GOOD), encoding="utf-8")
+    result = runner.invoke(app, ["synth", str(path), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+                                 "--max-frames", "2", "--seed", "9", "-q"])
+    assert result.exit_code == 0, result.output
+    first, middle, last = made
+    assert (middle.temperature, middle.top_k, middle.top_p, middle.repetition_penalty, middle.seed) == (0.7, 10, 0.9, 1.1, 3)
+    assert first == last and (first.temperature, first.top_k, first.seed) == (0.9, 50, 9)
+    assert middle.subtalker_temperature == first.subtalker_temperature  # overrides are the talker's only
