@@ -17,7 +17,7 @@ The terminal belongs to the CLI: this module only returns records and counts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -93,9 +93,11 @@ class Batch:
         s = self.settings
         for item in items:
             seed = item.seed if item.seed is not None else s.seed
-            overrides = getattr(item, "sampling", None) or {}
-            params = tts.default_params(s.greedy, max_frames=s.max_frames, seed=seed, **overrides)
-            yield Job(item.request, params, key=item)
+            params = tts.default_params(s.greedy, max_frames=s.max_frames, seed=seed, **item.sampling)
+            request = item.request
+            if item.voice_path is not None:  # loaded (once per file, identity-checked) by tts.prepare
+                request = replace(request, voice=item.voice_path)
+            yield Job(request, params, key=item)
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, outcome: Outcome) -> dict:
@@ -148,49 +150,51 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
         raise
 
 
-def sf_rate(out: Path, ledger: Ledger) -> int:
-    """The sample rate of the finished files (all outputs of one checkpoint share it)."""
+def sf_rate(path: Path) -> int:
     import soundfile as sf
 
-    rec = next(iter(ledger.done.values()))
-    return sf.info(str(Path(out) / rec["path"])).samplerate
+    return sf.info(str(path)).samplerate
 
 
 def export_dataset(out: Path, items: Iterable, target: Path) -> int:
     """Write the finished items of `items` (manifest order) as a `datasets` dataset with an Audio column.
 
-    Rows stream through `Dataset.from_generator`, so memory stays flat; returns the row count. The
-    audio column holds each file's encoded bytes (built as a plain struct, then cast to `Audio`, so
-    no audio codec package is needed to write it).
+    Rows are appended one at a time to an Arrow file (then memory-mapped and saved with
+    `save_to_disk`), so memory stays flat; returns the row count. The audio column holds each file's
+    encoded bytes: written as a plain struct, then cast to `Audio`, so no audio codec package is
+    needed to write it.
     """
+    import shutil
+
     import datasets
+    from datasets.arrow_writer import ArrowWriter
 
     datasets.disable_progress_bars()
     ledger = Ledger(out)
-    rows = {"count": 0}
-
-    def generate():
-        for item in items:
-            rec = ledger.done.get(item.request.id)
-            path = Path(out) / rec["path"] if rec else None
-            if path is None or not path.is_file():
-                continue
-            rows["count"] += 1
-            r = item.request
-            yield {"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
-                   "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
-                   "seconds": float(rec["seconds"]), "frames": int(rec["frames"]), "seed": rec.get("seed")}
-
     features = datasets.Features({
         "id": datasets.Value("string"), "text": datasets.Value("string"), "language": datasets.Value("string"),
         "speaker": datasets.Value("string"), "instruct": datasets.Value("string"),
         "audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
         "seconds": datasets.Value("float32"), "frames": datasets.Value("int32"), "seed": datasets.Value("int64"),
     })
-    dataset = datasets.Dataset.from_generator(generate, features=features, cache_dir=str(Path(target) / ".build"))
-    rate = int(sf_rate(out, ledger)) if rows["count"] else None
+    build = Path(target) / ".build"
+    build.mkdir(parents=True, exist_ok=True)
+    count, rate = 0, None
+    with ArrowWriter(features=features, path=str(build / "rows.arrow")) as writer:
+        for item in items:
+            rec = ledger.done.get(item.request.id)
+            path = Path(out) / rec["path"] if rec else None
+            if path is None or not path.is_file():
+                continue
+            r = item.request
+            rate = rate or sf_rate(path)
+            writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
+                          "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
+                          "seconds": float(rec["seconds"]), "frames": int(rec["frames"]), "seed": rec.get("seed")})
+            count += 1
+        writer.finalize()
+    dataset = datasets.Dataset.from_file(str(build / "rows.arrow"))
     dataset.cast_column("audio", datasets.Audio(sampling_rate=rate)).save_to_disk(str(target))
-    import shutil
-
-    shutil.rmtree(Path(target) / ".build", ignore_errors=True)
-    return rows["count"]
+    del dataset
+    shutil.rmtree(build, ignore_errors=True)
+    return count

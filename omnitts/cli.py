@@ -28,6 +28,10 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or s
 Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
 Format = Annotated[str, typer.Option("--format", help="Audio format of the outputs: wav | flac | ogg.")]
+ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", help="FIELD=COLUMN: read FIELD from this column (JSON key); repeatable.")]
+IdCol = Annotated[Optional[str], typer.Option("--id-column", help="Column holding the id (same as --column id=NAME).")]
+TextCol = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text (same as --column text=NAME).")]
+ManifestArg = Annotated[Path, typer.Argument(help="Manifest: JSONL (one {id, text, ...} per line), .csv/.tsv, .parquet, .arrow, or a datasets save_to_disk folder.")]
 
 
 def _fail(message: str, code: int = 2):
@@ -42,7 +46,7 @@ ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", help=
 
 @app.command()
 def synth(
-    manifest: Annotated[Path, typer.Argument(help="JSONL manifest: one {id, text, language, speaker | instruct | ref_audio ...} per line.")],
+    manifest: ManifestArg,
     model: Model,
     out: Out,
     greedy: Greedy = False,
@@ -61,6 +65,9 @@ def synth(
     retry_runaway: RetryRunaway = 0,
     loudness: Loudness = None,
     export_dataset: ExportDataset = None,
+    column: ColumnMap = None,
+    id_column: IdCol = None,
+    text_column: TextCol = None,
 ):
     """Synthesize every line of MANIFEST into OUT/<id>.wav, recording each in OUT/results.jsonl.
 
@@ -71,29 +78,43 @@ def synth(
     """
     from .batch import Batch, Settings
     from .config import load_config
-    from .manifest import check_manifest
+    from .manifest import BadLine, column_map, iter_manifest
 
     if device not in ("cpu", "cuda", "npu"):
         _fail(f"--device {device!r}: choose cpu, cuda or npu")
     if audio_format not in ("wav", "flac", "ogg"):
         _fail(f"--format {audio_format!r}: choose wav, flac or ogg")
-    try:
-        items, bad = check_manifest(manifest, load_config(model))
-    except OmniTTSError as exc:
-        _fail(str(exc))
-    for line in bad:
-        typer.echo(f"error: {line.message}", err=True)
-    if bad and (strict or not items):
-        raise typer.Exit(2)
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
                         retry_failed=retry_failed, retry_runaway=retry_runaway, loudness=loudness)
-    batch = Batch(out, settings)
-    for line in bad:
-        batch.record_bad(line.id, line.message)
+    # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
+    # Both passes stream the manifest, so memory does not grow with its length.
+    try:
+        cfg, columns = load_config(model), column_map(column, id_column, text_column)
+        batch = None if strict else Batch(out, settings)
+        good = bad = 0
+        for entry in iter_manifest(manifest, cfg, columns):
+            if isinstance(entry, BadLine):
+                bad += 1
+                typer.echo(f"error: {entry.message}", err=True)
+                if entry.line == 0:  # the whole file is unusable (empty, a mapped column missing)
+                    raise typer.Exit(2)
+                if batch is not None:
+                    batch.record_bad(entry.id, entry.message)
+            else:
+                good += 1
+    except OmniTTSError as exc:
+        _fail(str(exc))
+    if bad and (strict or not good):
+        raise typer.Exit(2)
+    batch = batch or Batch(out, settings)
+
+    def items():  # pass 2 (and the export): the good items, read again lazily
+        return (entry for entry in iter_manifest(manifest, cfg, columns) if not isinstance(entry, BadLine))
+
     load_kwargs = dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=max_batch,
                        eager=eager)
     try:
-        stopped = _run(batch, items, len(items) + len(bad), model, load_kwargs, quiet)
+        stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
     except OmniTTSError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
@@ -103,7 +124,7 @@ def synth(
     if export_dataset is not None and batch.tally.done + batch.tally.skipped:
         from .batch import export_dataset as export
 
-        count = export(out, items, export_dataset)
+        count = export(out, items(), export_dataset)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(130)
@@ -212,6 +233,33 @@ def _hms(seconds: float) -> str:
 
 
 @app.command()
+def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_column: IdCol = None,
+             text_column: TextCol = None):
+    """Check every line of MANIFEST against the checkpoint's config, without loading weights.
+
+    Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
+    datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise.
+    """
+    from .config import load_config
+    from .manifest import BadLine, column_map, iter_manifest
+
+    good = bad = 0
+    try:
+        cfg, columns = load_config(model), column_map(column, id_column, text_column)
+        for entry in iter_manifest(manifest, cfg, columns):
+            if isinstance(entry, BadLine):
+                bad += 1
+                typer.echo(entry.message)
+            else:
+                good += 1
+    except OmniTTSError as exc:
+        _fail(str(exc))
+    typer.echo(f"{manifest}: {good} good, {bad} bad")
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
 def info(model: Annotated[Path, typer.Argument(help="Checkpoint directory.")]):
     """Describe a checkpoint: kind, size, speakers, languages."""
     from rich.console import Console
@@ -264,3 +312,7 @@ def main():
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

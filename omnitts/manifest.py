@@ -1,110 +1,314 @@
-"""Reading a JSONL manifest into requests, with errors that name the file, line and field.
+"""Reading a manifest into requests, with errors that name the file, line (or row) and field.
 
-One JSON object per line:
+The primary form is JSONL, one JSON object per line (blank lines are skipped):
     {"id": "intro", "text": "Hello.", "language": "english", "speaker": "ryan"}
-Fields: id, text, language, speaker, instruct, ref_audio, ref_text, x_vector_only, non_streaming,
-seed, max_seconds. Relative `ref_audio` paths resolve against the manifest's folder. Blank lines are skipped.
+CSV/TSV (a header line), Parquet, Arrow and folders saved with `datasets.Dataset.save_to_disk` work
+too (readers in sources.py). Fields: id, text, language, speaker, instruct, ref_audio, ref_text,
+x_vector_only, non_streaming, seed, max_seconds, voice (a saved .safetensors voice; only its path is
+checked here) and the per-item sampling overrides temperature, top_k, top_p, repetition_penalty.
+Relative `ref_audio` / `voice` paths resolve against the manifest's folder.
+
+Columns (JSON keys) name fields directly, or through `columns={field: column}`. In tables, other
+columns are ignored, nulls and empty CSV cells count as absent, and CSV cells are converted to the
+field's type. Errors read `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow, datasets).
+
+`iter_manifest` streams `Item | BadLine` in file order, each row checked against a checkpoint
+config; memory grows only with the set of ids seen (duplicate detection). `check_manifest` is the
+list form, `count_rows` a cheap total for a progress bar.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
 from .errors import OmniTTSError, RequestError
 from .prompt import resolve
 from .request import Request
+from .sources import JsonlSource, open_source
 
+NUMBER = (int, float)
 FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": str, "ref_audio": str,
-          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": (int, float)}
+          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": NUMBER,
+          "voice": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER, "repetition_penalty": NUMBER}
+SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")  # per-item SamplingParams overrides
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_TRUE, _FALSE = {"true", "1", "yes", "y", "t"}, {"false", "0", "no", "n", "f"}
 
 
 @dataclass
 class Item:
-    line: int
+    line: int  # file line (JSONL, CSV) or 1-based row (Parquet, Arrow, datasets)
     request: Request
     seed: int | None
+    voice_path: Path | None = None  # saved voice to load before synthesis (request.voice stays None)
+    sampling: dict = field(default_factory=dict)  # overrides for SamplingParams, keys from SAMPLING
+
+
+@dataclass
+class BadLine:
+    line: int  # 0 for a problem with the whole file
+    id: str  # the line's id, or "line-N" / "row-N" when it has no usable one
+    message: str  # "file:line: field: problem" (or "file:row N: field: problem")
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, dict | str]]:
-    """(line number, parsed object) per non-blank line, or (line number, error text)."""
-    try:
-        handle = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
-                continue
-            yield number, obj if isinstance(obj, dict) else "expected a JSON object"
+    """(line number, parsed object) per non-blank JSONL line, or (line number, error text)."""
+    return JsonlSource(Path(path)).rows()
 
 
-def parse_item(obj: dict, number: int, base: Path) -> Item:
-    """Validate one manifest object's fields (not yet against a checkpoint)."""
+def column_map(specs=(), id_column: str | None = None, text_column: str | None = None) -> dict[str, str]:
+    """{field: column} from "FIELD=COLUMN" strings and the id/text shortcuts; OmniTTSError if malformed."""
+    pairs = [(spec, *spec.split("=", 1)) if "=" in spec else (spec, None, None) for spec in specs or ()]
+    pairs += [(f"--{name}-column {col}", name, col) for name, col in (("id", id_column), ("text", text_column)) if col]
+    mapping: dict[str, str] = {}
+    for spec, name, column in pairs:
+        name, column = (name or "").strip(), (column or "").strip()
+        if not name or not column:
+            raise OmniTTSError(f"--column {spec!r}: expected FIELD=COLUMN, e.g. text=sentence")
+        if name not in FIELDS:
+            raise OmniTTSError(f"--column {spec!r}: unknown field {name!r}; valid fields are {', '.join(FIELDS)}")
+        if mapping.get(name, column) != column:
+            raise OmniTTSError(f"{name}: mapped to two columns, {mapping[name]!r} and {column!r}")
+        other = next((f for f, c in mapping.items() if c == column and f != name), None)
+        if other:
+            raise OmniTTSError(f"column {column!r} is mapped to both {other} and {name}")
+        mapping[name] = column
+    return mapping
+
+
+def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) -> Item:
+    """Validate one row's fields (typed values, field names as keys; not yet against a checkpoint)."""
+    columns = columns or {}
     unknown = sorted(set(obj) - set(FIELDS))
     if unknown:
         raise RequestError(f"{unknown[0]}: unknown field; valid fields are {', '.join(FIELDS)}")
     for name, kind in FIELDS.items():
         value = obj.get(name)
-        numeric = kind is int or kind == (int, float)
+        numeric = kind is int or kind == NUMBER
         if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
-            expected = "number" if kind == (int, float) else kind.__name__
+            expected = "number" if kind == NUMBER else kind.__name__
             raise RequestError(f"{name}: expected {expected}, got {type(value).__name__}")
-    if obj.get("max_seconds") is not None and not obj["max_seconds"] > 0:
-        raise RequestError(f"max_seconds: must be > 0, got {obj['max_seconds']}")
+    _check_ranges(obj)
     item_id = obj.get("id")
     if not item_id:
-        raise RequestError("id: missing; every line needs an id (it names the output file)")
+        raise RequestError(f"id: missing{_from(columns, 'id')}; every line needs an id (it names the output file)")
     if not SAFE_ID.match(item_id):
         raise RequestError(f"id: {item_id!r} is not a safe file name (letters, digits, '.', '_', '-'; "
                            "not starting with '.' or '-')")
-    ref_audio = obj.get("ref_audio")
+    if obj.get("text") is None:
+        raise RequestError(f"text: missing{_from(columns, 'text')}; give the words to speak")
+    if not obj["text"].strip():
+        raise RequestError("text: empty; give the words to speak")
+    if obj.get("ref_audio") is not None and obj.get("voice") is not None:
+        raise RequestError("voice: give either ref_audio or voice, not both")
+    ref_audio = _path(obj.get("ref_audio"), base)
     if ref_audio is not None:
-        ref_audio = Path(ref_audio) if Path(ref_audio).is_absolute() else base / ref_audio
-        if not ref_audio.is_file():
-            raise RequestError(f"ref_audio: file not found: {ref_audio}")
-    request = Request(text=obj.get("text") or "", language=obj.get("language") or "auto",
+        problem = _audio_problem(str(ref_audio))
+        if problem:
+            raise RequestError(f"ref_audio: {problem}")
+    voice = _path(obj.get("voice"), base)
+    if voice is not None:
+        if not voice.is_file():
+            raise RequestError(f"voice: {'not a file' if voice.exists() else 'file not found'}: {voice}")
+        if voice.suffix.lower() != ".safetensors":
+            raise RequestError(f"voice: {voice} is not a .safetensors voice file (save one with voice-clone --save)")
+    request = Request(text=obj["text"], language=obj.get("language") or "auto",
                       speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
                       ref_text=obj.get("ref_text"), x_vector_only=bool(obj.get("x_vector_only", False)),
                       non_streaming=obj.get("non_streaming"), id=item_id, max_seconds=obj.get("max_seconds"))
-    return Item(number, request, obj.get("seed"))
+    sampling = {name: obj[name] for name in SAMPLING if obj.get(name) is not None}
+    return Item(number, request, obj.get("seed"), voice, sampling)
 
 
-@dataclass
-class BadLine:
-    line: int
-    id: str  # the line's id, or "line-N" when it has no usable one
-    message: str  # "file:line: field: problem"
+def _from(columns: dict, name: str) -> str:
+    return f" (read from column {columns[name]!r})" if name in columns else ""
 
 
-def check_manifest(path, cfg) -> tuple[list[Item], list[BadLine]]:
-    """Every good item of manifest `path` (checked against checkpoint config `cfg`), and the bad lines."""
-    path = Path(path)
-    items, bad, seen = [], [], {}
-    for number, obj in read_lines(path):
+def _check_ranges(obj: dict) -> None:
+    for name, rule, ok in (("max_seconds", "> 0", lambda v: v > 0), ("temperature", "> 0", lambda v: v > 0),
+                           ("repetition_penalty", "> 0", lambda v: v > 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
+                           ("top_k", ">= 0 (0 = off)", lambda v: v >= 0)):
+        value = obj.get(name)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise RequestError(f"{name}: must be {rule}, got {value}")
+
+
+def _path(value: str | None, base: Path) -> Path | None:
+    if value is None:
+        return None
+    return Path(value) if Path(value).is_absolute() else base / value
+
+
+def _audio_problem(path: str) -> str | None:
+    """Why reference audio `path` cannot be used, or None (soundfile reads its header only)."""
+    if not Path(path).is_file():
+        return f"file not found: {path}"
+    stat = Path(path).stat()
+    return _header_problem(path, stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4096)  # manifests often reuse one reference clip on many lines
+def _header_problem(path: str, mtime_ns: int, size: int) -> str | None:
+    import soundfile as sf
+
+    from .audio import MIN_REFERENCE_SECONDS
+
+    try:
+        info = sf.info(path)
+    except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, ... for unreadable files
+        return f"cannot read audio {path} ({str(exc).strip() or type(exc).__name__})"
+    if info.duration < MIN_REFERENCE_SECONDS:
+        return f"{path} is {info.duration:.2f} s long; at least {MIN_REFERENCE_SECONDS} s is needed"
+    return None
+
+
+def _from_text(row: dict) -> dict:
+    """CSV cells (strings) -> the fields' types; RequestError naming the field."""
+    out = {}
+    for name, value in row.items():
+        kind, text = FIELDS.get(name), value.strip()
         try:
-            if isinstance(obj, str):
-                raise RequestError(obj)
-            item = parse_item(obj, number, path.parent)
+            if kind is bool:
+                if text.lower() not in _TRUE | _FALSE:
+                    raise ValueError
+                value = text.lower() in _TRUE
+            elif kind is int:
+                value = int(text)
+            elif kind == NUMBER:
+                value = float(text)
+        except ValueError:
+            expected = {bool: "true or false", int: "an integer"}.get(kind, "a number")
+            raise RequestError(f"{name}: expected {expected}, got {value!r}") from None
+        out[name] = value
+    return out
+
+
+def _from_table(row: dict) -> dict:
+    """Typed table values: integer ids become strings, whole floats in integer fields become ints."""
+    out = dict(row)
+    if isinstance(out.get("id"), int) and not isinstance(out["id"], bool):
+        out["id"] = str(out["id"])
+    for name, kind in FIELDS.items():
+        value = out.get(name)
+        if kind is int and isinstance(value, float) and value.is_integer():
+            out[name] = int(value)  # pandas stores an integer column with gaps as floats
+    return out
+
+
+def _rename(obj: dict, columns: dict) -> dict:
+    """A JSON object's keys -> field names under the column mapping."""
+    if not columns:
+        return obj
+    fields_of = {column: name for name, column in columns.items()}
+    out = {}
+    for key, value in obj.items():
+        if key in fields_of:
+            out[fields_of[key]] = value
+        elif key in columns:
+            raise RequestError(f"{key}: this key is ignored because {key} is read from {columns[key]!r}; remove it")
+        else:
+            out[key] = value
+    return out
+
+
+def _table_plan(available: list[str], columns: dict) -> tuple[dict[str, str], str | None]:
+    """{field: column} to read from a table, or a problem with the whole file."""
+    listing = ", ".join(repr(c) for c in available)
+    for name, column in columns.items():
+        if column not in available:
+            return {}, f"column {column!r} (mapped to {name}) not found; the columns are {listing}"
+    taken = set(columns.values())
+    plan = {name: columns.get(name, name) for name in FIELDS if name in columns or name not in taken}
+    plan = {name: column for name, column in plan.items() if column in available}
+    for name in ("id", "text"):
+        if name not in plan:
+            return {}, f"no {name!r} column; the columns are {listing}; map one with --{name}-column NAME"
+    return plan, None
+
+
+def _placeholder_voice():
+    import torch
+
+    from .request import Voice
+
+    return Voice(x_vector=torch.zeros(0), ref_codes=None, ref_text=None)
+
+
+def check_item(cfg, item: Item) -> None:
+    """Check `item` against checkpoint config `cfg` (speaker, language, mode); RequestError if not."""
+    request = item.request
+    if item.voice_path is not None:
+        if cfg.model_type != "base":
+            raise RequestError(f"voice: a saved voice needs a Base checkpoint; this one is {cfg.model_type}")
+        request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
+    resolve(cfg, request)
+
+
+def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item | BadLine]:
+    """Every row of manifest `path`, in file order, as a good `Item` or a `BadLine`, read lazily.
+
+    `cfg` (from `omnitts.config.load_config`) adds the checkpoint checks; None checks fields only.
+    `columns` maps fields to columns (JSON keys), see `column_map`. A problem with the whole file (a
+    mapped column that is missing, an empty manifest) is one `BadLine` with line 0; a file that cannot
+    be opened raises OmniTTSError. Items keep only their id in memory after they are yielded.
+    """
+    path, columns = Path(path), dict(columns or {})
+    source = open_source(path)
+    unit = source.unit
+    if source.columns is None:
+        rows = source.rows()
+    else:
+        plan, problem = _table_plan(source.columns, columns)
+        if problem:
+            yield BadLine(0, f"{unit}-0", f"{path}: {problem}")
+            return
+        rows = ((n, r if isinstance(r, str) else {f: r[c] for f, c in plan.items() if c in r})
+                for n, r in source.rows(sorted(set(plan.values()))))
+    where = (lambda n: f"{n}") if unit == "line" else (lambda n: f"row {n}")
+    seen: dict[str, int] = {}
+    empty = True
+    for number, row in rows:
+        empty = False
+        try:
+            if isinstance(row, str):
+                raise RequestError(row)
+            if source.columns is None:
+                row = obj = _rename(row, columns)
+            else:
+                obj = _from_table(row) if source.typed else _from_text(row)
+            item = parse_item(obj, number, path.parent, columns)
             if item.request.id in seen:
-                raise RequestError(f"id: {item.request.id!r} already used on line {seen[item.request.id]}")
-            resolve(cfg, item.request)
+                raise RequestError(f"id: {item.request.id!r} already used on {unit} {seen[item.request.id]}")
+            if cfg is not None:
+                check_item(cfg, item)
         except RequestError as exc:
-            raw_id = obj.get("id") if isinstance(obj, dict) else None
+            raw_id = row.get("id") if isinstance(row, dict) else None
+            raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
             usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and raw_id not in seen
-            bad.append(BadLine(number, raw_id if usable else f"line-{number}", f"{path}:{number}: {exc}"))
+            yield BadLine(number, raw_id if usable else f"{unit}-{number}", f"{path}:{where(number)}: {exc}")
             continue
         seen[item.request.id] = number
-        items.append(item)
-    if not items and not bad:
-        bad.append(BadLine(0, "line-0", f"{path}: no items (the manifest is empty)"))
+        yield item
+    if empty:
+        yield BadLine(0, f"{unit}-0", f"{path}: no items (the manifest is empty)")
+
+
+def check_manifest(path, cfg, columns: dict | None = None) -> tuple[list[Item], list[BadLine]]:
+    """Every good item of manifest `path` (checked against checkpoint config `cfg`), and the bad lines."""
+    items, bad = [], []
+    for entry in iter_manifest(path, cfg, columns):
+        (bad if isinstance(entry, BadLine) else items).append(entry)
     return items, bad
+
+
+def count_rows(path) -> int:
+    """How many rows `iter_manifest(path)` will yield (non-blank lines, records, rows), without parsing them.
+
+    Free for Parquet, Arrow and datasets (metadata); one streaming pass for JSONL and CSV.
+    """
+    return open_source(path).count()

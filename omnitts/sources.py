@@ -1,0 +1,243 @@
+"""Where manifest rows come from: JSONL, CSV/TSV, Parquet, Arrow and saved Hugging Face datasets.
+
+`open_source(path)` picks a reader from the path: a folder saved with `Dataset.save_to_disk`
+(it holds dataset_info.json / state.json), `.csv` / `.tsv`, `.parquet` / `.pq`, `.arrow`; anything
+else is JSONL. Every reader streams: JSONL and CSV one line at a time, Parquet by record batches,
+Arrow and datasets from a memory map, so memory does not grow with the number of rows.
+
+A source yields `(number, row)` pairs in file order, where `row` is a dict of the non-empty cells
+(column -> value; CSV empty cells and table nulls/NaNs are left out) or, for a row that cannot be
+read at all, the error text. `number` is the file line (JSONL; CSV counting the header as line 1)
+or the 1-based row (Parquet, Arrow, datasets); `unit` says which. This module knows nothing about
+fields or checkpoints (see manifest.py).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Iterator
+
+from .errors import OmniTTSError
+
+BATCH_ROWS = 1024  # rows per record batch for the columnar readers
+
+
+class JsonlSource:
+    """One JSON object per line; blank lines are skipped."""
+
+    unit, typed, columns = "line", True, None  # columns unknown until every line is read
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _open(self):
+        try:
+            return open(self.path, encoding="utf-8")
+        except OSError as exc:
+            raise OmniTTSError(f"{self.path}: cannot open manifest ({exc.strerror})") from None
+
+    def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
+        with self._open() as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
+                    continue
+                yield number, obj if isinstance(obj, dict) else "expected a JSON object"
+
+    def count(self) -> int:
+        with self._open() as handle:
+            return sum(1 for line in handle if line.strip())
+
+
+class CsvSource:
+    """A header line, then one row per record (quoted cells may span lines); every cell is a string."""
+
+    unit, typed = "line", False
+
+    def __init__(self, path: Path, delimiter: str = ","):
+        self.path, self.delimiter = path, delimiter
+        with self._open() as handle:
+            header = next(csv.reader(handle, delimiter=delimiter), None)
+        if not header:
+            raise OmniTTSError(f"{path}: empty CSV file (the first line must name the columns)")
+        self.columns = [name.strip() for name in header]
+
+    def _open(self):
+        try:
+            return open(self.path, encoding="utf-8-sig", newline="")
+        except OSError as exc:
+            raise OmniTTSError(f"{self.path}: cannot open manifest ({exc.strerror})") from None
+
+    def _records(self, handle) -> Iterator[tuple[int, list[str]]]:
+        """(first line of the record, cells) for every non-blank record after the header."""
+        reader = csv.reader(handle, delimiter=self.delimiter)
+        next(reader, None)
+        end = reader.line_num
+        while True:
+            start = end + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # the reader cannot resynchronise after this
+                yield start, f"malformed CSV ({exc})"
+                return
+            end = reader.line_num
+            if cells:
+                yield start, cells
+
+    def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
+        width = len(self.columns)
+        with self._open() as handle:
+            for number, cells in self._records(handle):
+                if isinstance(cells, str):
+                    yield number, cells
+                elif len(cells) > width:
+                    yield number, (f"{len(cells)} cells but the header names {width} columns "
+                                   "(quote cells that contain the delimiter)")
+                else:
+                    yield number, {name: cell for name, cell in zip(self.columns, cells) if cell != ""}
+
+    def count(self) -> int:
+        with self._open() as handle:
+            return sum(1 for _ in self._records(handle))
+
+
+def _clean(batch) -> Iterator[dict]:
+    """Rows of an Arrow record batch or table, without nulls and NaNs."""
+    for row in batch.to_pylist():
+        yield {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
+
+
+class ParquetSource:
+    """A Parquet file, read one record batch at a time (only the columns asked for)."""
+
+    unit, typed = "row", True
+
+    def __init__(self, path: Path):
+        import pyarrow.parquet as pq
+
+        self.path = path
+        try:
+            self.file = pq.ParquetFile(path)
+        except (OSError, ValueError) as exc:  # pyarrow raises ArrowInvalid (a ValueError) on bad files
+            raise OmniTTSError(f"{path}: cannot read Parquet file ({exc})") from None
+        self.columns = list(self.file.schema_arrow.names)
+
+    def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
+        number = 0
+        for batch in self.file.iter_batches(batch_size=BATCH_ROWS, columns=names):
+            for row in _clean(batch):
+                number += 1
+                yield number, row
+
+    def count(self) -> int:
+        return self.file.metadata.num_rows
+
+
+class ArrowSource:
+    """An Arrow IPC file or stream (as `datasets` writes them), memory-mapped, batch by batch."""
+
+    unit, typed = "row", True
+
+    def __init__(self, path: Path):
+        import pyarrow as pa
+
+        self.path = path
+        try:
+            self.columns = list(self._reader().schema.names)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise OmniTTSError(f"{path}: cannot read Arrow file ({exc})") from None
+
+    def _reader(self):
+        import pyarrow as pa
+
+        source = pa.memory_map(str(self.path))
+        try:
+            return pa.ipc.open_file(source)
+        except pa.ArrowInvalid:  # not the file format: the stream format `datasets` uses
+            source.seek(0)
+            return pa.ipc.open_stream(source)
+
+    def _batches(self):
+        reader = self._reader()
+        if hasattr(reader, "num_record_batches"):
+            return (reader.get_batch(i) for i in range(reader.num_record_batches))
+        return iter(reader)
+
+    def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
+        number = 0
+        for batch in self._batches():
+            if names is not None:
+                batch = batch.select(names)
+            for start in range(0, batch.num_rows, BATCH_ROWS):
+                for row in _clean(batch.slice(start, BATCH_ROWS)):
+                    number += 1
+                    yield number, row
+
+    def count(self) -> int:
+        return sum(batch.num_rows for batch in self._batches())
+
+
+class DatasetSource:
+    """A folder written by `datasets.Dataset.save_to_disk` (its Arrow files are memory-mapped)."""
+
+    unit, typed = "row", True
+
+    def __init__(self, path: Path):
+        import datasets
+
+        self.path = path
+        try:
+            dataset = datasets.load_from_disk(str(path))
+        except Exception as exc:  # datasets raises many types for a damaged folder
+            raise OmniTTSError(f"{path}: cannot load saved dataset ({type(exc).__name__}: {exc})") from None
+        if isinstance(dataset, datasets.DatasetDict):
+            raise OmniTTSError(f"{path}: a DatasetDict with splits {', '.join(dataset)}; give one split's "
+                               f"folder, e.g. {path / next(iter(dataset))}")
+        self.dataset = dataset
+        self.columns = list(dataset.column_names)
+
+    def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
+        # Arrow format: no feature decoding (an audio column is never decoded) and no copies.
+        dataset = self.dataset.select_columns(names) if names is not None else self.dataset
+        number = 0
+        for table in dataset.with_format("arrow").iter(batch_size=BATCH_ROWS):
+            for row in _clean(table):
+                number += 1
+                yield number, row
+
+    def count(self) -> int:
+        return self.dataset.num_rows
+
+
+def is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and ((path / "state.json").is_file() or (path / "dataset_info.json").is_file()
+                              or (path / "dataset_dict.json").is_file())
+
+
+def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource | DatasetSource:
+    """The reader for `path`, picked from its suffix, or a saved dataset for a folder."""
+    path = Path(path)
+    if path.is_dir():
+        if is_saved_dataset(path):
+            return DatasetSource(path)
+        raise OmniTTSError(f"{path}: a folder but not a saved dataset (no state.json or dataset_info.json); "
+                           "give a .jsonl, .csv, .tsv, .parquet or .arrow file or a Dataset.save_to_disk folder")
+    if not path.exists():
+        raise OmniTTSError(f"{path}: cannot open manifest (No such file or directory)")
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return CsvSource(path, "\t" if suffix == ".tsv" else ",")
+    if suffix in (".parquet", ".pq"):
+        return ParquetSource(path)
+    if suffix == ".arrow":
+        return ArrowSource(path)
+    return JsonlSource(path)

@@ -1,0 +1,411 @@
+"""Manifest inputs: a battery of bad lines (library, `omnitts validate`, `omnitts synth`), CSV / Parquet /
+Arrow / saved-dataset inputs with column mapping, and lazy reading."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from omnitts.cli import app
+from omnitts.config import load_config
+from omnitts.manifest import BadLine, Item, column_map, count_rows, iter_manifest
+
+runner = CliRunner()
+
+GOOD = [{"id": "first", "text": "The first good line.", "speaker": "ryan"},
+        {"id": "middle", "text": "A good line with overrides.", "speaker": "vivian", "temperature": 0.7,
+         "top_k": 10, "top_p": 0.9, "repetition_penalty": 1.1, "seed": 3},
+        {"id": "last", "text": "The last good line.", "speaker": "ryan", "language": "english"}]
+
+# (line of the manifest, the message that must follow "file:N: ") for a CustomVoice 0.6B checkpoint
+BAD = [
+    ("{not json", "malformed JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ({"id": "notext", "speaker": "ryan"}, "text: missing"),
+    ({"id": "blank", "text": "   ", "speaker": "ryan"}, "text: empty"),
+    ({"id": "extra", "text": "Hi.", "speaker": "ryan", "volume": 3}, "volume: unknown field"),
+    ({"id": "seedtype", "text": "Hi.", "speaker": "ryan", "seed": "7"}, "seed: expected int, got str"),
+    ({"id": "flag", "text": "Hi.", "speaker": "ryan", "non_streaming": "yes"}, "non_streaming: expected bool, got str"),
+    ({"id": "spk", "text": "Hi.", "speaker": "bob"}, "speaker: 'bob' is not known"),
+    ({"id": "nospk", "text": "Hi."}, "speaker: required by this CustomVoice checkpoint"),
+    ({"id": "lang", "text": "Hi.", "speaker": "ryan", "language": "elvish"}, "language: 'elvish' is not known"),
+    ({"id": "instr", "text": "Hi.", "speaker": "ryan", "instruct": "Loud."}, "instruct: 0.6B CustomVoice checkpoints take no instruction"),
+    ({"id": "clone", "text": "Hi.", "speaker": "ryan", "ref_audio": "refs/r.wav", "ref_text": "Words."}, "ref_audio: voice cloning needs a Base checkpoint"),
+    ({"id": "noref", "text": "Hi.", "ref_audio": "missing.wav"}, "ref_audio: file not found"),
+    ({"id": "garbage", "text": "Hi.", "ref_audio": "garbage.wav"}, "ref_audio: cannot read audio"),
+    ({"id": "short", "text": "Hi.", "ref_audio": "short.wav"}, "ref_audio: "),  # "... is 0.20 s long"
+    ({"id": "novoice", "text": "Hi.", "voice": "nope.safetensors"}, "voice: file not found"),
+    ({"id": "wavvoice", "text": "Hi.", "voice": "refs/r.wav"}, "voice: "),  # "... is not a .safetensors voice file"
+    ({"id": "both", "text": "Hi.", "ref_audio": "refs/r.wav", "voice": "v.safetensors"}, "voice: give either ref_audio or voice"),
+    ({"id": "cvvoice", "text": "Hi.", "voice": "v.safetensors"}, "voice: a saved voice needs a Base checkpoint"),
+    ({"id": "first", "text": "Duplicate id.", "speaker": "ryan"}, "id: 'first' already used on line 1"),
+    ({"id": "../evil", "text": "Hi.", "speaker": "ryan"}, "id: '../evil' is not a safe file name"),
+    ({"text": "No id.", "speaker": "ryan"}, "id: missing"),
+    ({"id": "temp", "text": "Hi.", "speaker": "ryan", "temperature": 0}, "temperature: must be > 0"),
+    ({"id": "topk", "text": "Hi.", "speaker": "ryan", "top_k": 1.5}, "top_k: expected int, got float"),
+    ({"id": "negk", "text": "Hi.", "speaker": "ryan", "top_k": -1}, "top_k: must be >= 0"),
+    ({"id": "topp", "text": "Hi.", "speaker": "ryan", "top_p": 1.5}, "top_p: must be in (0, 1]"),
+    ({"id": "rep", "text": "Hi.", "speaker": "ryan", "repetition_penalty": -1}, "repetition_penalty: must be > 0"),
+    ({"id": "secs", "text": "Hi.", "speaker": "ryan", "max_seconds": 0}, "max_seconds: must be > 0"),
+]
+SPECIFIC = {"short": "is 0.20 s long; at least 0.5 s is needed", "wavvoice": "is not a .safetensors voice file"}
+
+
+def _line(row) -> str:
+    return row if isinstance(row, str) else json.dumps(row, ensure_ascii=False)
+
+
+def _folder(tmp_path, ref_wav):
+    """A manifest folder with a good reference clip, a garbage one, a too-short one and a voice file."""
+    from safetensors.numpy import save_file
+
+    (tmp_path / "refs").mkdir(exist_ok=True)
+    (tmp_path / "refs" / "r.wav").write_bytes(ref_wav.read_bytes())
+    (tmp_path / "garbage.wav").write_bytes(b"this is not audio at all" * 10)
+    sf.write(tmp_path / "short.wav", np.full(4800, 0.1, dtype=np.float32), 24000)  # 0.2 s
+    save_file({"x_vector": np.zeros(8, dtype=np.float32)}, str(tmp_path / "v.safetensors"))
+    return tmp_path
+
+
+def _battery(tmp_path):
+    """All of BAD in one manifest with good lines around them: (path, {line: (row, needle)}, good ids)."""
+    lines, bad = [_line(GOOD[0])], {}
+    for i, (row, needle) in enumerate(BAD):
+        lines.append(_line(row))
+        bad[len(lines)] = (row, needle)
+        if i == len(BAD) // 2:
+            lines.append(_line(GOOD[1]))
+    lines.append(_line(GOOD[2]))
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, bad
+
+
+def _expected_id(row, line, earlier_ids):
+    item_id = row.get("id") if isinstance(row, dict) else None
+    safe = isinstance(item_id, str) and not item_id.startswith((".", "-")) and "/" not in item_id
+    return item_id if safe and item_id not in earlier_ids else f"line-{line}"
+
+
+@pytest.mark.parametrize("row,needle", BAD, ids=[_line(r)[:40] for r, _ in BAD])
+def test_each_bad_line_is_one_clear_error_and_its_neighbours_pass(ckpt_dir, tmp_path, ref_wav, row, needle):
+    _folder(tmp_path, ref_wav)
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(_line(r) for r in (GOOD[0], row, GOOD[2])) + "\n", encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert [type(e) for e in entries] == [Item, BadLine, Item], entries
+    bad = entries[1]
+    assert bad.line == 2 and "\n" not in bad.message
+    assert bad.message.startswith(f"{path}:2: {needle}"), bad.message
+    key = row.get("id") if isinstance(row, dict) else None
+    if key in SPECIFIC:
+        assert SPECIFIC[key] in bad.message
+    assert [e.request.id for e in (entries[0], entries[2])] == ["first", "last"]
+
+
+def test_battery_through_validate(ckpt_dir, tmp_path, ref_wav):
+    _folder(tmp_path, ref_wav)
+    path, bad = _battery(tmp_path)
+    result = runner.invoke(app, ["validate", str(path), "--model", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 1
+    out = result.output.splitlines()
+    assert out[-1] == f"{path}: {len(GOOD)} good, {len(bad)} bad"
+    assert len(out) == len(bad) + 1  # one line per bad line, then the summary
+    for line, (row, needle) in bad.items():
+        assert sum(o.startswith(f"{path}:{line}: {needle}") for o in out) == 1, (line, needle, out)
+
+
+def test_validate_exit_0_when_all_good(ckpt_dir, tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in GOOD), encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(path), "-m", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 0 and result.output.strip() == f"{path}: 3 good, 0 bad"
+
+
+def test_battery_through_synth(ckpt_dir, tmp_path, ref_wav):
+    _folder(tmp_path, ref_wav)
+    path, bad = _battery(tmp_path)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(path), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--greedy", "--max-frames", "3", "--quiet"])
+    assert result.exit_code == 1
+    for line, (row, needle) in bad.items():
+        assert f"{path}:{line}: {needle}" in result.output
+    for good in GOOD:
+        assert sf.info(out / f"{good['id']}.wav").frames == 3 * 1920
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    seen, expected = {"first"}, {}
+    for line, (row, _) in bad.items():
+        expected[_expected_id(row, line, seen | set(expected))] = line
+    assert set(records) == {g["id"] for g in GOOD} | set(expected)
+    for item_id, line in expected.items():
+        assert records[item_id]["status"] == "error" and records[item_id]["error"].startswith(f"{path}:{line}: ")
+    assert {records[g["id"]]["status"] for g in GOOD} == {"ok"}
+
+
+def test_base_checkpoint_accepts_a_voice_file_and_wants_ref_text(ckpt_dir, tmp_path, ref_wav):
+    _folder(tmp_path, ref_wav)
+    path = tmp_path / "m.jsonl"
+    rows = [{"id": "v", "text": "Saved voice.", "voice": "v.safetensors", "top_k": 0},
+            {"id": "icl", "text": "Clone.", "ref_audio": "refs/r.wav"},
+            {"id": "spk", "text": "Clone.", "ref_audio": "refs/r.wav", "x_vector_only": True, "speaker": "ryan"}]
+    path.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
+    voice, icl, spk = iter_manifest(path, load_config(ckpt_dir("base")))
+    assert isinstance(voice, Item) and voice.voice_path == tmp_path / "v.safetensors"
+    assert voice.request.voice is None and voice.sampling == {"top_k": 0}
+    assert icl.message == f"{path}:2: ref_text: required for in-context cloning; give the reference transcript or set x_vector_only"
+    assert spk.message.startswith(f"{path}:3: speaker: this base checkpoint has no preset speakers")
+
+
+# ---------------------------------------------------------------- tables and column mapping
+
+ROWS = [  # canonical field names; None = absent
+    {"id": "t1", "text": "Hello, world.", "speaker": "ryan", "language": "english", "seed": 7, "max_seconds": 1.5,
+     "non_streaming": True, "temperature": 0.7, "top_k": 20},
+    {"id": "t2", "text": "Line two,\nwith a newline.", "speaker": "vivian", "language": None, "seed": None,
+     "max_seconds": None, "non_streaming": False, "temperature": None, "top_k": None},
+    {"id": "t3", "text": "Third.", "speaker": "ryan", "language": "auto", "seed": 0, "max_seconds": 2.0,
+     "non_streaming": None, "temperature": 1.2, "top_k": 0},
+]
+RENAME = {"id": "utt", "text": "sentence", "speaker": "spk"}
+OPTIONS = ["--id-column", "utt", "--text-column", "sentence", "--column", "speaker=spk"]
+
+
+def _tabular(row):
+    """A row with renamed columns and an extra column the reader must ignore."""
+    return {**{RENAME.get(k, k): v for k, v in row.items()}, "notes": "ignored"}
+
+
+def _write_all(tmp_path):
+    """The ROWS as JSONL (canonical names) and as CSV, Parquet, saved dataset, Arrow (renamed columns)."""
+    import datasets
+
+    paths = {"jsonl": tmp_path / "m.jsonl", "csv": tmp_path / "m.csv", "parquet": tmp_path / "m.parquet",
+             "jsonl-mapped": tmp_path / "mapped.jsonl", "datasets": tmp_path / "saved"}
+    paths["jsonl"].write_text("".join(json.dumps({k: v for k, v in r.items() if v is not None}) + "\n"
+                                      for r in ROWS), encoding="utf-8")
+    paths["jsonl-mapped"].write_text("".join(json.dumps({k: v for k, v in _tabular(r).items() if v is not None
+                                                         and k != "notes"}) + "\n" for r in ROWS), encoding="utf-8")
+    table = [_tabular(r) for r in ROWS]
+    header = list(table[0])
+    cell = lambda v: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+    import csv
+
+    with open(paths["csv"], "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows([[cell(r[k]) for k in header] for r in table])
+    pq.write_table(pa.Table.from_pylist(table), paths["parquet"])
+    datasets.Dataset.from_list(table).save_to_disk(str(paths["datasets"]))
+    paths["arrow"] = next(paths["datasets"].glob("*.arrow"))
+    return paths
+
+
+def _requests(path, cfg=None, columns=None):
+    entries = list(iter_manifest(path, cfg, columns))
+    assert all(isinstance(e, Item) for e in entries), [e for e in entries if isinstance(e, BadLine)]
+    return [(e.request, e.seed, e.sampling, e.voice_path) for e in entries]
+
+
+def test_csv_parquet_arrow_and_datasets_give_the_same_requests_as_jsonl(ckpt_dir, tmp_path):
+    paths = _write_all(tmp_path)
+    cfg = load_config(ckpt_dir("custom_voice"))
+    expected = _requests(paths["jsonl"], cfg)
+    assert expected[0][1] == 7 and expected[0][2] == {"temperature": 0.7, "top_k": 20}
+    assert expected[1][0].text == "Line two,\nwith a newline." and expected[1][1] is None
+    columns = column_map(["speaker=spk"], id_column="utt", text_column="sentence")
+    for kind in ("csv", "parquet", "datasets", "arrow", "jsonl-mapped"):
+        assert _requests(paths[kind], cfg, columns) == expected, kind
+        assert count_rows(paths[kind]) == len(ROWS), kind
+    # CSV line numbers count the header and the line inside the quoted cell.
+    assert [e.line for e in iter_manifest(paths["csv"], cfg, columns)] == [2, 3, 5]
+    assert [e.line for e in iter_manifest(paths["parquet"], cfg, columns)] == [1, 2, 3]
+
+
+def test_synth_on_csv_with_column_options_matches_jsonl(ckpt_dir, tmp_path):
+    paths = _write_all(tmp_path)
+    model = str(ckpt_dir("custom_voice"))
+    for kind, extra in (("jsonl", []), ("csv", OPTIONS), ("datasets", OPTIONS)):
+        result = runner.invoke(app, ["synth", str(paths[kind]), "-m", model, "-o", str(tmp_path / kind), "--greedy",
+                                     "--max-frames", "3", "--save-codes", "-q", *extra])
+        assert result.exit_code == 0, result.output
+    for kind in ("csv", "datasets"):
+        for row in ROWS:
+            np.testing.assert_array_equal(np.load(tmp_path / kind / f"{row['id']}.codes.npy"),
+                                          np.load(tmp_path / "jsonl" / f"{row['id']}.codes.npy"))
+
+
+def test_table_errors_name_rows_fields_and_columns(ckpt_dir, tmp_path):
+    model = str(ckpt_dir("custom_voice"))
+    table = [{"utt": "a", "sentence": "Fine.", "speaker": "ryan", "seed": 1},
+             {"utt": "b", "sentence": None, "speaker": "ryan", "seed": 2},
+             {"utt": "c", "sentence": "Hi.", "speaker": "bob", "seed": None},
+             {"utt": "d", "sentence": "Fine too.", "speaker": "ryan", "seed": 3}]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(table), path)
+    result = runner.invoke(app, ["validate", str(path), "-m", model, "--id-column", "utt", "--text-column", "sentence"])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"{path}:row 2: text: missing (read from column 'sentence'); give the words to speak",
+        f"{path}:row 3: speaker: 'bob' is not known to this checkpoint; choose one of "
+        + ", ".join(load_config(model).talker.speakers),
+        f"{path}: 2 good, 2 bad"]
+    # A mapped column that does not exist is one error for the whole file, naming the columns there are.
+    missing = runner.invoke(app, ["validate", str(path), "-m", model, "--id-column", "utt", "--text-column", "words"])
+    assert missing.exit_code == 1 and missing.output.splitlines() == [
+        f"{path}: column 'words' (mapped to text) not found; the columns are 'utt', 'sentence', 'speaker', 'seed'",
+        f"{path}: 0 good, 1 bad"]
+    unmapped = runner.invoke(app, ["validate", str(path), "-m", model])
+    assert unmapped.exit_code == 1 and f"{path}: no 'id' column" in unmapped.output
+    bad_option = runner.invoke(app, ["validate", str(path), "-m", model, "--column", "pitch=sentence"])
+    assert bad_option.exit_code == 2 and "unknown field 'pitch'" in bad_option.output
+
+
+def test_typed_tables_accept_integer_ids_and_whole_float_seeds(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": [10, 11, 12], "text": ["A.", "B.", "C."], "seed": [1.0, float("nan"), 2.5]}), path)
+    a, b, c = iter_manifest(path, None)
+    assert (a.request.id, a.seed, b.request.id, b.seed) == ("10", 1, "11", None)
+    assert c.message == f"{path}:row 3: seed: expected int, got float" and c.id == "12"
+
+
+def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text('id,text,speaker,seed,max_seconds,x_vector_only,top_p\n'
+                    'a,"Two\nlines.",ryan,1,1.5,,\n'
+                    'b,Hi.,ryan,one,,,\n'
+                    'c,Hi.,ryan,,fast,,\n'
+                    'd,Hi.,ryan,,,maybe,\n'
+                    'e,Hi.,ryan,,,,0\n'
+                    'f,Hi.,ryan,2,,,,extra\n'
+                    '\n'
+                    'g,Hi.,ryan, 5 ,,false,1\n', encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert [(e.line, e.message.split(": ", 1)[1]) for e in entries if isinstance(e, BadLine)] == [
+        (4, "seed: expected an integer, got 'one'"),
+        (5, "max_seconds: expected a number, got 'fast'"),
+        (6, "x_vector_only: expected true or false, got 'maybe'"),
+        (7, "top_p: must be in (0, 1], got 0.0"),
+        (8, "8 cells but the header names 7 columns (quote cells that contain the delimiter)")]
+    good = [e for e in entries if isinstance(e, Item)]
+    assert [(e.line, e.request.id, e.seed) for e in good] == [(2, "a", 1), (10, "g", 5)]
+    assert good[0].request.max_seconds == 1.5 and good[1].sampling == {"top_p": 1.0}
+    assert all(e.message.startswith(f"{path}:{e.line}: ") for e in entries if isinstance(e, BadLine))
+
+
+def test_jsonl_column_mapping_renames_keys(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"key": "a", "words": "Hi."}) + "\n"
+                    + json.dumps({"key": "b", "words": "Hi.", "text": "shadowed"}) + "\n"
+                    + json.dumps({"key": "c"}) + "\n", encoding="utf-8")
+    a, b, c = iter_manifest(path, None, column_map(["text=words"], id_column="key"))
+    assert a.request.id == "a" and a.request.text == "Hi."
+    assert b.message == f"{path}:2: text: this key is ignored because text is read from 'words'; remove it"
+    assert c.message == f"{path}:3: text: missing (read from column 'words'); give the words to speak"
+
+
+def test_column_map_rejects_malformed_options():
+    from omnitts.errors import OmniTTSError
+
+    assert column_map(["speaker = spk"], text_column="s") == {"speaker": "spk", "text": "s"}
+    for specs, kwargs, needle in [(["text"], {}, "expected FIELD=COLUMN"), (["text="], {}, "expected FIELD=COLUMN"),
+                                  (["text=a"], {"text_column": "b"}, "text: mapped to two columns, 'a' and 'b'"),
+                                  (["text=a", "speaker=a"], {}, "column 'a' is mapped to both text and speaker")]:
+        with pytest.raises(OmniTTSError, match=needle):
+            column_map(specs, **kwargs)
+
+
+# ---------------------------------------------------------------- laziness
+
+def test_first_item_arrives_before_the_rest_of_the_file_is_written(tmp_path):
+    """The JSONL reader consumes its input incrementally: a pipe whose writer waits for the first item."""
+    fifo = tmp_path / "m.jsonl"
+    os.mkfifo(fifo)
+    first_seen, order = threading.Event(), []
+
+    def writer():
+        with open(fifo, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"id": "u0", "text": "First."}) + "\n")
+            handle.flush()
+            order.append("rest" if not first_seen.wait(timeout=20) else "first item seen")
+            handle.writelines(json.dumps({"id": f"u{i}", "text": "More."}) + "\n" for i in range(1, 500))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    entries = iter_manifest(fifo, None)
+    first = next(entries)
+    first_seen.set()
+    rest = list(entries)
+    thread.join()
+    assert first.request.id == "u0" and order == ["first item seen"] and len(rest) == 499
+
+
+def _memory_peak(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet", "datasets"])
+def test_reading_memory_grows_only_with_the_ids_seen(tmp_path, kind):
+    import datasets
+
+    def write(n):
+        rows = [{"id": f"utt{i:06d}", "text": f"Sentence number {i}, long enough to matter.", "speaker": "ryan",
+                 "seed": i} for i in range(n)]
+        path = tmp_path / f"{n}.{kind}"
+        if kind == "jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        elif kind == "csv":
+            path.write_text("id,text,speaker,seed\n" + "".join(f'{r["id"]},"{r["text"]}",ryan,{r["seed"]}\n'
+                                                               for r in rows), encoding="utf-8")
+        elif kind == "parquet":
+            pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=2048)
+        else:
+            datasets.Dataset.from_list(rows).save_to_disk(str(path))
+        return path
+
+    small, large = write(1500), write(6000)  # both above one record batch (1024 rows)
+    ids = lambda n: {f"utt{i:06d}": i for i in range(n)}  # noqa: E731 (what iter_manifest must keep)
+    allowance = _memory_peak(lambda: ids(6000)) - _memory_peak(lambda: ids(1500))
+    count = lambda path: sum(isinstance(e, Item) for e in iter_manifest(path, None))  # noqa: E731
+    count(small)  # warm caches (imports, regexes) outside the measurement
+    growth = _memory_peak(lambda: count(large)) - _memory_peak(lambda: count(small))
+    as_list = _memory_peak(lambda: list(iter_manifest(large, None)))
+    assert count(large) == 6000
+    assert growth < allowance + 200_000, (growth, allowance)
+    assert as_list > 3 * (growth + 1), (as_list, growth)  # materialising would show up
+
+
+def test_synth_applies_per_item_sampling_overrides(ckpt_dir, tmp_path, monkeypatch):
+    from omnitts.api import TTS
+
+    made = []
+    original = TTS.default_params
+
+    def recording(self, greedy=False, **overrides):
+        made.append(original(self, greedy, **overrides))
+        return made[-1]
+
+    monkeypatch.setattr(TTS, "default_params", recording)
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in GOOD), encoding="utf-8")
+    result = runner.invoke(app, ["synth", str(path), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+                                 "--max-frames", "2", "--seed", "9", "-q"])
+    assert result.exit_code == 0, result.output
+    first, middle, last = made
+    assert (middle.temperature, middle.top_k, middle.top_p, middle.repetition_penalty, middle.seed) == (0.7, 10, 0.9, 1.1, 3)
+    assert first == last and (first.temperature, first.top_k, first.seed) == (0.9, 50, 9)
+    assert middle.subtalker_temperature == first.subtalker_temperature  # overrides are the talker's only
