@@ -3,7 +3,8 @@
 One JSON object per line:
     {"id": "intro", "text": "Hello.", "language": "english", "speaker": "ryan"}
 Fields: id, text, language, speaker, instruct, ref_audio, ref_text, x_vector_only, non_streaming,
-seed, max_seconds. Relative `ref_audio` paths resolve against the manifest's folder. Blank lines are skipped.
+seed, max_seconds, voice (a saved voice file). Relative `ref_audio` and `voice` paths resolve against
+the manifest's folder. Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .prompt import resolve
 from .request import Request
 
 FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": str, "ref_audio": str,
-          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": (int, float)}
+          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": (int, float), "voice": str}
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -75,7 +76,8 @@ def parse_item(obj: dict, number: int, base: Path) -> Item:
     request = Request(text=obj.get("text") or "", language=obj.get("language") or "auto",
                       speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
                       ref_text=obj.get("ref_text"), x_vector_only=bool(obj.get("x_vector_only", False)),
-                      non_streaming=obj.get("non_streaming"), id=item_id, max_seconds=obj.get("max_seconds"))
+                      non_streaming=obj.get("non_streaming"), id=item_id, max_seconds=obj.get("max_seconds"),
+                      voice=base / obj["voice"] if obj.get("voice") else None)  # a saved voice file
     return Item(number, request, obj.get("seed"))
 
 
