@@ -263,6 +263,8 @@ def voice_clone(
                        f"{mode} voice)")
     except OmniTTSError as exc:
         _fail(str(exc))
+    except OSError as exc:  # e.g. -o in a folder that cannot be written
+        _fail(f"{out}: cannot write ({exc.strerror or exc})")
 
 
 def main():

@@ -115,8 +115,11 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
                 created=datetime.now(timezone.utc).isoformat(timespec="seconds"), omnitts_version=__version__)
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror})") from None
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={k: str(v) for k, v in info.items()})
