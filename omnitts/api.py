@@ -138,6 +138,9 @@ class TTS:
         voice = request.voice
         if isinstance(voice, (str, Path)):
             voice = self.load_voice(voice)
+        elif voice is not None and voice.checkpoint is not None and voice.checkpoint != self.identity:
+            raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "
+                             f"({self.identity}); clone it again with this checkpoint")
         elif voice is None and request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)
@@ -178,9 +181,9 @@ class TTS:
 
     def synthesize(self, text: str | list[str], *, language: str = "auto", speaker: str | None = None,
                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
-                   x_vector_only: bool = False, voice: Voice | str | Path | None = None, non_streaming: bool | None = None,
-                   greedy: bool = False, max_frames: int | None = None, seed: int | None = None,
-                   **sampling) -> Result | list[Result]:
+                   x_vector_only: bool = False, voice: Voice | str | Path | None = None,
+                   non_streaming: bool | None = None, greedy: bool = False, max_frames: int | None = None,
+                   seed: int | None = None, **sampling) -> Result | list[Result]:
         """Speak `text` (a string, or a list of strings batched together). See `Request` for which
         fields each checkpoint kind takes.
 

@@ -20,7 +20,8 @@ from .prompt import resolve
 from .request import Request
 
 FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": str, "ref_audio": str,
-          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": (int, float), "voice": str}
+          "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": (int, float),
+          "voice": str}
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 

@@ -101,6 +101,9 @@ def test_voice_from_another_checkpoint_is_refused(tts_factory, other_base, ref_w
     assert str(path) in message and tts_factory("base").identity in message and other.identity in message
     with pytest.raises(VoiceError, match="alice.safetensors"):
         other.synthesize("Hi.", voice=path, max_frames=4)
+    in_memory = tts_factory("base").load_voice(path)  # a Voice object carries its checkpoint too
+    with pytest.raises(VoiceError, match="made with checkpoint"):
+        other.synthesize("Hi.", voice=in_memory, max_frames=4)
 
 
 def test_malformed_files_are_refused_naming_the_file(tts_factory, ckpt_dir, ref_wav, tmp_path):
@@ -137,7 +140,8 @@ def test_cli_saved_voice_in_a_manifest_matches_ref_audio(ckpt_dir, ref_wav, tmp_
                                  "--save", str(tmp_path / "voices" / "alice.safetensors")])
     assert result.exit_code == 0, result.output
     assert "saved voice" in result.output and not list((tmp_path / "voices").glob(".*.tmp"))
-    rows = {"by_voice": {"voice": "voices/alice.safetensors"}, "by_ref": {"ref_audio": str(ref_wav), "ref_text": REF_TEXT}}
+    rows = {"by_voice": {"voice": "voices/alice.safetensors"},
+            "by_ref": {"ref_audio": str(ref_wav), "ref_text": REF_TEXT}}
     for name, fields in rows.items():
         (tmp_path / f"{name}.jsonl").write_text(json.dumps({"id": "a", "text": "Cloned line.", **fields}) + "\n")
         result = runner.invoke(app, ["synth", str(tmp_path / f"{name}.jsonl"), "-m", model, "-o",
