@@ -6,10 +6,10 @@
 """
 
 from .api import TTS, Result, load
-from .errors import AudioError, CheckpointError, OmniTTSError, RequestError
+from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError
 from .params import SamplingParams
 from .request import Request, Voice
 
 __all__ = ["TTS", "Result", "load", "Request", "Voice", "SamplingParams",
-           "OmniTTSError", "CheckpointError", "RequestError", "AudioError"]
+           "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError"]
 __version__ = "0.1.0"

@@ -21,13 +21,14 @@ import torch
 
 from .audio import load_reference, write_audio
 from .config import config_summary
-from .errors import OmniTTSError, RequestError
+from .errors import OmniTTSError, RequestError, VoiceError
 from .models.loader import Checkpoint, load_checkpoint
 from .params import SamplingParams
 from .pipeline import Job, Pipeline
 from .prompt import Prompt, PromptBuilder, resolve
 from .reference import decode_codes, generate_codes
 from .request import Request, Voice
+from .voice import checkpoint_identity, load_voice
 
 KV_BUDGET_BYTES = 4 * 2**30  # default talker-cache budget of one generate() call
 
@@ -68,10 +69,19 @@ class TTS:
         self.max_batch = max_batch
         self.eager = eager
         self.kv_budget_bytes = kv_budget_bytes
+        self._identity: str | None = None
+        self._voices: dict[Path, Voice] = {}  # saved voices by resolved path (a manifest loads each once)
 
     @property
     def sample_rate(self) -> int:
         return self.ckpt.config.codec.output_sample_rate
+
+    @property
+    def identity(self) -> str:
+        """This checkpoint's identity, which saved voices are tied to (computed once; see voice.py)."""
+        if self._identity is None:
+            self._identity = checkpoint_identity(self.ckpt.path)
+        return self._identity
 
     def info(self) -> dict:
         """Kind, size, speakers, languages and more, as a dict."""
@@ -96,13 +106,42 @@ class TTS:
         spk_wav = wav if speaker_rate == codec_rate else load_reference((wav, codec_rate), speaker_rate)
         x_vector = ckpt.model.speaker_encoder.embed(spk_wav)
         codes = None if x_vector_only else ckpt.codec_encoder.encode(wav)
-        return Voice(x_vector=x_vector.float().cpu(), ref_codes=codes, ref_text=None if x_vector_only else ref_text)
+        meta = {"ref_audio": "" if isinstance(ref_audio, tuple) else Path(ref_audio).name,
+                "ref_seconds": f"{len(wav) / codec_rate:.3f}", "checkpoint_name": ckpt.path.name}
+        return Voice(x_vector=x_vector.float().cpu(), ref_codes=codes, ref_text=None if x_vector_only else ref_text,
+                     checkpoint=self.identity, meta=meta)
+
+    def load_voice(self, path) -> Voice:
+        """Read a saved voice file (see `Voice.save`), refusing one made with another checkpoint."""
+        key = Path(path).expanduser().resolve()
+        if key in self._voices:
+            return self._voices[key]
+        voice, meta = load_voice(path)
+        if self.ckpt.config.model_type != "base":
+            raise RequestError(f"voice: {path}: saved voices need a Base checkpoint; this one is "
+                               f"{self.ckpt.config.model_type}")
+        if voice.checkpoint != self.identity:
+            made_with = voice.checkpoint + (f" ({meta['checkpoint_name']})" if meta.get("checkpoint_name") else "")
+            raise VoiceError(f"{path}: this voice was made with checkpoint {made_with}, not with "
+                             f"{self.ckpt.path} ({self.identity}); re-create it with "
+                             f"`omnitts voice-clone --model {self.ckpt.path} --save ...`")
+        hidden, groups = self.ckpt.config.talker.hidden_size, self.ckpt.config.talker.num_code_groups
+        if voice.x_vector.shape[0] != hidden or (voice.icl and voice.ref_codes.shape[1] != groups):
+            raise VoiceError(f"{path}: tensor shapes do not fit this checkpoint (x_vector of {hidden}, "
+                             f"ref_codes of {groups} groups expected)")
+        self._voices[key] = voice
+        return voice
 
     def prepare(self, request: Request) -> Prompt:
         """Check `request`, encode its reference audio if any, and build its prompt."""
         resolve(self.ckpt.config, request)  # fail on a bad request before encoding any audio
         voice = request.voice
-        if voice is None and request.ref_audio is not None:
+        if isinstance(voice, (str, Path)):
+            voice = self.load_voice(voice)
+        elif voice is not None and voice.checkpoint is not None and voice.checkpoint != self.identity:
+            raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "
+                             f"({self.identity}); clone it again with this checkpoint")
+        elif voice is None and request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)
 
@@ -137,9 +176,9 @@ class TTS:
 
     def synthesize(self, text: str | list[str], *, language: str = "auto", speaker: str | None = None,
                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
-                   x_vector_only: bool = False, voice: Voice | None = None, non_streaming: bool | None = None,
-                   greedy: bool = False, max_frames: int | None = None, seed: int | None = None,
-                   **sampling) -> Result | list[Result]:
+                   x_vector_only: bool = False, voice: Voice | str | Path | None = None,
+                   non_streaming: bool | None = None, greedy: bool = False, max_frames: int | None = None,
+                   seed: int | None = None, **sampling) -> Result | list[Result]:
         """Speak `text` (a string, or a list of strings batched together). See `Request` for which
         fields each checkpoint kind takes.
 

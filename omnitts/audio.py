@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,9 @@ def load_reference(source, target_sr: int) -> np.ndarray:
         if not path.is_file():
             raise AudioError(f"{path}: reference audio file not found")
         try:
-            wav, sr = librosa.load(str(path), sr=None, mono=True)
+            with warnings.catch_warnings():  # librosa warns while falling back to audioread; we raise instead
+                warnings.simplefilter("ignore")
+                wav, sr = librosa.load(str(path), sr=None, mono=True)
         except Exception as exc:  # soundfile/audioread raise many types; the file is what matters
             raise AudioError(f"{path}: cannot read audio ({type(exc).__name__}: {exc})") from None
     wav = np.asarray(wav, dtype=np.float32)

@@ -306,6 +306,77 @@ def demo(
           retry_failed=False, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None)
 
 
+@app.command("voice-clone")
+def voice_clone(
+    model: Model,
+    ref_audio: Annotated[Path, typer.Option("--ref-audio", help="Reference clip (wav/flac/ogg/mp3 ...; at least 0.5 s, ideally 3-10 s of clean speech).")],
+    ref_text: Annotated[Optional[str], typer.Option("--ref-text", help="Transcript of the reference clip (in-context cloning).")] = None,
+    x_vector_only: Annotated[bool, typer.Option("--x-vector-only", help="Clone from the speaker embedding alone (no transcript needed; less close).")] = False,
+    save: Annotated[Optional[Path], typer.Option("--save", help="Write the voice to this .safetensors file (use it as a manifest's \"voice\").")] = None,
+    text: Annotated[Optional[str], typer.Option("--text", help="Speak this text in the cloned voice (with -o).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Audio file for --text: .wav, .flac or .ogg.")] = None,
+    language: Annotated[str, typer.Option("--language", help="Language of --text (a language the checkpoint knows, or auto).")] = "auto",
+    greedy: Greedy = False,
+    max_frames: MaxFrames = None,
+    seed: Seed = None,
+    dtype: Dtype = "float32",
+    device: Device = "cpu",
+    official_tokenizer: OfficialTok = False,
+):
+    """Clone a voice from a reference clip (Base checkpoints): save it, speak with it, or both.
+
+    --save VOICE.safetensors encodes the reference once; manifests then use it with
+    {"voice": "VOICE.safetensors", ...} (the voice is tied to this checkpoint's weights).
+    --text "..." -o out.wav speaks the text in the cloned voice right away.
+    """
+    from .api import load
+    from .audio import FORMATS, load_reference
+    from .config import load_config
+    from .prompt import resolve
+    from .request import Request
+
+    if save is None and text is None:
+        _fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o OUT.wav, or both")
+    if (text is None) != (out is None):
+        _fail("--text and -o go together: -o names the audio file --text is spoken into")
+    if out is not None and out.suffix.lower().lstrip(".") not in FORMATS:
+        _fail(f"-o {out}: unsupported audio format; use .wav, .flac or .ogg")
+    if save is not None and save.suffix != ".safetensors":
+        _fail(f"--save {save}: voice files end in .safetensors")
+    if x_vector_only and ref_text:
+        _fail("--ref-text and --x-vector-only exclude each other (x-vector-only cloning uses no transcript)")
+    if not x_vector_only and not (ref_text or "").strip():
+        _fail("--ref-text is required for in-context cloning; give the reference transcript, "
+              "or use --x-vector-only")
+    if device not in ("cpu", "cuda", "npu"):
+        _fail(f"--device {device!r}: choose cpu, cuda or npu")
+    try:
+        cfg = load_config(model)
+        if cfg.model_type != "base":
+            _fail(f"{model}: voice cloning needs a Base checkpoint (Qwen3-TTS-12Hz-*-Base); this one is "
+                  f"{cfg.model_type}")
+        if text is not None:
+            resolve(cfg, Request(text, language, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only))
+        load_reference(ref_audio, cfg.codec.input_sample_rate)  # a bad clip fails before the weights load
+        tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1)
+        voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)
+        mode = "in-context" if voice.icl else "x-vector only"
+        if save is not None:
+            voice.save(save)
+            typer.echo(f"saved voice {save} ({mode}, {voice.meta['ref_seconds']} s reference; "
+                       f"checkpoint {tts.identity})")
+        if text is not None:
+            result = tts.synthesize(text, language=language, voice=voice, greedy=greedy, max_frames=max_frames,
+                                    seed=seed)
+            result.save(out)
+            typer.echo(f"wrote {out} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
+                       f"{mode} voice)")
+    except OmniTTSError as exc:
+        _fail(str(exc))
+    except OSError as exc:  # e.g. -o in a folder that cannot be written
+        _fail(f"{out}: cannot write ({exc.strerror or exc})")
+
+
 def main():
     try:
         app()

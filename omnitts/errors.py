@@ -19,3 +19,7 @@ class RequestError(OmniTTSError):
 
 class AudioError(OmniTTSError):
     """Reference audio is missing, unreadable, silent or too short."""
+
+
+class VoiceError(OmniTTSError):
+    """A saved voice file is unreadable, malformed, or belongs to another checkpoint."""

@@ -1,0 +1,177 @@
+"""Saved voices: a cloned voice in one `.safetensors` file, tied to the checkpoint that encoded it.
+
+A voice file (format version 1) holds
+  tensors   `x_vector`   float32 (talker hidden,)  the speaker encoder's embedding of the reference;
+            `ref_codes`  int64 (frames, 16)       the codec encoder's codes of the reference (ICL only);
+  metadata  (safetensors string metadata)
+            format          "omnitts-voice"
+            format_version  "1"
+            mode            "icl" | "x_vector_only"
+            ref_text        the reference transcript ("" in x_vector_only mode)
+            ref_audio       file name of the reference clip ("" when it came as samples)
+            ref_seconds     its duration, e.g. "4.120"
+            created         UTC time of writing, ISO 8601
+            omnitts_version the version that wrote it
+            checkpoint      identity of the checkpoint that encoded it (see below)
+            checkpoint_name that checkpoint's folder name (for people; not checked)
+
+The identity (`checkpoint_identity`) is "<kind>-<size>-<16 hex digits>", a SHA-256 over what shapes a
+voice: config.json and speech_tokenizer/config.json (canonical JSON), the header of every weight file
+(it lists every tensor's name, dtype, shape and offsets), and the bytes of the tensors that encode
+the reference: `speaker_encoder.*` in model.safetensors and `encoder.*` (the codec encoder) in
+speech_tokenizer/model.safetensors. The talker's weights are not read (they are most of the GBs), so
+it takes a fraction of a second; a copy of the checkpoint in another folder has the same identity.
+A voice is refused by a checkpoint whose identity differs (`TTS.load_voice`).
+
+This module reads and writes files; it knows nothing of models (the API encodes and checks voices).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError, VoiceError
+from .request import Voice
+
+FORMAT = "omnitts-voice"
+FORMAT_VERSION = 1
+MODES = ("icl", "x_vector_only")
+READ_CHUNK = 16 * 2**20
+
+
+def checkpoint_identity(folder) -> str:
+    """The identity of checkpoint `folder` that voices are tied to (see the module docstring)."""
+    from .models.loader import safetensors_files
+
+    folder = Path(folder)
+    digest = hashlib.sha256(b"omnitts voice identity v1\n")
+    top = {}
+    for name in ("config.json", "speech_tokenizer/config.json"):
+        path = folder / name
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{path}: cannot read ({exc})") from None
+        top = top or data
+        digest.update(json.dumps(data, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    for files, prefix in ((safetensors_files(folder), "speaker_encoder."),
+                          (safetensors_files(folder / "speech_tokenizer"), "encoder.")):
+        for path in files:
+            _hash_file(digest, path, prefix)
+    kind, size = top.get("tts_model_type", "unknown"), top.get("tts_model_size", "unknown")
+    return f"{kind}-{size}-{digest.hexdigest()[:16]}"
+
+
+def _hash_file(digest, path: Path, prefix: str) -> None:
+    """Feed `path`'s safetensors header and the bytes of its tensors named `prefix`* into `digest`."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            raw = f.read(length)
+            header = json.loads(raw)
+            digest.update(path.name.encode() + b"\n" + raw)
+            for name in sorted(k for k in header if k.startswith(prefix)):
+                start, end = header[name]["data_offsets"]
+                f.seek(8 + length + start)
+                left = end - start
+                while left > 0:
+                    chunk = f.read(min(left, READ_CHUNK))
+                    if not chunk:
+                        raise ValueError(f"tensor {name} runs past the end of the file")
+                    digest.update(chunk)
+                    left -= len(chunk)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
+
+
+def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | None = None) -> Path:
+    """Write `voice` to `path` (.safetensors), atomically: a temporary name in the folder, then rename.
+
+    `identity` (default `voice.checkpoint`) is the checkpoint the voice belongs to; `meta` adds or
+    overrides string metadata (default `voice.meta`: ref_audio, ref_seconds, checkpoint_name).
+    """
+    from . import __version__
+
+    path = Path(path)
+    identity = identity or voice.checkpoint
+    if not identity:
+        raise VoiceError(f"{path}: the voice has no checkpoint identity; make it with TTS.clone_voice")
+    if path.suffix != ".safetensors":
+        raise VoiceError(f"{path}: voice files end in .safetensors")
+    tensors = {"x_vector": voice.x_vector.detach().float().cpu().contiguous()}
+    if voice.icl:
+        tensors["ref_codes"] = voice.ref_codes.detach().long().cpu().contiguous()
+    info = {"ref_audio": "", "ref_seconds": "", "checkpoint_name": "", **voice.meta, **(meta or {})}
+    info.update(format=FORMAT, format_version=str(FORMAT_VERSION), mode="icl" if voice.icl else "x_vector_only",
+                ref_text=(voice.ref_text or "") if voice.icl else "", checkpoint=identity,
+                created=datetime.now(timezone.utc).isoformat(timespec="seconds"), omnitts_version=__version__)
+    from safetensors.torch import save_file
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror})") from None
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={k: str(v) for k, v in info.items()})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_voice(path) -> tuple[Voice, dict]:
+    """Read a voice file -> (Voice, its metadata). Raises VoiceError naming the file if it is not one.
+
+    The checkpoint is not checked here (see `TTS.load_voice`).
+    """
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise VoiceError(f"{path}: voice file not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise VoiceError(f"{path}: not a saved voice (unreadable safetensors file: {exc})") from None
+    if meta.get("format") != FORMAT:
+        raise VoiceError(f"{path}: not a saved voice (no format={FORMAT} metadata); "
+                         "make one with `omnitts voice-clone --save`")
+    version = meta.get("format_version", "")
+    if not version.isdigit() or int(version) > FORMAT_VERSION:
+        raise VoiceError(f"{path}: voice format version {version!r} is not supported (this omnitts reads "
+                         f"up to {FORMAT_VERSION}); upgrade omnitts or re-create the voice")
+    mode = meta.get("mode")
+    if mode not in MODES:
+        raise VoiceError(f"{path}: mode {mode!r} is not one of {', '.join(MODES)}")
+    if not meta.get("checkpoint"):
+        raise VoiceError(f"{path}: no checkpoint identity in the metadata")
+    expected = {"x_vector", "ref_codes"} if mode == "icl" else {"x_vector"}
+    if set(tensors) != expected:
+        raise VoiceError(f"{path}: a {mode} voice holds tensors {', '.join(sorted(expected))}; "
+                         f"this file holds {', '.join(sorted(tensors)) or 'none'}")
+    x_vector, ref_codes = tensors["x_vector"], tensors.get("ref_codes")
+    if x_vector.dim() != 1 or x_vector.dtype != torch.float32 or not torch.isfinite(x_vector).all():
+        raise VoiceError(f"{path}: x_vector must be a finite float32 vector; got {x_vector.dtype} "
+                         f"{tuple(x_vector.shape)}")
+    if ref_codes is not None:
+        if ref_codes.dim() != 2 or ref_codes.dtype != torch.int64 or ref_codes.shape[0] == 0:
+            raise VoiceError(f"{path}: ref_codes must be int64 (frames, groups); got {ref_codes.dtype} "
+                             f"{tuple(ref_codes.shape)}")
+        if not meta.get("ref_text", "").strip():
+            raise VoiceError(f"{path}: an icl voice needs its ref_text")
+    voice = Voice(x_vector, ref_codes, meta.get("ref_text") if mode == "icl" else None,
+                  checkpoint=meta["checkpoint"], meta=meta)
+    return voice, meta

@@ -1,0 +1,209 @@
+"""Saved voices: the file format, the checkpoint identity check, and `omnitts voice-clone`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from typer.testing import CliRunner
+
+import omnitts
+from omnitts.cli import app
+from omnitts.errors import VoiceError
+from omnitts.testing.checkpoint import build_checkpoint
+from omnitts.voice import checkpoint_identity, load_voice
+
+runner = CliRunner()
+REF_TEXT = "Reference words."
+
+
+@pytest.fixture(scope="module")
+def other_base(tmp_path_factory):
+    """A Base checkpoint of the same preset and shapes as ckpt_dir("base"), with other random weights."""
+    return build_checkpoint(tmp_path_factory.mktemp("other") / "base", kind="base", preset="tiny-0.6b", seed=1)
+
+
+@pytest.mark.parametrize("x_vector_only", [False, True], ids=["icl", "x_vector_only"])
+def test_saved_voice_gives_the_same_codes_as_cloning_directly(ckpt_dir, ref_wav, tmp_path, x_vector_only):
+    ref_text = None if x_vector_only else REF_TEXT
+    first = omnitts.load(ckpt_dir("base"))
+    direct = first.synthesize("Say it again.", ref_audio=ref_wav, ref_text=ref_text, x_vector_only=x_vector_only,
+                              greedy=True, max_frames=5)
+    path = first.clone_voice(ref_wav, ref_text, x_vector_only).save(tmp_path / "v.safetensors")
+
+    second = omnitts.load(ckpt_dir("base"))  # a separate run: a fresh load of the checkpoint
+    voice, meta = load_voice(path)
+    assert meta["mode"] == ("x_vector_only" if x_vector_only else "icl") and meta["ref_audio"] == ref_wav.name
+    assert meta["checkpoint"] == second.identity and float(meta["ref_seconds"]) == pytest.approx(2.0, abs=1e-3)
+    assert voice.icl == (not x_vector_only) and voice.ref_text == ref_text
+    by_object = second.synthesize("Say it again.", voice=second.load_voice(path), greedy=True, max_frames=5)
+    by_path = second.synthesize("Say it again.", voice=path, greedy=True, max_frames=5)
+    np.testing.assert_array_equal(by_object.codes, direct.codes)
+    np.testing.assert_array_equal(by_path.codes, direct.codes)
+    np.testing.assert_array_equal(by_path.audio, direct.audio)
+
+
+def test_identity_follows_the_encoder_weights_not_the_folder(ckpt_dir, other_base, tmp_path):
+    base = ckpt_dir("base")
+    assert checkpoint_identity(base) == checkpoint_identity(base)
+    assert checkpoint_identity(base).startswith("base-0b6-")
+    assert checkpoint_identity(other_base) != checkpoint_identity(base)  # same shapes, other seed
+    copy = shutil.copytree(base, tmp_path / "copy")
+    assert checkpoint_identity(copy) == checkpoint_identity(base)
+    # One changed byte inside a codec-encoder tensor changes it too.
+    from safetensors.torch import load_file, save_file
+
+    def bump(file, prefix):  # add 1 to the first value of the first float tensor named prefix*
+        tensors = load_file(file)
+        name = next(k for k in sorted(tensors) if k.startswith(prefix) and tensors[k].is_floating_point())
+        tensors[name].view(-1)[0] += 1.0
+        save_file(tensors, file, metadata={"format": "pt"})
+
+    bump(copy / "model.safetensors", "talker.")  # the talker is not read: identity unchanged (cheap)
+    assert checkpoint_identity(copy) == checkpoint_identity(base)
+    bump(copy / "model.safetensors", "speaker_encoder.")
+    after_speaker = checkpoint_identity(copy)
+    assert after_speaker != checkpoint_identity(base)
+    bump(copy / "speech_tokenizer" / "model.safetensors", "encoder.")
+    assert checkpoint_identity(copy) not in (after_speaker, checkpoint_identity(base))
+
+
+def test_identity_is_computed_once_and_a_voice_file_loaded_once(ckpt_dir, ref_wav, tmp_path, monkeypatch):
+    import omnitts.api as api
+
+    tts = omnitts.load(ckpt_dir("base"))
+    path = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "v.safetensors")
+    calls = {"identity": 0, "load": 0}
+
+    def counted(name, fn):
+        def wrapper(*args):
+            calls[name] += 1
+            return fn(*args)
+        return wrapper
+
+    monkeypatch.setattr(api, "checkpoint_identity", counted("identity", api.checkpoint_identity))
+    monkeypatch.setattr(api, "load_voice", counted("load", api.load_voice))
+    fresh = omnitts.load(ckpt_dir("base"))
+    results = fresh.synthesize(["One.", "Two.", "Three."], voice=str(path), greedy=True, max_frames=4)
+    assert len(results) == 3 and calls == {"identity": 1, "load": 1}
+
+
+def test_voice_from_another_checkpoint_is_refused(tts_factory, other_base, ref_wav, tmp_path):
+    path = tts_factory("base").clone_voice(ref_wav, REF_TEXT).save(tmp_path / "alice.safetensors")
+    other = omnitts.load(other_base)
+    with pytest.raises(VoiceError) as info:
+        other.load_voice(path)
+    message = str(info.value)
+    assert str(path) in message and tts_factory("base").identity in message and other.identity in message
+    with pytest.raises(VoiceError, match="alice.safetensors"):
+        other.synthesize("Hi.", voice=path, max_frames=4)
+    in_memory = tts_factory("base").load_voice(path)  # a Voice object carries its checkpoint too
+    with pytest.raises(VoiceError, match="made with checkpoint"):
+        other.synthesize("Hi.", voice=in_memory, max_frames=4)
+
+
+def test_malformed_files_are_refused_naming_the_file(tts_factory, ckpt_dir, ref_wav, tmp_path):
+    from safetensors.torch import save_file
+
+    tts = tts_factory("base")
+    good = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "good.safetensors")
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00\x01not a safetensors file at all")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(good.read_bytes()[:-40])
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"x_vector": torch.zeros(64)}, str(foreign), metadata={"format": "pt"})
+    cases = {garbage: "not a saved voice", truncated: "not a saved voice", foreign: "not a saved voice",
+             ckpt_dir("base") / "model.safetensors": "not a saved voice", tmp_path / "missing.safetensors": "not found"}
+    for path, problem in cases.items():
+        with pytest.raises(VoiceError, match=problem) as info:
+            tts.load_voice(path)
+        assert str(path) in str(info.value)
+    _, meta = load_voice(good)
+    broken = tmp_path / "broken.safetensors"
+    save_file({"x_vector": torch.zeros(64)}, str(broken), metadata=meta)  # icl metadata, no ref_codes
+    with pytest.raises(VoiceError, match="broken.safetensors: a icl voice holds tensors ref_codes, x_vector"):
+        load_voice(broken)
+    save_file({"x_vector": torch.zeros(64)}, str(broken), metadata={**meta, "format_version": "99"})
+    with pytest.raises(VoiceError, match="version '99' is not supported"):
+        load_voice(broken)
+
+
+def test_cli_saved_voice_in_a_manifest_matches_ref_audio(ckpt_dir, ref_wav, tmp_path):
+    model = str(ckpt_dir("base"))
+    (tmp_path / "voices").mkdir()
+    result = runner.invoke(app, ["voice-clone", "-m", model, "--ref-audio", str(ref_wav), "--ref-text", REF_TEXT,
+                                 "--save", str(tmp_path / "voices" / "alice.safetensors")])
+    assert result.exit_code == 0, result.output
+    assert "saved voice" in result.output and not list((tmp_path / "voices").glob(".*.tmp"))
+    rows = {"by_voice": {"voice": "voices/alice.safetensors"},
+            "by_ref": {"ref_audio": str(ref_wav), "ref_text": REF_TEXT}}
+    for name, fields in rows.items():
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"id": "a", "text": "Cloned line.", **fields}) + "\n")
+        result = runner.invoke(app, ["synth", str(tmp_path / f"{name}.jsonl"), "-m", model, "-o",
+                                     str(tmp_path / name), "--greedy", "--max-frames", "5", "-q"])
+        assert result.exit_code == 0, result.output
+    by_voice, rate = sf.read(tmp_path / "by_voice" / "a.wav")
+    by_ref, _ = sf.read(tmp_path / "by_ref" / "a.wav")
+    assert rate == 24000 and by_voice.shape == (5 * 1920,)
+    np.testing.assert_array_equal(by_voice, by_ref)
+
+
+def test_cli_voice_from_another_checkpoint_is_an_item_error(ckpt_dir, other_base, ref_wav, tmp_path):
+    voice = tmp_path / "v.safetensors"
+    result = runner.invoke(app, ["voice-clone", "-m", str(other_base), "--ref-audio", str(ref_wav),
+                                 "--x-vector-only", "--save", str(voice)])
+    assert result.exit_code == 0, result.output
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "a", "text": "Hi.", "voice": "v.safetensors"}) + "\n")
+    result = runner.invoke(app, ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("base")), "-o",
+                                 str(tmp_path / "o"), "--max-frames", "4", "-q"])
+    assert result.exit_code == 1
+    record = json.loads((tmp_path / "o" / "results.jsonl").read_text().splitlines()[0])
+    assert record["status"] == "error" and "made with checkpoint" in record["error"] and str(voice) in record["error"]
+
+
+def test_cli_text_writes_a_playable_file_and_the_voice(ckpt_dir, ref_wav, tmp_path):
+    out, voice = tmp_path / "hello.flac", tmp_path / "v.safetensors"
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
+                                 "--x-vector-only", "--text", "Hello there.", "-o", str(out), "--language",
+                                 "english", "--greedy", "--max-frames", "6", "--save", str(voice)])
+    assert result.exit_code == 0, result.output
+    audio, rate = sf.read(out)
+    assert rate == 24000 and audio.shape == (6 * 1920,) and np.abs(audio).max() > 0
+    assert load_voice(voice)[1]["mode"] == "x_vector_only"
+
+
+@pytest.fixture(scope="module")
+def bad_clips(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad")
+    sf.write(folder / "silent.wav", np.zeros(24000, dtype=np.float32), 24000)
+    sf.write(folder / "short.wav", 0.3 * np.sin(np.arange(2400) / 5).astype(np.float32), 24000)
+    (folder / "junk.wav").write_bytes(b"RIFF not really a wav")
+    return folder
+
+
+@pytest.mark.parametrize("case, problem", [
+    ("silent", "reference audio is silent"),
+    ("short", "reference audio is 0.10 s long"),
+    ("junk", "cannot read audio"),
+    ("missing", "reference audio file not found"),
+    ("non_base", "voice cloning needs a Base checkpoint"),
+    ("no_ref_text", "--ref-text is required"),
+    ("no_action", "nothing to do"),
+])
+def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
+    ref = {"silent": bad_clips / "silent.wav", "short": bad_clips / "short.wav", "junk": bad_clips / "junk.wav",
+           "missing": bad_clips / "nope.wav"}.get(case, ref_wav)
+    model = ckpt_dir("custom_voice" if case == "non_base" else "base")
+    args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
+    args += [] if case == "no_ref_text" else ["--ref-text", REF_TEXT]
+    args += [] if case == "no_action" else ["--save", str(tmp_path / "v.safetensors")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and problem in lines[0], result.output
+    assert not (tmp_path / "v.safetensors").exists()
