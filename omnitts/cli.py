@@ -247,8 +247,8 @@ DEMO_LINES = {
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="Where the demo writes its audio.")] = Path("out/demo"),
-    model_dir: Annotated[Optional[Path], typer.Option("--model-dir", help="Where the tiny demo checkpoint is built. [default: .cache/demo-tiny-KIND]", show_default=False)] = None,
-    kind: Annotated[str, typer.Option("--kind", help="custom_voice | voice_design | base")] = "custom_voice",
+    model_dir: Annotated[Optional[Path], typer.Option("--model-dir", help="Where the tiny demo checkpoint is built. [default: .cache/demo-tiny-customvoice, -voicedesign or -base]", show_default=False)] = None,
+    kind: Annotated[str, typer.Option("--kind", help="Checkpoint kind to build: custom_voice | voice_design | base.")] = "custom_voice",
 ):
     """Build a tiny random checkpoint and synthesize a small manifest with it.
 

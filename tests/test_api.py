@@ -132,3 +132,25 @@ def test_info_describes_each_kind(tts_factory, ckpt_dir, kind, preset):
     assert info["sampling"] == {k: v for k, v in gen.items() if k != "max_new_tokens"}
     assert info["max_frames"] == gen["max_new_tokens"] - 1
     assert info["sample_rate"] == 24000 and info["frame_rate"] == 12.5
+
+
+def test_jupyter_shows_the_player(cv):
+    formatters = pytest.importorskip("IPython.core.formatters")  # IPython is not a dependency
+    audio = cv.synthesize("Shown in a notebook.", speaker="ryan", greedy=True, max_frames=2)
+    data, _ = formatters.DisplayFormatter().format(audio)
+    assert "<audio controls" in data["text/html"] and data["text/plain"] == repr(audio)
+
+
+def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir):
+    path = ckpt_dir("custom_voice", "tiny-1.7b")
+    info = omnitts.load(path).info()
+    result = CliRunner().invoke(app, ["info", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "custom_voice" in text and "1.7B" in text and f"{info['parameters']:,}" in text
+    assert f"{info['codec_parameters']:,}" in text
+    assert "eric (sichuan dialect)" in text and "dylan (beijing dialect)" in text and "ryan," in text
+    assert "temperature 0.9, top_k 50, top_p 1.0, repetition_penalty 1.05" in text
+    assert "24000 Hz mono, 12.5 frames/s" in text and "english" in text
+    missing = CliRunner().invoke(app, ["info", str(path.parent / "nope")])
+    assert missing.exit_code == 2 and "checkpoint directory not found" in missing.output
