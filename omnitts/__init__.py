@@ -2,14 +2,16 @@
 
     import omnitts
     tts = omnitts.load("path/to/Qwen3-TTS-12Hz-0.6B-CustomVoice")
-    tts.synthesize("Hello.", speaker="ryan", language="english").save("hello.wav")
+    audio = tts.synthesize("Hello.", speaker="ryan", language="english")
+    audio.save("hello.wav")      # audio.samples (float32), audio.sample_rate; plays inline in Jupyter
 """
 
-from .api import TTS, Result, load
+from .api import TTS, load
 from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError
 from .params import SamplingParams
 from .request import Request, Voice
+from .result import Audio, Result
 
-__all__ = ["TTS", "Result", "load", "Request", "Voice", "SamplingParams",
+__all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams",
            "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError"]
 __version__ = "0.1.0"

@@ -2,68 +2,56 @@
 
     import omnitts
     tts = omnitts.load("Qwen3-TTS-12Hz-0.6B-CustomVoice")
-    result = tts.synthesize("Hello there.", speaker="ryan", language="english")
-    result.save("hello.wav")
+    audio = tts.synthesize("Hello there.", speaker="ryan", language="english")
+    audio.save("hello.wav")          # or show `audio` in Jupyter to play it
+    for audio in tts.stream([{"id": "a", "text": "One.", "speaker": "ryan"}, ...]):
+        ...                          # each `Audio` as soon as it is finished
 
-Requests run through the continuous-batching engine (`generate` takes many at once and yields
-results as they finish); `run_reference` keeps the one-request slow path that the engine is tested
-against. The library never prints.
+Requests run through the continuous-batching engine (`stream` and `generate` take many at once and
+yield results as they finish); `run_reference` keeps the one-request slow path that the engine is
+tested against. The library never prints.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Union
 
-import numpy as np
 import torch
 
-from .audio import load_reference, write_audio
-from .config import config_summary
+from .audio import load_reference
 from .errors import OmniTTSError, RequestError, VoiceError
+from .info import checkpoint_info
 from .models.loader import Checkpoint, load_checkpoint
 from .params import SamplingParams
 from .pipeline import Job, Pipeline
 from .prompt import Prompt, PromptBuilder, resolve
 from .reference import decode_codes, generate_codes
 from .request import Request, Voice
+from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .voice import checkpoint_identity, load_voice
 
 KV_BUDGET_BYTES = 4 * 2**30  # default talker-cache budget of one generate() call
 
 
-@dataclass
-class Result:
-    """One synthesized utterance."""
-
-    audio: np.ndarray  # float32 mono samples in [-1, 1]
-    sample_rate: int
-    codes: np.ndarray  # (frames, 16) int64
-    finish_reason: str  # "eos" or "length"
-    id: str | None = None
-    talker_margin: float | None = None  # smallest greedy top-1/top-2 gaps (reference path only)
-    predictor_margin: float | None = None
-
-    @property
-    def frames(self) -> int:
-        return int(self.codes.shape[0])
-
-    @property
-    def duration(self) -> float:
-        return len(self.audio) / self.sample_rate
-
-    def save(self, path) -> Path:
-        """Write the audio (format from the suffix: .wav, .flac, .ogg), atomically."""
-        write_audio(Path(path), self.audio, self.sample_rate)
-        return Path(path)
+# What `TTS.stream` accepts per item: a Request, a manifest-style dict, or either with its own parameters.
+StreamItem = Union[Request, dict, tuple[Union[Request, dict], SamplingParams]]
 
 
 class TTS:
-    """A loaded checkpoint, ready to synthesize. Create with `omnitts.load`."""
+    """A loaded checkpoint, ready to synthesize. Create one with `omnitts.load`.
+
+    Args:
+        ckpt: the loaded checkpoint (models, tokenizer, config).
+        max_batch: how many requests decode together at most (continuous batching).
+        eager: never capture device graphs (cuda/npu); CPU always runs eagerly.
+        kv_budget_bytes: talker K/V cache budget of one engine run; fewer slots are used if needed.
+        graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ...; max_batch always).
+    """
 
     def __init__(self, ckpt: Checkpoint, max_batch: int = 8, eager: bool = False,
-                 kv_budget_bytes: int = KV_BUDGET_BYTES):
+                 kv_budget_bytes: int = KV_BUDGET_BYTES, graph_buckets: list[int] | None = None):
         self.ckpt = ckpt
         self.prompts = PromptBuilder(ckpt)
         self.max_batch = max_batch
@@ -71,9 +59,11 @@ class TTS:
         self.kv_budget_bytes = kv_budget_bytes
         self._identity: str | None = None
         self._voices: dict[Path, Voice] = {}  # saved voices by resolved path (a manifest loads each once)
+        self.graph_buckets = graph_buckets
 
     @property
     def sample_rate(self) -> int:
+        """Output samples per second (24000)."""
         return self.ckpt.config.codec.output_sample_rate
 
     @property
@@ -84,17 +74,36 @@ class TTS:
         return self._identity
 
     def info(self) -> dict:
-        """Kind, size, speakers, languages and more, as a dict."""
-        return {"path": str(self.ckpt.path), **config_summary(self.ckpt.config)}
+        """Describe the checkpoint: kind, size, parameter counts, speakers, languages, defaults.
+
+        Returns:
+            A dict with `path`, `kind` (custom_voice | voice_design | base), `size` ("0.6B"/"1.7B"),
+            `parameters` and `codec_parameters` (exact counts), `speakers` and `dialects` (speaker ->
+            dialect), `languages` ("auto" first), `accepts_instruct`, `sample_rate`, `frame_rate`,
+            `sampling` (the default sampling parameters) and `max_frames`, plus layer sizes. See
+            `omnitts.info.checkpoint_info`.
+        """
+        return checkpoint_info(self.ckpt.path, self.ckpt.config)
 
     def default_params(self, greedy: bool = False, **overrides) -> SamplingParams:
-        """Sampling parameters from the checkpoint's generation_config.json, with `overrides`."""
+        """Sampling parameters from the checkpoint's generation_config.json, with `overrides`.
+
+        Args:
+            greedy: argmax decoding in talker and sub-talker instead of sampling.
+            **overrides: any `SamplingParams` field (None keeps the default).
+        """
         params = SamplingParams.from_generation_config(self.ckpt.config.generation, **overrides)
         return params.greedy() if greedy else params
 
     @torch.inference_mode()
     def clone_voice(self, ref_audio, ref_text: str | None = None, x_vector_only: bool = False) -> Voice:
-        """Encode a reference clip once (path or (samples, rate)) into a reusable `Voice`."""
+        """Encode a reference clip once into a reusable `Voice` (Base checkpoints only).
+
+        Args:
+            ref_audio: a path to an audio file, or a `(samples, sample_rate)` pair.
+            ref_text: what the clip says (required unless `x_vector_only`).
+            x_vector_only: keep only the speaker embedding (no in-context reference codes).
+        """
         ckpt = self.ckpt
         if ckpt.config.model_type != "base":
             raise RequestError(f"ref_audio: voice cloning needs a Base checkpoint; this one is {ckpt.config.model_type}")
@@ -133,7 +142,12 @@ class TTS:
         return voice
 
     def prepare(self, request: Request) -> Prompt:
-        """Check `request`, encode its reference audio if any, and build its prompt."""
+        """Check `request` against the checkpoint, encode its reference audio if any, build its prompt.
+
+        Raises:
+            RequestError: the request does not fit the checkpoint (names the field).
+            AudioError: the reference audio cannot be used.
+        """
         resolve(self.ckpt.config, request)  # fail on a bad request before encoding any audio
         voice = request.voice
         if isinstance(voice, (str, Path)):
@@ -145,8 +159,8 @@ class TTS:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)
 
-    def generate(self, jobs: Iterable[tuple[Request, SamplingParams]]) -> Iterator[Result]:
-        """Synthesize many requests together (continuous batching); yield each result as it finishes.
+    def generate(self, jobs: Iterable[tuple[Request, SamplingParams]]) -> Iterator[Audio]:
+        """Synthesize many requests together (continuous batching); yield each `Audio` as it finishes.
 
         `jobs` is read lazily, a few batches ahead of the engine, so it may be a long generator.
         A request that cannot be prepared (bad reference audio, unknown speaker...) raises.
@@ -156,36 +170,46 @@ class TTS:
                 raise outcome.exception
             yield outcome.result
 
-    def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Result]:
+    def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Audio]:
         """`generate` for requests already turned into prompts (see `prepare`)."""
         jobs = (Job(request, params, prompt=prompt) for request, prompt, params in prepared)
         for outcome in Pipeline(self).run(jobs):
             yield outcome.result
 
-    def run(self, request: Request, params: SamplingParams) -> Result:
+    def run(self, request: Request, params: SamplingParams) -> Audio:
         """Synthesize one `Request` with explicit sampling parameters."""
         return next(self.generate([(request, params)]))
 
-    def run_reference(self, request: Request, params: SamplingParams) -> Result:
+    def run_reference(self, request: Request, params: SamplingParams) -> Audio:
         """The one-request eager slow path (what the engine is tested against), with greedy margins."""
         prompt = self.prepare(request)
         generation = generate_codes(self.ckpt, prompt, params.with_budget(prompt.text_tokens, request.max_seconds))
         audio = decode_codes(self.ckpt, generation.codes, prompt.ref_codes)
-        return Result(audio, self.sample_rate, generation.codes.numpy(), generation.finish_reason, request.id,
-                      generation.talker_margin, generation.predictor_margin)
+        return Audio(audio, self.sample_rate, generation.codes.numpy(), generation.finish_reason, request.id,
+                     seed=params.seed, talker_margin=generation.talker_margin,
+                     predictor_margin=generation.predictor_margin)
 
     def synthesize(self, text: str | list[str], *, language: str = "auto", speaker: str | None = None,
                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
                    x_vector_only: bool = False, voice: Voice | str | Path | None = None,
                    non_streaming: bool | None = None, greedy: bool = False, max_frames: int | None = None,
-                   seed: int | None = None, **sampling) -> Result | list[Result]:
-        """Speak `text` (a string, or a list of strings batched together). See `Request` for which
-        fields each checkpoint kind takes.
+                   seed: int | None = None, **sampling) -> Audio | list[Audio]:
+        """Speak `text`: one string, or a list of strings batched together.
 
-        `greedy` takes the most likely code at every step (deterministic); otherwise codes are
-        sampled with the checkpoint's defaults, overridable by keyword (`temperature`, `top_k`,
-        `top_p`, `repetition_penalty`, `subtalker_*`). `max_frames` caps the length (12.5 frames/s).
-        With a list and a `seed`, item i uses seed + i. Reference audio is encoded once for a list.
+        Args:
+            text: what to say; a list gives a list of results in the same order.
+            language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice, non_streaming:
+                the `Request` fields (see `Request` for which ones each checkpoint kind takes).
+                Reference audio is encoded once for a whole list.
+            greedy: take the most likely code at every step (deterministic); otherwise codes are
+                sampled with the checkpoint's defaults, overridable by keyword (`temperature`,
+                `top_k`, `top_p`, `repetition_penalty`, `subtalker_*`).
+            max_frames: frame budget per item (12.5 frames per second); None derives it from the text.
+            seed: makes sampling reproducible; with a list, item i uses `seed + i`.
+
+        Returns:
+            An `Audio` (samples, sample_rate, codes, ...; `.save(path)`; plays inline in Jupyter),
+            or a list of them for a list of texts. Their ids are "0", "1", ...
         """
         texts = [text] if isinstance(text, str) else list(text)
         if ref_audio is not None and voice is None and len(texts) > 1:
@@ -200,15 +224,92 @@ class TTS:
         ordered = [results[str(i)] for i in range(len(texts))]
         return ordered[0] if isinstance(text, str) else ordered
 
+    def stream(self, requests: Iterable[StreamItem], *, greedy: bool = False, max_frames: int | None = None,
+               seed: int | None = None, **sampling) -> Iterator[Audio]:
+        """Synthesize many requests together and yield each `Audio` as soon as it is finished.
+
+        Requests are read lazily, a few batches ahead of the engine (so `requests` may be a long
+        generator), and decode with continuous batching, up to `max_batch` at a time.
+
+        Args:
+            requests: an iterable whose items are each
+                - a `Request`;
+                - a dict of manifest fields (`id`, `text`, `language`, `speaker`, `instruct`,
+                  `ref_audio`, `ref_text`, `x_vector_only`, `non_streaming`, `seed`, `max_seconds`;
+                  a relative `ref_audio` resolves against the current directory);
+                - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given.
+                An item without an id gets its position ("0", "1", ...); ids must be unique.
+            greedy, max_frames, seed, **sampling: how items without their own `SamplingParams`
+                sample, as in `synthesize`; item i uses `seed + i` unless its dict has a `seed`.
+
+        Yields:
+            `Audio` in the order the requests finish (not input order); match them up by `Audio.id`.
+
+        Raises:
+            RequestError: an item is malformed or does not fit the checkpoint (the message names it).
+        """
+        def jobs():
+            seen = set()
+            for i, item in enumerate(requests):
+                request, params = self._stream_item(i, item, greedy, max_frames, seed, sampling)
+                if request.id in seen:
+                    raise RequestError(f"requests[{i}]: id: {request.id!r} is used by an earlier request")
+                seen.add(request.id)
+                yield Job(request, params, key=i)
+
+        for outcome in Pipeline(self).run(jobs()):
+            if not outcome.ok:
+                exc = outcome.exception
+                raise type(exc)(f"requests[{outcome.job.key}] (id {outcome.job.request.id!r}): {exc}") from None
+            yield outcome.result
+
+    def _stream_item(self, i: int, item, greedy, max_frames, seed, sampling) -> tuple[Request, SamplingParams]:
+        """One `stream` item -> (Request with an id, SamplingParams)."""
+        from .manifest import parse_item
+
+        params = None
+        if isinstance(item, tuple):
+            if len(item) != 2 or not isinstance(item[1], SamplingParams):
+                raise RequestError(f"requests[{i}]: a pair must be (Request or dict, SamplingParams)")
+            item, params = item
+        item_seed = None if seed is None else seed + i
+        if isinstance(item, dict):
+            try:
+                parsed = parse_item({**item, "id": item.get("id") or str(i)}, i + 1, Path.cwd())
+            except RequestError as exc:
+                raise RequestError(f"requests[{i}]: {exc}") from None
+            request, item_seed = parsed.request, parsed.seed if parsed.seed is not None else item_seed
+            sampling = {**sampling, **parsed.sampling}
+            if parsed.voice_path is not None:
+                request = replace(request, voice=parsed.voice_path)
+        elif isinstance(item, Request):
+            request = item if item.id is not None else replace(item, id=str(i))
+        else:
+            raise RequestError(f"requests[{i}]: expected a Request, a dict or a (request, SamplingParams) pair, "
+                               f"got {type(item).__name__}")
+        if params is None:
+            params = self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)
+        return request, params
+
 
 def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: bool = False,
-         max_batch: int = 8, eager: bool = False) -> TTS:
+         max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None) -> TTS:
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
 
-    `device`: cpu, cuda or npu. `dtype` (float32, bfloat16, float16) applies to the language models;
-    the codec always runs in float32. `max_batch` caps how many requests decode together; `eager`
-    turns graph capture off (also OMNITTS_EAGER=1). `official_tokenizer=True` reproduces the
-    official package's token ids (see tokenizer.py).
+    Args:
+        path: the checkpoint directory, exactly as published.
+        device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling).
+        dtype: float32, bfloat16 or float16 for the language models; the codec always runs in float32.
+        official_tokenizer: reproduce the official package's token ids (see tokenizer.py).
+        max_batch: how many requests decode together at most.
+        eager: no graph capture on cuda/npu (also OMNITTS_EAGER=1).
+        graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ... up to max_batch).
+
+    Returns:
+        A `TTS` ready to `synthesize`, `stream` and describe itself with `info`.
+
+    Raises:
+        CheckpointError: a file is missing or does not match (the message names it).
     """
     if device == "npu":
         from .device.npu import import_torch_npu
@@ -219,4 +320,4 @@ def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: 
     elif device not in ("cpu", "cuda"):
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
     ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer)
-    return TTS(ckpt, max_batch=max_batch, eager=eager)
+    return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets)

@@ -58,15 +58,22 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     import soundfile as sf
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     kind = path.suffix.lower().lstrip(".")
     if kind not in FORMATS:
         raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -113,7 +113,7 @@ class Batch:
         if s.loudness is not None:
             from .loudness import normalize_loudness
 
-            result.audio = normalize_loudness(result.audio, result.sample_rate, s.loudness)
+            result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
         name = f"{item_id}.{s.format}"
         if s.save_codes:  # codes first: the ledger line (written last) vouches for both files
             _save_npy(self.out / f"{item_id}.codes.npy", result.codes.astype(np.int64))

@@ -54,7 +54,7 @@ class Job:
 
 @dataclass
 class Outcome:
-    """A finished job: `result` (an api.Result) or an `error` message."""
+    """A finished job: `result` (an `Audio`) or an `error` message."""
 
     job: Job
     result: object = None
@@ -204,7 +204,8 @@ class Pipeline:
         positions = max(p.embeds.shape[0] + params.max_frames + 1 for p, params in prompts)
         text = max(p.trailing.shape[0] for p, _ in prompts)
         slots = min(tts.max_batch, len(prompts)) if exhausted else tts.max_batch
-        config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager)
+        config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
+                      tts.graph_buckets)
         self.engine = None  # free the old engine's cache before allocating the new one
         self.engines_built += 1
         return Engine(tts.ckpt, config)
@@ -244,14 +245,14 @@ class Pipeline:
         return decode_codes(self.tts.ckpt, torch.from_numpy(codes), prompt.ref_codes)
 
     def _complete(self, item: _Item) -> Outcome:
-        from .api import Result
+        from .result import Audio
 
         parts = [item.done[i] for i in range(len(item.pieces))]
         rate = self.tts.sample_rate
         audio = parts[0][1] if len(parts) == 1 else self.join([p[1] for p in parts], rate)
         codes = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
         reason = "length" if any(p[2] == "length" for p in parts) else "eos"
-        result = Result(audio, rate, codes, reason, item.job.request.id)
+        result = Audio(audio, rate, codes, reason, item.job.request.id, seed=item.seed)
         now = time.perf_counter()
         timings = {"prepare": item.prepare_s, "generate": now - (item.first_added or now) - item.decode_s,
                    "decode": item.decode_s, "total": now - item.started}

@@ -148,3 +148,15 @@ def test_unavailable_devices_fail_with_one_clear_line(ckpt_dir, tmp_path):
         result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")),
                                           "-o", str(tmp_path / "o"), "--device", device, "-q"])
         assert result.exit_code == 2 and needle in result.output, (device, result.output)
+
+
+def test_graph_buckets_are_configurable(cv):
+    jobs = cv_jobs(cv, greedy=True)
+    backend = FakeGraphBackend()
+    graphed = run_engine(cv, jobs, backend=backend, max_num_seqs=4, graph_buckets=(3, 8))
+    assert len(backend.captured) == 2  # buckets 3 and 4 (max_num_seqs); 8 is beyond it
+    eager = run_engine(cv, jobs, max_num_seqs=4)
+    for i in eager:
+        np.testing.assert_array_equal(eager[i].codes(), graphed[i].codes(), err_msg=f"request {i}")
+    with pytest.raises(ValueError, match="graph_buckets"):
+        EngineConfig(graph_buckets=(0, 2))

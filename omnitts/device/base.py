@@ -36,13 +36,14 @@ class EagerSteps:
         self.runner.frame(batch, span)
 
 
-def buckets(max_batch: int) -> list[int]:
-    """Batch sizes that get a graph: 1, 2, 4, ... and max_batch itself."""
-    sizes, size = [], 1
-    while size < max_batch:
-        sizes.append(size)
-        size *= 2
-    return sizes + [max_batch]
+def buckets(max_batch: int, sizes=None) -> list[int]:
+    """Batch sizes that get a graph: `sizes` (default 1, 2, 4, ...) below max_batch, and max_batch itself."""
+    if sizes is None:
+        sizes, size = [], 1
+        while size < max_batch:
+            sizes.append(size)
+            size *= 2
+    return sorted({int(s) for s in sizes if 0 < s < max_batch}) + [max_batch]
 
 
 class GraphSteps:
@@ -54,10 +55,10 @@ class GraphSteps:
     """
 
     def __init__(self, backend: "Backend", runner, max_batch: int, max_positions: int,
-                 state: list[torch.Tensor], output: torch.Tensor):
+                 state: list[torch.Tensor], output: torch.Tensor, sizes=None):
         self.backend = backend
         self.max_positions = max_positions
-        self.sizes = buckets(max_batch)
+        self.sizes = buckets(max_batch, sizes)
         self.graphs = {}
         pool = backend.graph_pool()
         for size in reversed(self.sizes):
@@ -84,11 +85,14 @@ class Backend:
         return torch.device(self.name)
 
     def frame_steps(self, runner, max_batch: int, max_positions: int, state: list[torch.Tensor],
-                    output: torch.Tensor):
-        """How frames run: eagerly, or as graphs over `state` (stable tensors) writing `output`."""
+                    output: torch.Tensor, graph_buckets=None):
+        """How frames run: eagerly, or as graphs over `state` (stable tensors) writing `output`.
+
+        `graph_buckets`: batch sizes to capture (None: powers of two); max_batch is always one.
+        """
         if self.eager:
             return EagerSteps(runner)
-        return GraphSteps(self, runner, max_batch, max_positions, state, output)
+        return GraphSteps(self, runner, max_batch, max_positions, state, output, graph_buckets)
 
     def to_host(self, tensor: torch.Tensor) -> Transfer:
         return Transfer(tensor.detach().cpu().numpy().copy())

@@ -38,16 +38,19 @@ class EngineConfig:
     max_text_tokens: int = 1024  # trailing-text tokens per request (streaming text mode)
     device: str = "cpu"
     eager: bool = False  # never capture graphs (also: OMNITTS_EAGER=1)
+    graph_buckets: tuple[int, ...] | None = None  # batch sizes given a graph (None: 1, 2, 4, ...)
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_positions < 16:
             raise ValueError(f"max_positions must be >= 16, got {self.max_positions}")
+        if self.graph_buckets is not None and not all(int(b) >= 1 for b in self.graph_buckets):
+            raise ValueError(f"graph_buckets must be batch sizes >= 1, got {list(self.graph_buckets)}")
 
 
 def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
-         device: str = "cpu", eager: bool = False) -> EngineConfig:
+         device: str = "cpu", eager: bool = False, graph_buckets=None) -> EngineConfig:
     """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
 
     The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
@@ -63,7 +66,8 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
                            f"talker cache), over the {kv_budget_bytes / 2**30:.1f} GiB budget; lower max_frames "
                            "or raise the cache budget")
     return EngineConfig(max_num_seqs=int(slots), max_positions=positions, max_text_tokens=max(text_tokens, 1),
-                        device=device, eager=eager)
+                        device=device, eager=eager,
+                        graph_buckets=None if graph_buckets is None else tuple(graph_buckets))
 
 
 class Engine:
@@ -81,7 +85,7 @@ class Engine:
         self.runner = ModelRunner(ckpt, self.state, self.cache)
         self.backend = backend or get_backend(config.device, eager=config.eager)
         self.steps = self.backend.frame_steps(self.runner, config.max_num_seqs, config.max_positions,
-                                              self._device_state(), self.state.codes)
+                                              self._device_state(), self.state.codes, config.graph_buckets)
         self.scheduler = Scheduler(config.max_num_seqs)
         self.pending = None  # (host copy of the last launched frame, the sequences of its rows)
         self.next_id = 0

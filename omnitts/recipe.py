@@ -1,0 +1,132 @@
+"""Engine settings for one kind of machine, read from a TOML recipe (see recipes/) and validated once.
+
+    device = "cuda"
+    dtype = "bfloat16"
+    max_batch = 32
+    graph_buckets = [1, 2, 4, 8, 16, 32]
+    codec_chunk_frames = 25
+
+    [env]
+    PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
+
+Every key is optional: what a recipe leaves out stays with the command-line flag or the built-in
+default. Unknown keys and wrong types raise `RecipeError` naming the file and key. `[env]` holds
+environment variables (allocator settings) that must be set before torch / torch_npu initialise
+the device; `apply_env` sets them without overriding variables the user already exported.
+This module knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .errors import OmniTTSError
+
+DEVICES = ("cpu", "cuda", "npu")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class RecipeError(OmniTTSError):
+    """A recipe file that cannot be used (the message names the file and key)."""
+
+
+@dataclass
+class Recipe:
+    """Engine settings from one recipe file; None means "not set by the recipe".
+
+    Attributes:
+        device: cpu | cuda | npu.
+        dtype: float32 | bfloat16 | float16 (language models; the codec stays float32).
+        max_batch: requests decoded together at most (>= 1).
+        eager: never capture device graphs.
+        graph_buckets: batch sizes that get a captured graph, e.g. [1, 2, 4, 8] (max_batch always does).
+        codec_chunk_frames: frames per codec decode chunk (> 0); read by the streaming codec decoder.
+        env: environment variables to set before the device initialises (strings).
+        path: the file it came from (for messages).
+    """
+
+    device: str | None = None
+    dtype: str | None = None
+    max_batch: int | None = None
+    eager: bool | None = None
+    graph_buckets: list[int] | None = None
+    codec_chunk_frames: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+    def __post_init__(self):
+        where = f"{self.path or 'recipe'}"
+        for name, kind in (("device", str), ("dtype", str), ("max_batch", int), ("eager", bool),
+                           ("codec_chunk_frames", int), ("graph_buckets", list), ("env", dict)):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+                raise RecipeError(f"{where}: {name}: expected {_type_name(kind)}, got {_type_name(type(value))}")
+        if self.device is not None and self.device not in DEVICES:
+            raise RecipeError(f"{where}: device: {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise RecipeError(f"{where}: dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        for name in ("max_batch", "codec_chunk_frames"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RecipeError(f"{where}: {name}: must be > 0, got {value}")
+        if self.graph_buckets is not None:
+            sizes = self.graph_buckets
+            if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
+                raise RecipeError(f"{where}: graph_buckets: expected a list of batch sizes >= 1, got {sizes}")
+            if sizes != sorted(set(sizes)):
+                raise RecipeError(f"{where}: graph_buckets: list each size once, in increasing order, got {sizes}")
+        for key, value in self.env.items():
+            if not isinstance(value, str):
+                raise RecipeError(f"{where}: env.{key}: expected a string, got {_type_name(type(value))}")
+
+    def engine_options(self) -> dict:
+        """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
+        names = ("device", "dtype", "max_batch", "eager", "graph_buckets")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+KEYS = tuple(f.name for f in fields(Recipe) if f.name != "path")
+
+
+def _type_name(kind) -> str:
+    return {str: "a string", int: "an integer", bool: "true or false", list: "a list", dict: "a table",
+            float: "a number"}.get(kind, kind.__name__)
+
+
+def load_recipe(path) -> Recipe:
+    """Read and validate recipe file `path` (TOML).
+
+    Raises:
+        RecipeError: the file is missing or not TOML, has an unknown key (the valid ones are
+            listed), or a value of the wrong type or range (the key is named).
+    """
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise RecipeError(f"{path}: cannot read recipe ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{path}: not valid TOML ({exc})") from None
+    unknown = [key for key in data if key not in KEYS]
+    if unknown:
+        raise RecipeError(f"{path}: {unknown[0]}: unknown key; valid keys are {', '.join(KEYS)}")
+    return Recipe(**data, path=path)
+
+
+def apply_env(recipe: Recipe, environ=None) -> dict[str, str]:
+    """Set the recipe's [env] variables that are not already set; return the ones it set.
+
+    Call it before torch / torch_npu touch the device (allocator settings are read once, then).
+    A variable the user exported wins over the recipe.
+    """
+    environ = os.environ if environ is None else environ
+    applied = {key: value for key, value in recipe.env.items() if key not in environ}
+    environ.update(applied)
+    return applied

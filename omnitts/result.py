@@ -1,0 +1,96 @@
+"""What synthesis returns: `Audio`, the samples of one utterance plus what produced them.
+
+An `Audio` saves itself atomically in the format its suffix names and plays inline in Jupyter
+(`_repr_html_` embeds a 16-bit WAV as an HTML5 <audio> element; no IPython needed). It does not
+know how it was made; api.py fills it in.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .audio import write_audio
+
+
+@dataclass(eq=False)  # samples are arrays: compare them explicitly
+class Audio:
+    """One synthesized utterance.
+
+    Attributes:
+        samples: float32 mono samples in [-1, 1], shape (n,).
+        sample_rate: samples per second (24000 for every Qwen3-TTS-12Hz checkpoint).
+        codes: the generated codec codes, int64 of shape (frames, 16); None if not kept.
+        finish_reason: "eos" (the model ended the utterance) or "length" (the frame budget ran out).
+        id: the request's id (a manifest id, or "0", "1", ... for a list given to `synthesize`).
+        seed: the seed the request sampled with (None: unseeded, or greedy).
+        talker_margin, predictor_margin: smallest greedy top-1/top-2 logit gaps (reference path only).
+    """
+
+    samples: np.ndarray
+    sample_rate: int
+    codes: np.ndarray | None = None
+    finish_reason: str | None = None
+    id: str | None = None
+    seed: int | None = None
+    talker_margin: float | None = None
+    predictor_margin: float | None = None
+
+    @property
+    def audio(self) -> np.ndarray:
+        """The samples (the name `Result` used; kept for older code)."""
+        return self.samples
+
+    @property
+    def frames(self) -> int:
+        """Codec frames generated (80 ms each); 0 if the codes were not kept."""
+        return 0 if self.codes is None else int(self.codes.shape[0])
+
+    @property
+    def duration(self) -> float:
+        """Length in seconds."""
+        return len(self.samples) / self.sample_rate
+
+    def save(self, path) -> Path:
+        """Write the audio to `path`, atomically (a temporary name, then a rename).
+
+        The format comes from the suffix: .wav and .flac (16-bit PCM) or .ogg (Vorbis). Missing
+        folders are created. Returns the path.
+        """
+        path = Path(path)
+        write_audio(path, self.samples, self.sample_rate)
+        return path
+
+    def to_wav_bytes(self) -> bytes:
+        """The audio as an in-memory 16-bit PCM WAV file."""
+        import soundfile as sf
+
+        buffer = io.BytesIO()
+        sf.write(buffer, self.samples, self.sample_rate, format="WAV", subtype="PCM_16")
+        return buffer.getvalue()
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: a caption and an <audio> player with the WAV inline (base64)."""
+        data = base64.b64encode(self.to_wav_bytes()).decode("ascii")
+        caption = html.escape(repr(self))
+        return (f"<div><code>{caption}</code><br>"
+                f'<audio controls preload="none" src="data:audio/wav;base64,{data}"></audio></div>')
+
+    def __repr__(self) -> str:
+        parts = [f"id={self.id!r}"] if self.id is not None else []
+        parts.append(f"{self.duration:.2f} s @ {self.sample_rate} Hz")
+        if self.codes is not None:
+            parts.append(f"{self.frames} frames")
+        if self.finish_reason:
+            parts.append(f"finish={self.finish_reason}")
+        if self.seed is not None:
+            parts.append(f"seed={self.seed}")
+        return f"Audio({', '.join(parts)})"
+
+
+Result = Audio  # the name of this class before the notebook API; kept so older code keeps working

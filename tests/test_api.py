@@ -1,0 +1,156 @@
+"""The notebook API: `Audio` results, `TTS.stream`, `TTS.info`."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+import soundfile as sf
+from safetensors import safe_open
+from typer.testing import CliRunner
+
+import omnitts
+from omnitts.cli import app
+from omnitts.errors import RequestError
+from omnitts.models.loader import safetensors_files
+
+PCM16_STEP = 1 / 32768
+
+
+@pytest.fixture(scope="module")
+def cv(tts_factory):
+    return tts_factory("custom_voice")
+
+
+def test_audio_equals_the_file_the_cli_writes(cv, ckpt_dir, tmp_path):
+    audio = cv.synthesize("First line.", speaker="ryan", language="english", greedy=True, max_frames=6)
+    assert isinstance(audio, omnitts.Audio)
+    assert audio.samples.dtype == np.float32 and audio.samples.shape == (6 * 1920,)
+    assert audio.sample_rate == 24000 and audio.duration == pytest.approx(0.48)
+    assert audio.frames == 6 and audio.codes.shape == (6, 16) and audio.finish_reason == "length"
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "First line.", "language": "english", "speaker": "ryan"}) + "\n")
+    for fmt in ("wav", "flac"):  # both 16-bit PCM
+        out = tmp_path / fmt
+        result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                          "--greedy", "--max-frames", "6", "--format", fmt, "--save-codes", "-q"])
+        assert result.exit_code == 0, result.output
+        written, rate = sf.read(out / f"a.{fmt}", dtype="float32")
+        assert rate == audio.sample_rate
+        np.testing.assert_allclose(written, audio.samples, rtol=0, atol=PCM16_STEP)
+        np.testing.assert_array_equal(np.load(out / "a.codes.npy"), audio.codes)
+    assert np.abs(audio.samples).max() > 100 * PCM16_STEP  # not silence: the comparison means something
+
+
+def test_repr_html_embeds_a_decodable_wav(cv):
+    audio = cv.synthesize("Play me inline.", speaker="vivian", greedy=True, max_frames=4)
+    page = audio._repr_html_()
+    assert "<audio controls" in page
+    match = re.search(r'src="data:audio/wav;base64,([A-Za-z0-9+/=]+)"', page)
+    assert match, page[:200]
+    samples, rate = sf.read(io.BytesIO(base64.b64decode(match.group(1))), dtype="float32")
+    assert rate == 24000 and samples.shape == audio.samples.shape
+    np.testing.assert_allclose(samples, audio.samples, rtol=0, atol=PCM16_STEP)
+    assert "4 frames" in page and "id=&#x27;0&#x27;" in page  # the caption, HTML-escaped
+
+
+def test_save_picks_the_format_from_the_suffix(cv, tmp_path):
+    audio = cv.synthesize("Save me.", speaker="ryan", greedy=True, max_frames=3, seed=4)
+    assert audio.seed == 4
+    for suffix, fmt in ((".wav", "WAV"), (".flac", "FLAC"), (".ogg", "OGG")):
+        path = audio.save(tmp_path / "sub" / f"x{suffix}")
+        assert sf.info(path).format == fmt and sf.info(path).frames == 3 * 1920
+        assert path.stat().st_mode & 0o077, "readable like any new file (umask), not mkstemp's 0600"
+    with pytest.raises(ValueError, match="unsupported audio format '.mp3'"):
+        audio.save(tmp_path / "x.mp3")
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_result_is_the_old_name_of_audio(cv):
+    assert omnitts.Result is omnitts.Audio
+    audio = cv.synthesize("Old name.", speaker="ryan", greedy=True, max_frames=2)
+    assert audio.audio is audio.samples
+
+
+def test_stream_yields_every_request_once(cv):
+    greedy = cv.default_params(True, max_frames=3)
+    requests = [
+        {"id": "d", "text": "A dict line.", "speaker": "ryan", "seed": 11},
+        omnitts.Request("A request without an id.", speaker="vivian"),
+        ({"id": "p", "text": "A pair with its own parameters.", "speaker": "eric"}, greedy),
+        (omnitts.Request("Another pair.", speaker="ryan", id="q"), greedy),
+        {"text": "A dict without an id.", "speaker": "serena", "max_seconds": 0.4},
+    ]
+    results = list(cv.stream(iter(requests), max_frames=6, seed=100))
+    by_id = {r.id: r for r in results}
+    assert len(results) == 5 and set(by_id) == {"d", "1", "p", "q", "4"}
+    assert by_id["d"].seed == 11 and by_id["1"].seed == 101 and by_id["4"].seed == 104  # seed + position
+    assert by_id["d"].frames == 6 and by_id["p"].frames == 3 and by_id["q"].frames == 3
+    assert by_id["4"].frames == 6  # max_frames wins over max_seconds, as in SamplingParams.with_budget
+    alone = cv.synthesize("A pair with its own parameters.", speaker="eric", greedy=True, max_frames=3)
+    np.testing.assert_array_equal(by_id["p"].codes, alone.codes)  # batched with others = alone
+
+
+def test_stream_errors_name_the_item(cv):
+    with pytest.raises(RequestError, match=r"requests\[1\]: volume: unknown field"):
+        list(cv.stream([{"text": "Fine.", "speaker": "ryan"}, {"text": "Hi.", "speaker": "ryan", "volume": 2}]))
+    with pytest.raises(RequestError, match=r"requests\[1\]: id: 'x' is used by an earlier request"):
+        list(cv.stream([{"id": "x", "text": "One.", "speaker": "ryan"}, {"id": "x", "text": "Two.", "speaker": "ryan"}]))
+    with pytest.raises(RequestError, match=r"requests\[0\] \(id '0'\): speaker: 'bob'"):
+        list(cv.stream([{"text": "Hi.", "speaker": "bob"}]))
+    with pytest.raises(RequestError, match=r"requests\[0\]: expected a Request"):
+        list(cv.stream(["just a string"]))
+    with pytest.raises(RequestError, match=r"requests\[0\]: a pair must be"):
+        list(cv.stream([({"text": "Hi.", "speaker": "ryan"}, {"top_k": 3})]))
+
+
+@pytest.mark.parametrize("kind,preset", [("custom_voice", "tiny-0.6b"), ("custom_voice", "tiny-1.7b"),
+                                         ("voice_design", "tiny-1.7b"), ("base", "tiny-0.6b")])
+def test_info_describes_each_kind(tts_factory, ckpt_dir, kind, preset):
+    info = tts_factory(kind, preset).info()
+    path = ckpt_dir(kind, preset)
+    assert info["kind"] == kind and info["path"] == str(path)
+    assert info["size"] == {"tiny-0.6b": "0.6B", "tiny-1.7b": "1.7B"}[preset]
+    for key, folder in (("parameters", path), ("codec_parameters", path / "speech_tokenizer")):
+        expected = 0
+        for file in safetensors_files(folder):
+            with safe_open(str(file), framework="pt") as f:
+                expected += sum(f.get_tensor(name).numel() for name in f.keys())  # loads them: tiny here
+        assert info[key] == expected
+    if kind == "custom_voice":
+        assert {"ryan", "vivian", "eric", "dylan"} <= set(info["speakers"])
+        assert info["dialects"] == {"eric": "sichuan_dialect", "dylan": "beijing_dialect"}
+    else:
+        assert info["speakers"] == [] and info["dialects"] == {}
+    assert info["accepts_instruct"] == (kind == "voice_design" or (kind == "custom_voice" and preset == "tiny-1.7b"))
+    assert info["languages"][0] == "auto" and "english" in info["languages"]
+    gen = json.loads((path / "generation_config.json").read_text())
+    assert info["sampling"] == {k: v for k, v in gen.items() if k != "max_new_tokens"}
+    assert info["max_frames"] == gen["max_new_tokens"] - 1
+    assert info["sample_rate"] == 24000 and info["frame_rate"] == 12.5
+
+
+def test_jupyter_shows_the_player(cv):
+    formatters = pytest.importorskip("IPython.core.formatters")  # IPython is not a dependency
+    audio = cv.synthesize("Shown in a notebook.", speaker="ryan", greedy=True, max_frames=2)
+    data, _ = formatters.DisplayFormatter().format(audio)
+    assert "<audio controls" in data["text/html"] and data["text/plain"] == repr(audio)
+
+
+def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir):
+    path = ckpt_dir("custom_voice", "tiny-1.7b")
+    info = omnitts.load(path).info()
+    result = CliRunner().invoke(app, ["info", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "custom_voice" in text and "1.7B" in text and f"{info['parameters']:,}" in text
+    assert f"{info['codec_parameters']:,}" in text
+    assert "eric (sichuan dialect)" in text and "dylan (beijing dialect)" in text and "ryan," in text
+    assert "temperature 0.9, top_k 50, top_p 1.0, repetition_penalty 1.05" in text
+    assert "24000 Hz mono, 12.5 frames/s" in text and "english" in text
+    missing = CliRunner().invoke(app, ["info", str(path.parent / "nope")])
+    assert missing.exit_code == 2 and "checkpoint directory not found" in missing.output

@@ -1,0 +1,131 @@
+"""Recipes: loading and validation, `synth --recipe` precedence (flag > recipe > default), [env]."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import omnitts.api
+from omnitts.cli import app
+from omnitts.recipe import KEYS, Recipe, RecipeError, apply_env, load_recipe
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+runner = CliRunner()
+
+
+def _recipe(tmp_path, text: str) -> Path:
+    path = tmp_path / "r.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("name,device", [("cpu", "cpu"), ("cuda-h100", "cuda"), ("ascend-910b", "npu")])
+def test_shipped_recipes_load(name, device):
+    recipe = load_recipe(RECIPES / f"{name}.toml")
+    assert recipe.device == device and recipe.max_batch >= 1 and recipe.codec_chunk_frames > 0
+    if device != "cpu":
+        assert recipe.graph_buckets[-1] == recipe.max_batch and recipe.dtype == "bfloat16"
+        assert recipe.env == {f"PYTORCH_{device.upper()}_ALLOC_CONF": "expandable_segments:True"}
+
+
+def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
+    path = _recipe(tmp_path, 'device = "cpu"\nmax_batchs = 4\n')
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert str(err.value) == f"{path}: max_batchs: unknown key; valid keys are {', '.join(KEYS)}"
+    assert "max_batch" in KEYS and "env" in KEYS and "path" not in KEYS
+
+
+@pytest.mark.parametrize("text,message", [
+    ('max_batch = "8"', "max_batch: expected an integer, got a string"),
+    ("max_batch = true", "max_batch: expected an integer, got true or false"),
+    ("max_batch = 0", "max_batch: must be > 0, got 0"),
+    ("codec_chunk_frames = 0", "codec_chunk_frames: must be > 0, got 0"),
+    ("codec_chunk_frames = 2.5", "codec_chunk_frames: expected an integer, got a number"),
+    ('eager = "yes"', "eager: expected true or false, got a string"),
+    ('device = "tpu"', "device: 'tpu' is not one of cpu, cuda, npu"),
+    ('dtype = "int8"', "dtype: 'int8' is not one of float32, bfloat16, float16"),
+    ("graph_buckets = 8", "graph_buckets: expected a list, got an integer"),
+    ("graph_buckets = [4, 2]", "graph_buckets: list each size once, in increasing order"),
+    ("graph_buckets = [0, 2]", "graph_buckets: expected a list of batch sizes >= 1"),
+    ("env = 3", "env: expected a table, got an integer"),
+    ("[env]\nX = 1", "env.X: expected a string, got an integer"),
+    ("max_batch = ", "not valid TOML"),
+])
+def test_bad_values_name_the_key(tmp_path, text, message):
+    path = _recipe(tmp_path, text + "\n")
+    with pytest.raises(RecipeError, match=f"^{path}: .*") as err:
+        load_recipe(path)
+    assert message in str(err.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(RecipeError, match="nope.toml: cannot read recipe"):
+        load_recipe(tmp_path / "nope.toml")
+
+
+def test_apply_env_keeps_what_the_user_exported():
+    recipe = Recipe(env={"A_ALLOC": "recipe", "B_ALLOC": "recipe"})
+    environ = {"B_ALLOC": "mine"}
+    assert apply_env(recipe, environ) == {"A_ALLOC": "recipe"}
+    assert environ == {"A_ALLOC": "recipe", "B_ALLOC": "mine"}
+
+
+@pytest.fixture
+def recorded_load(monkeypatch):
+    """Patch omnitts.api.load to record its keyword arguments and the environment it ran in."""
+    calls = []
+    real = omnitts.api.load
+
+    def load(path, **kwargs):
+        calls.append((kwargs, {k: os.environ.get(k) for k in ("OMNITTS_TEST_A", "OMNITTS_TEST_B")}))
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(omnitts.api, "load", load)
+    return calls
+
+
+def _synth(ckpt_dir, tmp_path, *extra):
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Hello.", "speaker": "ryan"}) + "\n")
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--max-frames", "2", "-q", *extra])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_flags_override_the_recipe_which_overrides_defaults(ckpt_dir, tmp_path, recorded_load):
+    recipe = _recipe(tmp_path, 'device = "cpu"\nmax_batch = 2\neager = true\ngraph_buckets = [1, 2]\n')
+    _synth(ckpt_dir, tmp_path, "--recipe", str(recipe), "--max-batch", "3", "--no-eager")
+    _synth(ckpt_dir, tmp_path, "--recipe", str(recipe))
+    _synth(ckpt_dir, tmp_path)
+    _synth(ckpt_dir, tmp_path, "--max-batch", "5")
+    picked = [{k: kwargs.get(k) for k in ("device", "dtype", "max_batch", "eager", "graph_buckets")}
+              for kwargs, _ in recorded_load]
+    assert picked == [
+        dict(device="cpu", dtype="float32", max_batch=3, eager=False, graph_buckets=[1, 2]),  # flags win
+        dict(device="cpu", dtype="float32", max_batch=2, eager=True, graph_buckets=[1, 2]),  # the recipe
+        dict(device="cpu", dtype="float32", max_batch=8, eager=False, graph_buckets=None),  # built-in defaults
+        dict(device="cpu", dtype="float32", max_batch=5, eager=False, graph_buckets=None),
+    ]
+
+
+def test_recipe_env_is_set_before_load_without_clobbering(ckpt_dir, tmp_path, recorded_load, monkeypatch):
+    monkeypatch.setenv("OMNITTS_TEST_A", "x")
+    monkeypatch.delenv("OMNITTS_TEST_A")  # absent now; monkeypatch removes it again afterwards
+    monkeypatch.setenv("OMNITTS_TEST_B", "exported by the user")
+    recipe = _recipe(tmp_path, '[env]\nOMNITTS_TEST_A = "from recipe"\nOMNITTS_TEST_B = "from recipe"\n')
+    _synth(ckpt_dir, tmp_path, "--recipe", str(recipe))
+    assert recorded_load[0][1] == {"OMNITTS_TEST_A": "from recipe", "OMNITTS_TEST_B": "exported by the user"}
+
+
+def test_bad_recipe_stops_the_command(ckpt_dir, tmp_path):
+    recipe = _recipe(tmp_path, "max_batch = -1\n")
+    result = runner.invoke(app, ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("custom_voice")),
+                                 "-o", str(tmp_path / "o"), "--recipe", str(recipe)])
+    assert result.exit_code == 2 and f"error: {recipe}: max_batch: must be > 0, got -1" in result.output
