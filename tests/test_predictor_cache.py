@@ -34,7 +34,11 @@ def traced_predictor(talker, monkeypatch, **kwargs):
     predictor = talker.code_predictor
     hiddens = []
     logits = predictor.logits
-    monkeypatch.setattr(predictor, "logits", lambda group, hidden: (hiddens.append(hidden.clone()), logits(group, hidden))[1])
+    def traced(group, hidden):
+        hiddens.append(hidden.clone())
+        return logits(group, hidden)
+
+    monkeypatch.setattr(predictor, "logits", traced)
     gen = torch.Generator().manual_seed(0)
     batch, cfg = 5, predictor.cfg
     past = torch.randn((batch, talker.cfg.hidden_size), generator=gen)
