@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import sampling
-from .models.layers import KVCache
+from .models.layers import KVCache, StaticKVCache
 from .params import RowParams, SamplingParams
 from .prompt import Prompt
 
@@ -79,20 +79,32 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     return Generation(codes, finish, min(margins_t), min(margins_p, default=float("inf")))
 
 
-def predict_residuals(talker, past_hidden, c0, rows: RowParams, noise, margins: list | None = None) -> torch.Tensor:
+def predict_residuals(talker, past_hidden, c0, rows: RowParams, noise, margins: list | None = None,
+                      static: StaticKVCache | None = None) -> torch.Tensor:
     """Codebooks 1..G-1 of one frame for every row, each step conditioned on the frame's earlier codes.
 
     past_hidden (B, D) is the talker's last hidden state, c0 (B,) codebook 0, `rows` the rows'
     sub-talker parameters, noise (B, (G-1) * V). The engine's frame calls this same function, so the
     fast and slow paths cannot drift apart. `margins` (slow path only) collects greedy margins, which
-    costs a host sync per step.
+    costs a host sync per step. `static` (see `predictor_cache`) replaces the growing frame-local
+    K/V cache with a fixed-shape one and its kernel: every step then attends over all G positions
+    under a mask, so graph replays need no per-step parameters (the NPU path).
     """
     predictor = talker.code_predictor
     groups, vocab = predictor.cfg.num_code_groups, predictor.cfg.vocab_size
     batch, dev = c0.shape[0], c0.device
-    cache = KVCache(predictor.cfg.num_hidden_layers)
+    if static is None:
+        cache, attend = KVCache(predictor.cfg.num_hidden_layers), None
+    else:
+        cache, attend = static.start(batch), static.attend
+
+    def forward(x, positions):  # without a static cache: causal prefill, then one position per step
+        if attend is None:
+            return predictor(x, positions, cache)
+        return predictor(x, positions, cache, cache.mask(x.shape[1]), attend)
+
     x = torch.stack([past_hidden, talker.embed_codec(c0)], dim=1)  # (B, 2, D)
-    hidden = predictor(x, torch.arange(2, device=dev).expand(batch, 2), cache)
+    hidden = forward(x, torch.arange(2, device=dev).expand(batch, 2))
     codes = [c0]
     for group in range(1, groups):
         logits = predictor.logits(group, hidden)[:, -1].float()  # heads on every position, as officially
@@ -103,8 +115,21 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, noise, margins: 
         codes.append(code)
         if group < groups - 1:
             step = torch.full((batch, 1), group + 1, device=dev)
-            hidden = predictor(predictor.embed(group, code)[:, None], step, cache)
+            hidden = forward(predictor.embed(group, code)[:, None], step)
     return torch.stack(codes, dim=-1)
+
+
+def predictor_cache(talker, rows: int, attend=None) -> StaticKVCache:
+    """A fixed-shape frame-local K/V cache for the code predictor: rows x G positions per layer.
+
+    A frame fills positions 0..G-1 ([talker hidden, c0] then c1..c14; c15 is never fed back).
+    `attend` is the kernel run over it (default: torch's sdpa with the mask).
+    """
+    cfg = talker.code_predictor.cfg
+    weight = talker.code_predictor.lm_head[0].weight
+    kwargs = {} if attend is None else {"attend": attend}
+    return StaticKVCache(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.num_code_groups, cfg.head_dim,
+                         weight.dtype, weight.device, **kwargs)
 
 
 @torch.inference_mode()

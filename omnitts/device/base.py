@@ -1,9 +1,11 @@
 """The one interface between the engine and a device: run frames, copy results to the host.
 
-A backend provides two things:
+A backend provides three things:
   - `frame_steps(...)`: something whose `run(batch, span)` advances slots 0..batch-1 by one frame,
     either by calling the runner eagerly or by replaying a graph captured for a batch bucket;
-  - `to_host(tensor)`: start a device-to-host copy and return a handle whose `result()` waits for it.
+  - `to_host(tensor)`: start a device-to-host copy and return a handle whose `result()` waits for it;
+  - `predictor_attention()`: None (the code predictor's growing frame cache with torch's sdpa), or
+    an attention kernel that the runner runs over a fixed-shape predictor cache (NPU).
 Graph bookkeeping shared by every graph backend (buckets, padding rows, capture order, one memory
 pool) lives here; a backend only says how to make, capture and replay one graph.
 """
@@ -96,6 +98,11 @@ class Backend:
 
     def to_host(self, tensor: torch.Tensor) -> Transfer:
         return Transfer(tensor.detach().cpu().numpy().copy())
+
+    def predictor_attention(self):
+        """None, or a kernel `(q, k, v, mask, causal) -> out` (see models.layers.sdpa_attention) that
+        asks for the code predictor's fixed-shape frame cache (all G positions under a mask)."""
+        return None
 
     def graph_pool(self):
         return None

@@ -106,10 +106,14 @@ class FakeGraphBackend(AcceleratorBackend):
 
     name = "cpu"
 
-    def __init__(self, eager: bool = False):
+    def __init__(self, eager: bool = False, predictor_attention=None):
         super().__init__(eager=eager)
         self.captured: list[FakeGraph] = []
         self._api = _fake_api()
+        self._predictor_attention = predictor_attention
+
+    def predictor_attention(self):
+        return self._predictor_attention
 
     @property
     def api(self):

@@ -1,7 +1,9 @@
-"""Ascend NPUs via torch_npu: NPU graphs and deferred copies, as the CUDA backend does.
+"""Ascend NPUs via torch_npu: NPU graphs and deferred copies, as the CUDA backend does, plus the
+code predictor's attention as one fused kernel over a fixed-shape frame cache.
 
 `torch_npu` is imported only when this backend is chosen (without the CANN toolkit it breaks
-`import torch`). Not yet run on real hardware in this project (no NPU on our machines).
+`import torch`). Not yet run on real hardware in this project (no NPU on our machines); the call
+contract is checked on the CPU against a stub torch_npu (tests/test_predictor_cache.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,47 @@ def import_torch_npu():
         raise OmniTTSError("--device npu: torch_npu is installed but no NPU is visible")
 
 
+class FusionAttention:
+    """`torch_npu.npu_fusion_attention` as an attention kernel `(q, k, v, mask, causal) -> out`.
+
+    Meant for `models.layers.StaticKVCache`: q (B, N, T, D) against all S positions of the fixed
+    K/V buffers (B, Nkv, S, D), with a boolean (1, 1, T, S) mask (True = attend). Every call of a
+    frame has the same shapes and no per-call lengths (`actual_seq_qlen/kvlen` stay unset), so a
+    captured NPU graph replays it without parameter updates.
+
+    What this relies on, from the torch_npu API reference ("torch_npu.npu_fusion_attention",
+    hiascend.com Ascend Extension for PyTorch 6.0.0, ptaoplist_000850) and torch_npu's meta
+    registration (Ascend/pytorch, torch_npu/meta/_meta_registrations.py):
+      - signature `(query, key, value, head_num, input_layout, *, pse=None, padding_mask=None,
+        atten_mask=None, scale=1., keep_prob=1., pre_tockens=2147483647, next_tockens=2147483647,
+        inner_precise=0, prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
+        gen_mask_parallel=True, sync=False)`; `head_num` = query heads; layouts BSH, SBH, BSND, BNSD;
+      - it returns a 7-tuple (attention_out, softmax_max, softmax_sum, softmax_out, seed, offset,
+        numels); attention_out (element 0) has the query's shape and layout;
+      - `atten_mask` is bool with True = masked out (the opposite of torch's sdpa), shaped BNSS, B1SS,
+        11SS or SS (S = Sq x Skv), so our mask is inverted before the call;
+      - `sparse_mode=0` ("defaultMask") applies the given mask as is (pre/next_tockens at their
+        defaults do not restrict it); 2/3 are compressed left-up/right-down causal masks meant for
+        Sq = Skv prefill, which is not our shape (Sq = 1 or 2 against Skv = G);
+      - grouped-query attention: key/value may have fewer heads than the query when the query's
+        count is a multiple of theirs (Huawei Cloud ModelArts "NPU_Flash_Attn融合算子约束"; MindSpore's
+        speed_fusion_attention, the same kernel: "N2 must be a factor of N1"), so K/V are not repeated;
+      - dtypes float16 / bfloat16 / float32 (6.0.0; CANN 7.0's page lists only float16 / bfloat16)
+        on Atlas A2 training-series devices.
+    """
+
+    def __init__(self):
+        import torch_npu  # registered by the backend's import_torch_npu (or a test's stub)
+
+        self.op = torch_npu.npu_fusion_attention
+
+    def __call__(self, q, k, v, mask, causal):
+        assert mask is not None and not causal, "the fused predictor kernel needs the static cache's explicit mask"
+        out = self.op(q, k, v, q.shape[1], input_layout="BNSD", atten_mask=~mask, scale=q.shape[-1] ** -0.5,
+                      sparse_mode=0)
+        return out[0]
+
+
 class NpuBackend(AcceleratorBackend):
     name = "npu"
 
@@ -33,3 +76,7 @@ class NpuBackend(AcceleratorBackend):
 
     def new_graph(self, fn, state, output):
         return torch.npu.NPUGraph()
+
+    def predictor_attention(self) -> FusionAttention:
+        """The fused kernel, run over the code predictor's fixed-shape frame cache."""
+        return FusionAttention()

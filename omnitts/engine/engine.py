@@ -24,6 +24,7 @@ from ..device import Backend, get_backend
 from ..errors import RequestError
 from ..params import SamplingParams
 from ..prompt import Prompt
+from ..reference import predictor_cache
 from .runner import ModelRunner
 from .scheduler import Scheduler, Sequence
 from .state import SlotCache, SlotState, move_row
@@ -82,8 +83,10 @@ class Engine:
         self.state = SlotState(config.max_num_seqs, cfg, config.max_text_tokens, self.noise_size, dtype, ckpt.device)
         self.cache = SlotCache(tcfg.num_hidden_layers, config.max_num_seqs, tcfg.num_key_value_heads,
                                config.max_positions, tcfg.head_dim, dtype, ckpt.device)
-        self.runner = ModelRunner(ckpt, self.state, self.cache)
         self.backend = backend or get_backend(config.device, eager=config.eager)
+        attend = self.backend.predictor_attention()
+        static = None if attend is None else predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
+        self.runner = ModelRunner(ckpt, self.state, self.cache, static)
         self.steps = self.backend.frame_steps(self.runner, config.max_num_seqs, config.max_positions,
                                               self._device_state(), self.state.codes, config.graph_buckets)
         self.scheduler = Scheduler(config.max_num_seqs)

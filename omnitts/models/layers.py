@@ -1,8 +1,10 @@
 """Building blocks shared by the talker, the code predictor and the codec transformer.
 
 Pure tensor code with checkpoint parameter names (`q_proj`, `input_layernorm`, ...). Attention takes
-its key/value history from a `KVCache` the caller owns, so the same layer serves the eager slow path
-and (later) preallocated engine caches.
+its key/value history from a cache the caller owns (`KVCache` grows, `StaticKVCache` has a fixed
+shape, the engine's slot cache is preallocated), and its kernel is a plain function argument
+(`attend`, default `sdpa_attention`), so a device backend can swap the kernel without the model
+knowing about devices.
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def sdpa_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """The default kernel: q (B, H, T, D), k/v (B, Hkv, S, D), `mask` boolean broadcastable to
+    (B, H, T, S) with True = attend -> (B, H, T, D).
+
+    enable_gqa: each KV head serves its query group without materialising repeated K/V.
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
 class KVCache:
     """Growing per-layer key/value history for one eager sequence (the slow path).
 
@@ -71,6 +83,54 @@ class KVCache:
         return k, v
 
 
+class StaticKVCache:
+    """Fixed-shape per-layer key/value buffers of `capacity` positions for up to `rows` rows.
+
+    For short loops replayed as device graphs (the code predictor's frame: positions 0..G-1). The
+    buffers are allocated once; `start(batch)` clears rows 0..batch-1 and rewinds to position 0;
+    `update` writes new keys in place at the next positions and always returns all `capacity`
+    positions, so every step of every frame attends over identical shapes. `mask()` (True = attend,
+    (1, 1, T, capacity)) hides the positions not yet written and keeps the new ones causal; `attend`
+    is the kernel meant for this layout (default `sdpa_attention`; a backend may pass a fused one).
+    Positions advance after the last layer has written, so one forward = one chunk of positions.
+    """
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device,
+                 attend=sdpa_attention):
+        shape = (rows, kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.capacity = capacity
+        self.attend = attend
+        keys = torch.arange(capacity, device=device)
+        self._causal = keys[None, :] <= keys[:, None]  # (capacity, capacity): query row p sees keys <= p
+        self.length = 0
+        self._batch = 0
+
+    def start(self, batch: int) -> "StaticKVCache":
+        """Begin a new sequence chunk for rows 0..batch-1 (stale keys cleared: masked garbage could be NaN)."""
+        assert batch <= self.k[0].shape[0], f"batch {batch} exceeds the cache's {self.k[0].shape[0]} rows"
+        for buffer in self.k + self.v:
+            buffer[:batch].zero_()
+        self.length, self._batch = 0, batch
+        return self
+
+    def mask(self, new: int) -> torch.Tensor:
+        """(1, 1, new, capacity) boolean, True = attend, for the next `new` positions."""
+        return self._causal[self.length : self.length + new][None, None]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (B, Hkv, T, D) at the next T positions; return the full (B, Hkv, capacity, D) buffers."""
+        end = self.length + k.shape[2]
+        assert end <= self.capacity, f"{end} positions exceed the static cache's capacity {self.capacity}"
+        rows = slice(0, self._batch)
+        self.k[layer][rows, :, self.length : end] = k
+        self.v[layer][rows, :, self.length : end] = v
+        if layer == len(self.k) - 1:
+            self.length = end
+        return self.k[layer][rows], self.v[layer][rows]
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with optional per-head q/k RMSNorm (Qwen3) and rotary positions."""
 
@@ -89,8 +149,9 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0,
-                mask: torch.Tensor | None = None, causal: bool = False):
-        """x (B, T, hidden) -> (B, T, hidden). `mask` is boolean (B|1, 1, T, S), True = attend."""
+                mask: torch.Tensor | None = None, causal: bool = False, attend=sdpa_attention):
+        """x (B, T, hidden) -> (B, T, hidden). `mask` is boolean (B|1, 1, T, S), True = attend;
+        `attend(q, k, v, mask, causal)` is the kernel (see `sdpa_attention`)."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
@@ -101,9 +162,7 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v)
-        # enable_gqa: each KV head serves its query group without materialising repeated K/V.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None and t > 1,
-                                             enable_gqa=self.heads != self.kv_heads)
+        out = attend(q, k, v, mask, causal and mask is None and t > 1)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -131,8 +190,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, cache=None, layer=0, mask=None, causal=False):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, causal)
+    def forward(self, x, cos, sin, cache=None, layer=0, mask=None, causal=False, attend=sdpa_attention):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, causal, attend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -146,11 +205,12 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, H) at `positions` (B, T). Without `mask`, attention is causal over cache + x."""
+                mask: torch.Tensor | None = None, attend=sdpa_attention) -> torch.Tensor:
+        """x (B, T, H) at `positions` (B, T). Without `mask`, attention is causal over cache + x.
+        `attend` is the attention kernel of every layer (see `sdpa_attention`)."""
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         causal = mask is None and (cache is None or cache.length == 0)
         assert mask is not None or causal or x.shape[1] == 1, "several new positions after a cache need a mask"
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, mask, causal)
+            x = layer(x, cos, sin, cache, i, mask, causal, attend)
         return self.norm(x)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig, TalkerConfig
-from .layers import DecoderStack
+from .layers import DecoderStack, sdpa_attention
 
 
 class TextProjection(nn.Module):
@@ -66,9 +66,10 @@ class CodePredictor(nn.Module):
         """Embedding of codebook `group` (1..G-1) codes, in talker hidden size."""
         return self.model.codec_embedding[group - 1](codes)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, mask=None,
+                attend=sdpa_attention) -> torch.Tensor:
         """x (B, T, talker_hidden) -> last-layer hidden (B, T, predictor_hidden)."""
-        return self.model(self.small_to_mtp_projection(x), positions, cache, mask)
+        return self.model(self.small_to_mtp_projection(x), positions, cache, mask, attend)
 
     def logits(self, group: int, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of codebook `group` (1..G-1) from predictor hidden states."""
