@@ -28,6 +28,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
 RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
 Format = Annotated[str, typer.Option("--format", help="Audio format of the outputs: wav | flac | ogg.")]
+Loudness = Annotated[Optional[float], typer.Option("--loudness", min=-70.0, max=0.0, help="Normalize each output to this integrated loudness in LUFS (EBU R128; e.g. -23 or -16), peaks limited to -1 dBFS.")]
 
 
 def _fail(message: str, code: int = 2):
@@ -53,6 +54,7 @@ def synth(
     strict: Strict = False,
     retry_failed: RetryFailed = False,
     audio_format: Format = "wav",
+    loudness: Loudness = None,
 ):
     """Synthesize every line of MANIFEST into OUT/<id>.wav, recording each in OUT/results.jsonl.
 
@@ -74,7 +76,8 @@ def synth(
         typer.echo(f"error: {line.message}", err=True)
     if bad and (strict or not items):
         raise typer.Exit(2)
-    settings = dict(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format)
+    settings = dict(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
+                    loudness=loudness)
     try:
         failed = _run(items, bad, model, out, settings, quiet, retry_failed,
                       dict(device=device, dtype=dtype, official_tokenizer=official_tokenizer,
@@ -99,6 +102,7 @@ def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> 
 
     from .api import load
     from .ledger import Ledger, remove_leftovers
+    from .loudness import normalize_loudness
 
     console = Console(stderr=True, quiet=quiet)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,6 +135,8 @@ def _run(items, bad, model, out, settings, quiet, retry_failed, load_kwargs) -> 
             task = progress.add_task("synthesizing", total=len(prepared), rate="")
             for result in tts.generate_prepared(prepared):
                 name = f"{result.id}.{settings['format']}"
+                if settings.get("loudness") is not None:
+                    result.audio = normalize_loudness(result.audio, result.sample_rate, settings["loudness"])
                 result.save(out / name)
                 if settings["save_codes"]:
                     np.save(out / f"{result.id}.codes.npy", result.codes.astype(np.int64))

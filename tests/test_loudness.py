@@ -88,8 +88,9 @@ def test_gating():
 
 @pytest.mark.parametrize("rate", [24000, 48000])
 def test_normalize_hits_the_target_when_no_limiting_is_needed(rate):
+    cases = signals(rate)
     for name in ("speech", "pink", "quiet_speech"):
-        x = signals(rate)[name]
+        x = cases[name]
         y = normalize_loudness(x, rate, -26.0)
         assert y.dtype == np.float32 and y.shape == x.shape
         assert integrated_loudness(y, rate) == pytest.approx(-26.0, abs=0.01), name
