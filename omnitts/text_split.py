@@ -9,6 +9,7 @@ never say EOS. `split_text` cuts a long text into pieces of at most `max_chars` 
    after a known abbreviation ("Mr.", "e.g.", "U.S.", a single capital initial, "No." before a
    digit) or when the next word starts in lower case; decimals ("3.14") never match because no
    whitespace follows the point. Likewise `! ?` before a lower-case word ('"Why?" she asked').
+   (The lower-case rule is off for text without any capital letter.)
 2. Sentences are packed greedily, in order, into pieces of at most `max_chars` (fewer, longer
    pieces give better prosody than one piece per sentence).
 3. A sentence longer than `max_chars` is split the same way at clause marks (`, ， 、 : ：` and
@@ -51,7 +52,8 @@ _TITLES = {"mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "gen", "col"
 _BEFORE_NUMBER = {"no", "nr", "fig", "figs", "vol", "p", "pp", "ch", "sec", "art", "eq", "ex",
                   "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec"}
 _INITIALS = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # "U.S" of "U.S.", "e.g" of "e.g."
-_OPENERS = "\"'\u201c\u2018\u00ab([{\u300c\u300e\uff08\u3010\u300a\u3008\uff3b\uff5b\u3014\u3016\u3018"
+_BRACKETS = "\u201c\u2018\u00ab([{\u300c\u300e\uff08\u3010\u300a\u3008\uff3b\uff5b\u3014\u3016\u3018"
+_OPENERS = "\"'" + _BRACKETS  # ASCII quotes may open or close
 _NO_CUT_BEFORE = set("。！？；．，、：,.!?;:…") | set(_CLOSERS)
 
 
@@ -128,8 +130,9 @@ def _split(text: str, start: int, end: int, limit: int, level: int, out: list) -
 
 
 def _sentence_cuts(text: str, start: int, end: int):
+    cased = any(ch.isupper() for ch in text[start:end])  # all lower case: case says nothing
     for m in _LATIN_END.finditer(text, start, end):
-        if not _is_abbreviation(text, m.start(), m.end()):
+        if not _is_abbreviation(text, m.start(), m.end(), cased):
             yield m.end()
     for m in _CJK_END.finditer(text, start, end):
         yield m.end()
@@ -137,13 +140,13 @@ def _sentence_cuts(text: str, start: int, end: int):
         yield m.start()
 
 
-def _is_abbreviation(text: str, mark: int, after: int) -> bool:
-    """Whether the Latin end mark at text[mark:after] is not a sentence end (only single periods can be)."""
+def _is_abbreviation(text: str, mark: int, after: int, cased: bool) -> bool:
+    """Whether the Latin end mark at text[mark:after] (with its closers) does not end a sentence."""
     following = text[after:after + 16].lstrip()[:1]
     marks = text[mark:after].rstrip(_CLOSERS)
     if ";" in marks:
         return False  # a semicolon always ends one
-    if following.islower():
+    if cased and following.islower():
         return True  # "e.g. this", "Wait... what", '"Really?" she asked': the sentence goes on
     if marks != ".":
         return False
@@ -171,7 +174,7 @@ def _char_cuts(text: str, start: int, end: int):
     never inside a Latin word). ASCII quotes may open or close, so they do not block a cut."""
     for i in range(start + 1, end):
         left, right = text[i - 1], text[i]
-        if left.isspace() or right.isspace() or right in _NO_CUT_BEFORE or left in _OPENERS[2:]:
+        if left.isspace() or right.isspace() or right in _NO_CUT_BEFORE or left in _BRACKETS:
             continue
         if _DENSE_CHAR.match(left) or _DENSE_CHAR.match(right):
             yield i

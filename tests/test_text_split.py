@@ -63,6 +63,13 @@ def test_abbreviations_decimals_and_closing_quotes():
                       "The U.S. team won. See Fig. 3 now.", "Dr. Who left... then came back."]
 
 
+def test_all_lower_case_text_still_splits_at_sentences():
+    text = "hello there. how are you? fine thanks. bye now."
+    assert check(text, 20) == ["hello there.", "how are you?", "fine thanks.", "bye now."]
+    # in cased text a lower-case word after a stop means the sentence goes on ("e.g. this")
+    assert check(text.replace("hello", "Hello"), 20) == ["Hello there. how are", "you? fine thanks.", "bye now."]
+
+
 def test_paragraphs_and_lines():
     text = "First paragraph without a stop\n\nSecond paragraph line one\nline two"
     assert check(text, 40) == ["First paragraph without a stop", "Second paragraph line one\nline two"]
