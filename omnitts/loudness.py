@@ -76,7 +76,7 @@ def block_loudness(samples: np.ndarray, rate: float) -> np.ndarray:
     x = _mono(samples)
     for b, a in k_weighting(rate):
         x = lfilter(b, a, x)
-    size, step = int(round(BLOCK_SECONDS * rate)), BLOCK_SECONDS * (1 - 0.75) * rate
+    size, step = int(round(BLOCK_SECONDS * rate)), STEP_SECONDS * rate
     if len(x) < size:
         return np.zeros(0)
     starts = np.round(np.arange(int((len(x) - size) // step) + 1) * step).astype(np.int64)
