@@ -35,6 +35,7 @@ ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", help="FIELD=
 IdCol = Annotated[Optional[str], typer.Option("--id-column", help="Column holding the id (same as --column id=NAME).")]
 TextCol = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text (same as --column text=NAME).")]
 ManifestArg = Annotated[Path, typer.Argument(help="Manifest: JSONL (one {id, text, ...} per line), .csv/.tsv, .parquet, .arrow, or a datasets save_to_disk folder.")]
+Loudness = Annotated[Optional[float], typer.Option("--loudness", min=-70.0, max=0.0, help="Normalize each output to this integrated loudness in LUFS (EBU R128; e.g. -23 or -16), peaks limited to -1 dBFS.")]
 
 
 def _fail(message: str, code: int = 2):
@@ -43,7 +44,6 @@ def _fail(message: str, code: int = 2):
 
 
 RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, help="Retry items that ran out of their derived frame budget up to N times, each with a derived seed (sampling only).")]
-Loudness = Annotated[Optional[float], typer.Option("--loudness", help="Normalize each file to this integrated loudness (LUFS, EBU R128, e.g. -23 or -16), peak-limited below -1 dBFS.")]
 ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", help="Also write the finished items as a Hugging Face `datasets` dataset (Audio column) to this folder.")]
 
 

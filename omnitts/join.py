@@ -1,0 +1,80 @@
+"""Joining the audio of a long text's pieces, and the seed each piece is sampled with.
+
+`join_pieces` lays the pieces end to end, overlapping each joint by a short **equal-power**
+crossfade (fade-out cos, fade-in sin, so gain_out² + gain_in² = 1). The two sides of a joint are
+different utterances, i.e. uncorrelated signals, whose powers add: equal-power keeps the level
+constant through the joint, where a linear fade would dip by 3 dB in the middle. The fade only has
+to hide the discontinuity between two pieces (each normally ends and starts in near-silence), so
+it is short: `DEFAULT_CROSSFADE_MS` = 50 ms.
+
+Length: the fade at the joint between pieces k and k+1 is
+`f_k = min(crossfade_samples, len(piece_k) // 2, len(piece_k+1) // 2)` samples, so a fade never
+covers more than half of a piece and no three pieces overlap; the output has
+`sum(len(p)) - sum(f_k)` samples, which is `sum(len(p)) - (n - 1) * crossfade_samples` whenever
+every piece has at least 2 × crossfade samples. `crossfade_samples = round(crossfade_ms * rate / 1000)`.
+
+Seeds: `piece_seed(item_seed, index)` gives piece 0 the item's own seed, so a text that fits in one
+piece sounds exactly as it did unsplit, and each later piece a seed hashed from (item seed, index),
+so pieces do not replay the same random stream and the whole item stays reproducible. An item
+without a seed (None) gives None for every piece (each piece draws a fresh seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+DEFAULT_CROSSFADE_MS = 50.0
+
+
+def crossfade_samples(sample_rate: int, crossfade_ms: float = DEFAULT_CROSSFADE_MS) -> int:
+    """The nominal fade length in samples."""
+    if crossfade_ms < 0:
+        raise ValueError(f"crossfade_ms must be >= 0, got {crossfade_ms}")
+    return int(round(crossfade_ms * sample_rate / 1000))
+
+
+def joint_fades(lengths: list[int], fade: int) -> list[int]:
+    """Fade length of each of the n-1 joints (see the module docstring)."""
+    return [min(fade, a // 2, b // 2) for a, b in zip(lengths, lengths[1:])]
+
+
+def join_pieces(pieces: list[np.ndarray], sample_rate: int,
+                crossfade_ms: float = DEFAULT_CROSSFADE_MS) -> np.ndarray:
+    """The pieces' mono samples joined in order with equal-power crossfades -> float32 samples."""
+    arrays = [np.asarray(p, dtype=np.float32) for p in pieces]
+    for i, a in enumerate(arrays):
+        if a.ndim != 1:
+            raise ValueError(f"piece {i}: expected mono 1-D samples, got shape {a.shape}")
+    if not arrays:
+        return np.zeros(0, dtype=np.float32)
+    lengths = [len(a) for a in arrays]
+    fades = joint_fades(lengths, crossfade_samples(sample_rate, crossfade_ms))
+    out = np.zeros(sum(lengths) - sum(fades), dtype=np.float32)
+    pos = 0
+    for i, a in enumerate(arrays):
+        a = a.copy()
+        if i > 0 and fades[i - 1]:
+            a[:fades[i - 1]] *= _fade_in(fades[i - 1])
+        if i < len(fades) and fades[i]:
+            a[len(a) - fades[i]:] *= _fade_in(fades[i])[::-1]  # cos fade-out = time-reversed sin fade-in
+        out[pos:pos + len(a)] += a
+        pos += len(a) - (fades[i] if i < len(fades) else 0)
+    assert pos == len(out)
+    return out
+
+
+def _fade_in(n: int) -> np.ndarray:
+    t = (np.arange(n, dtype=np.float64) + 0.5) / n  # sample centres, symmetric: in[k]² + in[n-1-k]² = 1
+    return np.sin(0.5 * np.pi * t).astype(np.float32)
+
+
+def piece_seed(item_seed: int | None, index: int) -> int | None:
+    """The seed of piece `index` of an item seeded `item_seed` (piece 0 keeps it; None stays None)."""
+    if index < 0:
+        raise ValueError(f"piece index must be >= 0, got {index}")
+    if item_seed is None or index == 0:
+        return item_seed
+    digest = hashlib.blake2b(f"omnitts-piece:{int(item_seed)}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # [0, 2**63): valid for torch.Generator.manual_seed

@@ -1,0 +1,138 @@
+"""Long-text splitting: boundaries, packing, limits, and the round-trip property on many inputs."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from omnitts.text_split import (DEFAULT_MAX_CHARS, DEFAULT_MAX_CHARS_CJK, default_max_chars, split_spans,
+                                split_text)
+
+DENSE = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+PUNCT = set("。！？；．，、：,.!?;:…\"'”’»)]}」』）】》")
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def check(text: str, max_chars: int | None = None, language: str | None = None) -> list[str]:
+    """Split and assert every invariant the module promises; returns the pieces."""
+    pieces = split_text(text, max_chars, language)
+    spans = split_spans(text, max_chars, language)
+    limit = default_max_chars(text, language) if max_chars is None else max_chars
+    assert pieces == [text[a:b] for a, b in spans]
+    assert _squash("".join(pieces)) == _squash(text)  # nothing lost, nothing added, order kept
+    assert _squash(" ".join(pieces)) == _squash(text)
+    for piece in pieces:
+        assert piece and piece == piece.strip()
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert end <= start
+        left, right = text[end - 1], text[start]
+        cut_at_space = end < start  # whitespace between the pieces in the original
+        # never inside a word: a cut is at whitespace or next to CJK characters / punctuation
+        assert cut_at_space or DENSE.match(left) or DENSE.match(right) or left in PUNCT, (text, end)
+    for piece in pieces:
+        if len(piece) > limit:  # only a run with no allowed cut at all: no space, no CJK character
+            assert not re.search(r"\s", piece), piece  # next to anything but punctuation
+            for left, right in zip(piece, piece[1:]):
+                assert not (DENSE.match(left) or DENSE.match(right)) or right in PUNCT, piece
+    return pieces
+
+
+def test_short_text_is_one_piece_and_blank_is_none():
+    assert check("  Hello there.  ") == ["Hello there."]
+    assert check("") == [] and check(" \n\t ") == []
+    assert check("x" * DEFAULT_MAX_CHARS) == ["x" * DEFAULT_MAX_CHARS]
+
+
+def test_sentences_are_packed_greedily_up_to_the_limit():
+    text = "One two three. Four five six! Seven eight nine? Ten eleven; twelve."
+    assert check(text, 30) == ["One two three. Four five six!", "Seven eight nine? Ten eleven;", "twelve."]
+    assert check(text, 15) == ["One two three.", "Four five six!", "Seven eight", "nine?", "Ten eleven;",
+                               "twelve."]
+
+
+def test_abbreviations_decimals_and_closing_quotes():
+    text = ('Mr. Smith paid $3.14 at 10:30, e.g. for tea. "Is that so?" she asked (quietly.) '
+            'The U.S. team won. See Fig. 3 now. Dr. Who left... then came back.')
+    pieces = check(text, 40)
+    assert pieces == ["Mr. Smith paid $3.14 at 10:30,", "e.g. for tea.", '"Is that so?" she asked (quietly.)',
+                      "The U.S. team won. See Fig. 3 now.", "Dr. Who left... then came back."]
+
+
+def test_all_lower_case_text_still_splits_at_sentences():
+    text = "hello there. how are you? fine thanks. bye now."
+    assert check(text, 20) == ["hello there.", "how are you?", "fine thanks.", "bye now."]
+    # in cased text a lower-case word after a stop means the sentence goes on ("e.g. this")
+    assert check(text.replace("hello", "Hello"), 20) == ["Hello there. how are", "you? fine thanks.", "bye now."]
+
+
+def test_paragraphs_and_lines():
+    text = "First paragraph without a stop\n\nSecond paragraph line one\nline two"
+    assert check(text, 40) == ["First paragraph without a stop", "Second paragraph line one\nline two"]
+    assert check(text, 30) == ["First paragraph without a stop", "Second paragraph line one", "line two"]
+
+
+def test_cjk_sentences_clauses_and_hard_cuts():
+    text = "你好，世界。今天天气很好！我们去公园吧？好的；走吧。"
+    assert check(text, 14) == ["你好，世界。今天天气很好！", "我们去公园吧？好的；走吧。"]
+    assert check("他说：「今天很好。」然后走了。", 10) == ["他说：「今天很好。」", "然后走了。"]
+    assert check("一二三四五，六七八九十，甲乙丙丁", 7) == ["一二三四五，", "六七八九十，", "甲乙丙丁"]
+    long = "这是一个非常长的句子没有任何标点符号"
+    pieces = check(long, 5)
+    assert "".join(pieces) == long and all(len(p) <= 5 for p in pieces)
+    assert check("全角句号．下一句！", 5) == ["全角句号．", "下一句！"]
+
+
+def test_mixed_script_and_latin_word_inside_cjk_is_not_cut():
+    text = "我们用Transformer模型合成语音结果很好"
+    pieces = check(text, 8)
+    assert any("Transformer" in p for p in pieces)
+
+
+def test_a_single_word_longer_than_the_limit_stays_whole():
+    url = "https://example.com/" + "a" * 60
+    assert check(f"Go to {url} now, please.", 20) == ["Go to", url, "now, please."]
+
+
+def test_long_sentence_falls_back_to_clauses_then_spaces():
+    clause = "alpha beta gamma delta"
+    text = f"{clause}, {clause}: {clause} {clause} {clause}."
+    pieces = check(text, 30)
+    assert pieces[:2] == [f"{clause},", f"{clause}:"]
+    assert all(len(p) <= 30 for p in pieces)
+
+
+def test_default_limits_follow_language_or_script():
+    assert default_max_chars("Hello.", "english") == DEFAULT_MAX_CHARS
+    assert default_max_chars("Hello.", "Chinese") == DEFAULT_MAX_CHARS_CJK
+    assert default_max_chars("你好世界", None) == DEFAULT_MAX_CHARS_CJK
+    assert default_max_chars("你好世界", "auto") == DEFAULT_MAX_CHARS_CJK
+    assert default_max_chars("Hello 世界 there", "auto") == DEFAULT_MAX_CHARS
+    zh = "今天天气很好，我们去公园散步吧。" * 20
+    assert all(len(p) <= DEFAULT_MAX_CHARS_CJK for p in check(zh))
+    en = "The quick brown fox jumps over the lazy dog. " * 30
+    pieces = check(en)
+    assert all(len(p) <= DEFAULT_MAX_CHARS for p in pieces) and len(pieces) == 6  # 45 chars a sentence, 5 fit
+    with pytest.raises(ValueError):
+        split_text("abc", 0)
+
+
+WORDS = ["the", "Mr.", "e.g.", "3.14", "U.S.", "hello", "world", "speech", "1,000", "10:30", "(note)", '"quote"',
+         "你好", "世界", "今天", "天气", "Transformer", "x" * 25, "naïve", "Straße"]
+MARKS = [".", "!", "?", ";", ",", ":", "...", "…", "。", "！", "？", "；", "，", "、", "：", '."', "?)", "。」", ""]
+SPACES = [" ", " ", " ", "  ", "\n", "\n\n", "\t", ""]
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_round_trip_property_on_random_text(seed):
+    rng = random.Random(seed)
+    parts = []
+    for _ in range(rng.randint(0, 120)):
+        parts.append(rng.choice(WORDS) + (rng.choice(MARKS) if rng.random() < 0.3 else ""))
+        parts.append(rng.choice(SPACES))
+    text = rng.choice(["", " ", "\n"]) + "".join(parts)
+    check(text, rng.choice([1, 3, 10, 25, 60, 200, None]))
