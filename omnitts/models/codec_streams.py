@@ -5,20 +5,24 @@
 - the official decode runs windows of `window_frames` (300) frames of the full (ref + generated)
   sequence, each re-decoding `left_context` (25) frames from scratch. A stream does the same: at each
   window boundary its state rows are zeroed and the last 25 frames are fed again (output discarded);
-- attention numerics depend on the window's final length T (the last T mod 8 keys fall in the scalar
-  tail of the CPU kernel), so a chunk is decoded only when T is known or at least `HOLD` more frames
-  exist; the chunk that ends a window spans exactly its keys (at most 15 frames of extra latency);
+- attention rounding depends on the window's final length T (the CPU kernel sums the last T mod 8
+  keys in a scalar tail), so a chunk is decoded only when T is known or at least `HOLD` more frames
+  exist, and the call that ends a window spans exactly its keys (<= 15 frames of extra latency);
+  a window that fits in one call runs unpadded (the reference's own call shape);
 - ICL: decoding starts at the window holding the last reference frame; the reference's cut
   `int(ref / total * len)` is `ref * 1920` or one sample less, known only at the end, so the last
   reference sample is held back and returned by `close` as `head` (it precedes everything `pump` gave).
 
 Streams occupy slots of one state pool; `pump` gathers the rows of all ready streams, runs ONE
-`StreamingCodec.step` per call size and scatters the state back. Memory per stream is fixed by the slot.
+`StreamingCodec.step` per call size (rows at any window position batch together) and scatters the
+state back. Rows of a call take the same number of frames; a stream's last chunk is padded with dummy
+frames whose output is dropped (everything is causal). Memory per stream is fixed by its slot.
+See `codec_stream.py` for how close to bitwise the result is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -50,7 +54,6 @@ class _Stream:
     generated: int = 0
     lead: np.ndarray | None = None  # the last reference sample (ICL), once decoded
     finished: bool = False
-    pending_out: list = field(default_factory=list)
 
 
 class CodecStreams:
@@ -59,7 +62,9 @@ class CodecStreams:
     `sid = streams.open(ref_codes)`; `streams.push(sid, frames)`; `streams.pump() -> {sid: samples}`;
     `streams.finish(sid)` (no more frames; the next pump flushes it with the others);
     `streams.close(sid) -> StreamEnd` (flushes what is left alone, frees the slot). For every stream,
-    head + all pumped samples + tail == `decode_codes(ckpt, codes, ref_codes)`.
+    head + all pumped samples + tail == `decode_codes(ckpt, codes, ref_codes)` (up to float rounding,
+    see `codec_stream.py`). `head` exists because the ICL cut is only known at the end; it is empty
+    without reference codes and whenever `int(ref / total * len)` does not round down.
     """
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
@@ -115,7 +120,7 @@ class CodecStreams:
             tail += self._run([(sid, s, *plan)])[sid]
         del self.streams[sid]
         self.free.append(s.slot)
-        tail = np.concatenate(s.pending_out + tail) if s.pending_out or tail else np.zeros(0, np.float32)
+        tail = np.concatenate(tail) if tail else np.zeros(0, np.float32)
         head = np.zeros(0, np.float32)
         if s.generated == 0:
             return StreamEnd(head, np.zeros(0, np.float32))
@@ -143,7 +148,10 @@ class CodecStreams:
         return {sid: np.concatenate(p) for sid, p in out.items() if p}
 
     def _plan(self, s: _Stream):
-        """(real frames, call size, window ends here) for the next chunk of `s`, or None if not ready."""
+        """(real frames, call size, window ends here) for the next chunk of `s`, or None if not ready.
+
+        At an official window boundary this also resets the stream's state rows and re-feeds the context.
+        """
         if s.pos == s.window_len and len(s.feed):  # official window boundary: start fresh, re-prime
             for t in self.state.values():
                 t[s.slot] = 0
@@ -156,7 +164,9 @@ class CodecStreams:
         if remaining == 0:
             return None
         if known and remaining < self.chunk + HOLD:
-            return remaining, round_up(remaining, self.chunk), True
+            # A whole window in one call runs unpadded: the reference's own call shape (GEMMs round
+            # differently for very few columns). Otherwise pad to whole chunks so rows batch together.
+            return remaining, remaining if s.pos == 0 else round_up(remaining, self.chunk), True
         if remaining >= self.chunk + HOLD:
             return self.chunk, self.chunk, False
         return None
