@@ -53,7 +53,8 @@ def next_base(end: int, window: int) -> int:
 class StreamingCodec:
     """Runs a `CodecDecoder`'s modules chunk by chunk with explicit per-row state (no parameters of its own)."""
 
-    def __init__(self, codec: CodecDecoder, max_window_frames: int = 325 + KV_ALIGN):
+    def __init__(self, codec: CodecDecoder, max_window_frames: int = 400):
+        """`max_window_frames` bounds the window positions (RoPE table size) a call may use."""
         self.codec = codec
         cfg = codec.cfg
         self.window = cfg.sliding_window
@@ -61,9 +62,13 @@ class StreamingCodec:
         # Keys kept between calls: positions base..start-1, at most window - 1 + KV_ALIGN - 1 of them.
         self.kv_slots = round_up(self.window - 1 + KV_ALIGN - 1, KV_ALIGN)
         self.names = {m: n for n, m in codec.named_modules()}
-        # RoPE table computed once with the reference's own call, then gathered per row (same values).
-        cos, sin = rope_cos_sin(torch.arange(max_window_frames)[None], cfg.head_dim, cfg.rope_theta, torch.float32)
-        self.cos, self.sin = cos[0], sin[0]
+        # RoPE table computed once with the reference's own call, then gathered per row. Built in pieces
+        # of 256 positions so no piece is split across threads (a split's scalar tail could round
+        # cos/sin differently from the reference's single vectorised pass).
+        pieces = [rope_cos_sin(torch.arange(i, min(i + 256, max_window_frames))[None], cfg.head_dim,
+                               cfg.rope_theta, torch.float32) for i in range(0, max_window_frames, 256)]
+        self.cos = torch.cat([c[0] for c, _ in pieces])
+        self.sin = torch.cat([s[0] for _, s in pieces])
 
     @property
     def device(self):
