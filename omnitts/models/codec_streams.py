@@ -57,7 +57,7 @@ class _Stream:
 
 
 class CodecStreams:
-    """Streaming, batched, exact codec decode for many requests.
+    """Streaming, batched codec decode for many requests, equal to the whole-utterance decode.
 
     `sid = streams.open(ref_codes)`; `streams.push(sid, frames)`; `streams.pump() -> {sid: samples}`;
     `streams.finish(sid)` (no more frames; the next pump flushes it with the others);
