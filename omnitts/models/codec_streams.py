@@ -1,0 +1,217 @@
+"""Host-side manager of many codec streams: frames in (as generation produces them), audio out, batched.
+
+`CodecStreams` reproduces `reference.decode_codes` (the official whole-utterance decode) while streaming:
+
+- the official decode runs windows of `window_frames` (300) frames of the full (ref + generated)
+  sequence, each re-decoding `left_context` (25) frames from scratch. A stream does the same: at each
+  window boundary its state rows are zeroed and the last 25 frames are fed again (output discarded);
+- attention rounding depends on the window's final length T (the CPU kernel sums the last T mod 8
+  keys in a scalar tail), so a chunk is decoded only when T is known or at least `HOLD` more frames
+  exist, and the call that ends a window spans exactly its keys (<= 15 frames of extra latency);
+  a window that fits in one call runs unpadded (the reference's own call shape);
+- ICL: decoding starts at the window holding the last reference frame; the reference's cut
+  `int(ref / total * len)` is `ref * 1920` or one sample less, known only at the end, so the last
+  reference sample is held back and returned by `close` as `head` (it precedes everything `pump` gave).
+
+Streams occupy slots of one state pool; `pump` gathers the rows of all ready streams, runs ONE
+`StreamingCodec.step` per call size (rows at any window position batch together) and scatters the
+state back. Rows of a call take the same number of frames; a stream's last chunk is padded with dummy
+frames whose output is dropped (everything is causal). Memory per stream is fixed by its slot.
+See `codec_stream.py` for how close to bitwise the result is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .codec import CodecDecoder
+from .codec_stream import KV_ALIGN, StreamingCodec, next_base, round_up
+
+HOLD = KV_ALIGN - 1  # frames that must follow a chunk whose window length is not yet known
+
+
+@dataclass
+class StreamEnd:
+    """What `close` returns: `head` (0 or 1 samples) goes BEFORE all pumped audio, `tail` after it."""
+
+    head: np.ndarray
+    tail: np.ndarray
+
+
+@dataclass
+class _Stream:
+    slot: int
+    feed: np.ndarray  # (m, 16) frames still to run through the decoder (context frames included)
+    history: np.ndarray  # (<= left_context, 16) last frames fed, to re-prime after a window boundary
+    window_len: int  # frames of the current window, context included
+    pos: int = 0  # window position of the next fed frame
+    base: int = 0  # window position of K/V slot 0
+    drop: int = 0  # samples still to discard (context frames, reference frames)
+    ref_frames: int = 0
+    generated: int = 0
+    lead: np.ndarray | None = None  # the last reference sample (ICL), once decoded
+    finished: bool = False
+
+
+class CodecStreams:
+    """Streaming, batched codec decode for many requests, equal to the whole-utterance decode.
+
+    `sid = streams.open(ref_codes)`; `streams.push(sid, frames)`; `streams.pump() -> {sid: samples}`;
+    `streams.finish(sid)` (no more frames; the next pump flushes it with the others);
+    `streams.close(sid) -> StreamEnd` (flushes what is left alone, frees the slot). For every stream,
+    head + all pumped samples + tail == `decode_codes(ckpt, codes, ref_codes)` (up to float rounding,
+    see `codec_stream.py`). `head` exists because the ICL cut is only known at the end; it is empty
+    without reference codes and whenever `int(ref / total * len)` does not round down.
+    """
+
+    def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
+                 window_frames: int = 300, left_context: int = 25):
+        assert 0 < left_context <= window_frames
+        # RoPE positions reach the window length plus a padded last call (< 2 chunks + HOLD).
+        self.codec = StreamingCodec(codec, window_frames + left_context + 2 * chunk_frames + HOLD)
+        self.chunk, self.window_frames, self.left_context = chunk_frames, window_frames, left_context
+        self.spf = self.codec.samples_per_frame
+        self.state = self.codec.new_state(max_streams)
+        self.free = list(range(max_streams))[::-1]
+        self.streams: dict[int, _Stream] = {}
+        self._next_id = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    def open(self, ref_codes=None) -> int:
+        """Start a stream; `ref_codes` (R, 16) are the ICL reference frames decoded in front (then cut)."""
+        if not self.free:
+            raise RuntimeError(f"all {len(self.state['keys'])} codec stream slots are in use; close one first")
+        slot = self.free.pop()
+        for t in self.state.values():
+            t[slot] = 0
+        ref = _frames(ref_codes)
+        r = len(ref)
+        # Start at the official window holding the last reference frame (earlier windows cannot matter).
+        first = (r - 1) // self.window_frames * self.window_frames if r else 0
+        context = min(self.left_context, first)
+        s = _Stream(slot, ref[first - context:], ref[max(0, first - context - self.left_context):first - context],
+                    window_len=context + self.window_frames, ref_frames=r)
+        s.drop = max(0, (r - first + context) * self.spf - 1) if r else 0
+        sid, self._next_id = self._next_id, self._next_id + 1
+        self.streams[sid] = s
+        return sid
+
+    def push(self, sid: int, codes) -> None:
+        """Append generated frames (n, 16) (numpy or tensor) to stream `sid`."""
+        s = self.streams[sid]
+        assert not s.finished, f"stream {sid} is finished"
+        frames = _frames(codes)
+        s.feed = np.concatenate([s.feed, frames])
+        s.generated += len(frames)
+
+    def finish(self, sid: int) -> None:
+        """No more frames for `sid`: the next `pump` decodes the rest (padded) with the other streams."""
+        self.streams[sid].finished = True
+
+    def close(self, sid: int) -> StreamEnd:
+        """Finish `sid`, decode whatever is left, apply the ICL cut and free the slot."""
+        s = self.streams[sid]
+        s.finished = True
+        tail = []
+        while (plan := self._plan(s)) is not None:
+            tail += self._run([(sid, s, *plan)])[sid]
+        del self.streams[sid]
+        self.free.append(s.slot)
+        tail = np.concatenate(tail) if tail else np.zeros(0, np.float32)
+        head = np.zeros(0, np.float32)
+        if s.generated == 0:
+            return StreamEnd(head, np.zeros(0, np.float32))
+        if s.ref_frames:
+            total = s.ref_frames + s.generated
+            cut = int(s.ref_frames / total * (total * self.spf))
+            assert s.ref_frames * self.spf - cut in (0, 1), cut
+            if cut < s.ref_frames * self.spf:
+                head = s.lead
+        return StreamEnd(head, tail)
+
+    # -- decoding ----------------------------------------------------------------------------------------
+
+    def pump(self) -> dict[int, np.ndarray]:
+        """Decode every ready stream's chunks; returns the new samples per stream.
+
+        Each round is one batched call per call size over all ready streams; rounds repeat while some
+        stream is still ready (a backlog, or the 25 context frames re-fed after a window boundary).
+        """
+        out: dict[int, list] = {}
+        while jobs := [(sid, s, *plan) for sid, s in self.streams.items() if (plan := self._plan(s)) is not None]:
+            for size in sorted({job[3] for job in jobs}):
+                for sid, pieces in self._run([j for j in jobs if j[3] == size]).items():
+                    out.setdefault(sid, []).extend(pieces)
+        return {sid: np.concatenate(p) for sid, p in out.items() if p}
+
+    def _plan(self, s: _Stream):
+        """(real frames, call size, window ends here) for the next chunk of `s`, or None if not ready.
+
+        At an official window boundary this also resets the stream's state rows and re-feeds the context.
+        """
+        if s.pos == s.window_len and len(s.feed):  # official window boundary: start fresh, re-prime
+            for t in self.state.values():
+                t[s.slot] = 0
+            s.feed = np.concatenate([s.history[-self.left_context:], s.feed])
+            s.drop += len(s.history[-self.left_context:]) * self.spf
+            s.window_len, s.pos, s.base = self.left_context + self.window_frames, 0, 0
+        left = s.window_len - s.pos
+        known = len(s.feed) >= left or s.finished  # this window's final length is known
+        remaining = min(left, len(s.feed))
+        if remaining == 0:
+            return None
+        if known and remaining < self.chunk + HOLD:
+            # A whole window in one call runs unpadded: the reference's own call shape (GEMMs round
+            # differently for very few columns). Otherwise pad to whole chunks so rows batch together.
+            return remaining, remaining if s.pos == 0 else round_up(remaining, self.chunk), True
+        if remaining >= self.chunk + HOLD:
+            return self.chunk, self.chunk, False
+        return None
+
+    def _run(self, jobs) -> dict[int, list]:
+        """One batched step for `jobs` [(sid, stream, real, size, ends_window)] of the same call size."""
+        size = jobs[0][3]
+        codes = np.zeros((len(jobs), size, 16), dtype=np.int64)
+        start, base, kv_len = [], [], []
+        for row, (_, s, real, _, ends) in enumerate(jobs):
+            codes[row, :real] = s.feed[:real]
+            start.append(s.pos)
+            base.append(s.base)
+            kv_len.append(s.pos - s.base + real if ends else round_up(s.pos - s.base + size, KV_ALIGN))
+        dev = self.codec.device
+        slots = torch.tensor([s.slot for _, s, *_ in jobs], device=dev)
+        state = {k: v[slots] for k, v in self.state.items()}
+        wav, state = self.codec.step(torch.from_numpy(codes).to(dev).transpose(1, 2), state, start, base, kv_len)
+        for k, v in state.items():
+            self.state[k][slots] = v
+        wav = wav[:, 0].float().cpu().numpy()  # the one device->host copy of this call
+        out = {}
+        for row, (sid, s, real, _, _) in enumerate(jobs):
+            samples = wav[row, : real * self.spf]
+            fed, s.feed = s.feed[:real], s.feed[real:]
+            s.history = np.concatenate([s.history, fed])[-self.left_context:]
+            s.pos += real
+            s.base = next_base(s.pos, self.codec.window)
+            if s.drop:
+                cut = min(s.drop, len(samples))
+                samples, s.drop = samples[cut:], s.drop - cut
+                if s.drop == 0 and s.ref_frames and s.lead is None and len(samples):
+                    s.lead, samples = samples[:1].copy(), samples[1:]
+            elif s.ref_frames and s.lead is None and len(samples):
+                s.lead, samples = samples[:1].copy(), samples[1:]
+            out[sid] = [samples.copy()] if len(samples) else []
+        return out
+
+
+def _frames(codes) -> np.ndarray:
+    if codes is None:
+        return np.zeros((0, 16), dtype=np.int64)
+    if isinstance(codes, torch.Tensor):
+        codes = codes.detach().cpu().numpy()
+    codes = np.asarray(codes, dtype=np.int64)
+    assert codes.ndim == 2 and codes.shape[1] == 16, f"expected frames of shape (n, 16), got {codes.shape}"
+    return codes

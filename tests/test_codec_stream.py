@@ -1,0 +1,154 @@
+"""Streaming codec decode (`CodecStreams`) against the whole-utterance reference decode (`decode_codes`).
+
+Tolerance: the stream carries every piece of state exactly, but PyTorch's CPU kernels pick their
+algorithm (and float summation order) from the call's shape — convs switch between oneDNN and
+im2col+GEMM by input size and batch, GEMMs differ for few columns, SDPA's GEMM blocks depend on the
+window length — so a chunk of 25 frames can round differently from a 300-frame window in the last
+bits (~2e-6 here). Wrong state shows up as errors of order 1e-2 (the tiny codec's amplitude is ~0.1).
+Single streams whose windows stay under 192 frames are bitwise equal on CPU; one test pins that.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omnitts.models.codec_stream import StreamingCodec
+from omnitts.models.codec_streams import HOLD, CodecStreams
+from omnitts.models.loader import load_checkpoint
+from omnitts.reference import decode_codes
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ckpt(ckpt_dir):
+    return load_checkpoint(ckpt_dir("base"))
+
+
+def _codes(n: int, seed: int):
+    if n == 0:
+        return None
+    return torch.randint(0, 2048, (n, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def _stream(streams: CodecStreams, codes, ref=None, feed: int = 7) -> np.ndarray:
+    sid = streams.open(ref)
+    pieces = []
+    for i in range(0, len(codes), feed):
+        streams.push(sid, codes[i:i + feed])
+        pieces += list(streams.pump().values())
+    end = streams.close(sid)
+    return np.concatenate([end.head, *pieces, end.tail])
+
+
+def _check(ckpt, got: np.ndarray, codes, ref=None) -> float:
+    want = decode_codes(ckpt, codes, ref)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    delta = float(np.abs(got - want).max())
+    assert delta <= ATOL, delta
+    return delta
+
+
+@pytest.mark.parametrize("frames", [1, 10, 25, 50, 53, 330, 620])
+def test_stream_equals_whole_decode(ckpt, frames):
+    codes = _codes(frames, frames)
+    _check(ckpt, _stream(CodecStreams(ckpt.codec, max_streams=2), codes), codes)
+
+
+@pytest.mark.parametrize("frames,ref_frames", [(1, 0), (10, 0), (53, 0), (150, 0), (6, 17), (40, 30)])
+def test_single_short_stream_is_bitwise_equal(ckpt, frames, ref_frames):
+    """Windows < 192 frames, one stream: the kernels see the reference's shapes, so no rounding differs."""
+    ref, codes = _codes(ref_frames, 100 + ref_frames), _codes(frames, frames)
+    got = _stream(CodecStreams(ckpt.codec, max_streams=1), codes, ref)
+    assert np.array_equal(got, decode_codes(ckpt, codes, ref))
+
+
+@pytest.mark.parametrize("chunk", [16, 40])
+def test_chunk_sizes_not_dividing_the_window(ckpt, chunk):
+    codes = _codes(340, 7)
+    _check(ckpt, _stream(CodecStreams(ckpt.codec, chunk_frames=chunk, max_streams=1), codes, feed=11), codes)
+
+
+# (reference frames, generated frames): (13, 10), (17, 6) and (15, 7) make int(ref / total * len) round
+# down to ref * 1920 - 1; 300 and 310 reference frames start decoding at a later official window.
+@pytest.mark.parametrize("ref_frames,frames", [(13, 10), (17, 6), (15, 7), (30, 40), (300, 30), (310, 12)])
+def test_icl_reference_cut(ckpt, ref_frames, frames):
+    ref, codes = _codes(ref_frames, 100 + ref_frames), _codes(frames, frames)
+    total = ref_frames + frames
+    rounds_down = int(ref_frames / total * (total * 1920)) < ref_frames * 1920
+    assert rounds_down == ((ref_frames, frames) in [(13, 10), (17, 6), (15, 7)])
+    _check(ckpt, _stream(CodecStreams(ckpt.codec, max_streams=1), codes, ref), codes, ref)
+
+
+def test_icl_without_generated_frames_is_empty(ckpt):
+    streams = CodecStreams(ckpt.codec, max_streams=1)
+    sid = streams.open(_codes(20, 1))
+    assert sum(len(w) for w in streams.pump().values()) == 0
+    end = streams.close(sid)
+    assert len(end.head) == len(end.tail) == 0
+
+
+def test_streams_at_different_phases_batch_together(ckpt):
+    """Several streams, pushed at different rates and started at different times, share pump calls."""
+    specs = [(330, 0, 5, 0), (64, 0, 25, 3), (620, 0, 13, 1), (40, 30, 3, 0), (100, 301, 50, 6)]
+    data = [(_codes(n, n), _codes(r, r + 1), feed, delay) for n, r, feed, delay in specs]
+    streams = CodecStreams(ckpt.codec, max_streams=8)
+    sids, outs, fed, ends, batch_sizes = {}, {}, {}, {}, []
+    step_fn = streams.codec.step
+
+    def counting_step(codes, *args):
+        batch_sizes.append(codes.shape[0])
+        return step_fn(codes, *args)
+
+    streams.codec.step = counting_step
+    step = 0
+    while len(ends) < len(data):
+        for i, (codes, ref, feed, delay) in enumerate(data):
+            if step == delay:
+                sids[i] = streams.open(ref)
+                outs[i], fed[i] = [], 0
+            if i not in sids or i in ends:
+                continue
+            if fed[i] < len(codes):
+                streams.push(sids[i], codes[fed[i]:fed[i] + feed])
+                fed[i] += feed
+            else:
+                streams.finish(sids[i])
+        got = streams.pump()
+        for i, sid in sids.items():
+            if i in ends:
+                continue
+            outs[i].append(got.get(sid, np.zeros(0, np.float32)))
+            s = streams.streams[sid]
+            if s.finished and len(s.feed) == 0:
+                ends[i] = streams.close(sid)
+        step += 1
+    assert max(batch_sizes) >= 3  # rows at different window positions really shared calls
+    for i, (codes, ref, _, _) in enumerate(data):
+        got = np.concatenate([ends[i].head, *outs[i], ends[i].tail])
+        alone = _stream(CodecStreams(ckpt.codec, max_streams=1), codes, ref)
+        assert np.abs(got - alone).max() <= ATOL
+        _check(ckpt, got, codes, ref)
+
+
+def test_state_does_not_grow_with_length(ckpt):
+    streams = CodecStreams(ckpt.codec, max_streams=2)
+    shapes = {k: tuple(v.shape) for k, v in streams.state.items()}
+    sid = streams.open()
+    codes = _codes(900, 3)
+    for i in range(0, 900, 25):
+        streams.push(sid, codes[i:i + 25])
+        streams.pump()
+        s = streams.streams[sid]
+        assert len(s.feed) <= streams.chunk + HOLD and len(s.history) <= streams.left_context
+        assert {k: tuple(v.shape) for k, v in streams.state.items()} == shapes
+    # One step's state has exactly the shapes of a fresh state (O(receptive field), not O(frames)).
+    codec = StreamingCodec(ckpt.codec)
+    fresh = codec.new_state(3)
+    _, after = codec.step(torch.zeros(3, 16, 25, dtype=torch.long), fresh, [0, 100, 200], [0, 16, 128],
+                          [32, 112, 112])
+    assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in fresh.items()}
+    streams.close(sid)
+    assert len(streams.free) == 2
