@@ -51,8 +51,10 @@ class TTS:
     """
 
     def __init__(self, ckpt: Checkpoint, max_batch: int = 8, eager: bool = False,
-                 kv_budget_bytes: int = KV_BUDGET_BYTES, graph_buckets: list[int] | None = None):
+                 kv_budget_bytes: int = KV_BUDGET_BYTES, graph_buckets: list[int] | None = None,
+                 codec_chunk_frames: int = 25):
         self.ckpt = ckpt
+        self.codec_chunk_frames = codec_chunk_frames
         self.prompts = PromptBuilder(ckpt)
         self.max_batch = max_batch
         self.eager = eager
@@ -293,7 +295,8 @@ class TTS:
 
 
 def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: bool = False,
-         max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None) -> TTS:
+         max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None,
+         codec_chunk_frames: int = 25) -> TTS:
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
 
     Args:
@@ -304,6 +307,8 @@ def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: 
         max_batch: how many requests decode together at most.
         eager: no graph capture on cuda/npu (also OMNITTS_EAGER=1).
         graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ... up to max_batch).
+        codec_chunk_frames: frames per streamed codec decode call (audio is decoded while
+            generation continues, batched across requests).
 
     Returns:
         A `TTS` ready to `synthesize`, `stream` and describe itself with `info`.
@@ -320,4 +325,5 @@ def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: 
     elif device not in ("cpu", "cuda"):
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
     ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer)
-    return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets)
+    return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets,
+               codec_chunk_frames=codec_chunk_frames)

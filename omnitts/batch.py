@@ -39,6 +39,15 @@ class Settings:
     retry_failed: bool = False
     retry_runaway: int = 0
     loudness: float | None = None  # target LUFS, None = leave levels alone
+    split_chars: int | None = None  # long-text threshold (None: text_split's default; 0: never split)
+
+    def splitter(self):
+        """The pipeline's `split(text, language)` for these settings."""
+        from .text_split import split_text
+
+        if self.split_chars == 0:
+            return lambda text, language: [text]
+        return lambda text, language: split_text(text, max_chars=self.split_chars, language=language)
 
 
 @dataclass

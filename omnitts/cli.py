@@ -43,6 +43,7 @@ def _fail(message: str, code: int = 2):
     raise typer.Exit(code)
 
 
+SplitChars = Annotated[Optional[int], typer.Option("--split-chars", min=0, help="Split texts longer than this many characters at sentence boundaries and join the pieces with crossfades (default: about 20 s of speech, 250 Latin / 100 CJK characters; 0: never split).")]
 RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, help="Retry items that ran out of their derived frame budget up to N times, each with a derived seed (sampling only).")]
 ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", help="Also write the finished items as a Hugging Face `datasets` dataset (Audio column) to this folder.")]
 
@@ -86,6 +87,7 @@ def synth(
     retry_runaway: RetryRunaway = 0,
     loudness: Loudness = None,
     export_dataset: ExportDataset = None,
+    split_chars: SplitChars = None,
     column: ColumnMap = None,
     id_column: IdCol = None,
     text_column: TextCol = None,
@@ -113,7 +115,8 @@ def synth(
     if audio_format not in ("wav", "flac", "ogg"):
         _fail(f"--format {audio_format!r}: choose wav, flac or ogg")
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
-                        retry_failed=retry_failed, retry_runaway=retry_runaway, loudness=loudness)
+                        retry_failed=retry_failed, retry_runaway=retry_runaway, loudness=loudness,
+                        split_chars=split_chars)
     # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
     # Both passes stream the manifest, so memory does not grow with its length.
     try:
@@ -181,7 +184,8 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
             console.print("loading checkpoint")
         tts = load(model, **load_kwargs)
         stopping = _GracefulStop(console)
-        pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping.requested)
+        pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping.requested,
+                            split=batch.settings.splitter())
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
         with stopping, Progress(*columns, console=console, disable=quiet) as progress:
@@ -381,7 +385,7 @@ def demo(
     synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype=None, device=None,
           save_codes=True, official_tokenizer=False, quiet=False, max_batch=None, eager=None, strict=False,
           retry_failed=False, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None,
-          column=None, id_column=None, text_column=None, recipe=None)
+          split_chars=None, column=None, id_column=None, text_column=None, recipe=None)
 
 
 def _write_demo_reference(path: Path) -> None:

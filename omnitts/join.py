@@ -21,9 +21,10 @@ without a seed (None) gives None for every piece (each piece draws a fresh seed)
 
 from __future__ import annotations
 
-import hashlib
 
 import numpy as np
+
+from .params import derive_seed
 
 DEFAULT_CROSSFADE_MS = 50.0
 
@@ -72,9 +73,4 @@ def _fade_in(n: int) -> np.ndarray:
 
 def piece_seed(item_seed: int | None, index: int) -> int | None:
     """The seed of piece `index` of an item seeded `item_seed` (piece 0 keeps it; None stays None)."""
-    if index < 0:
-        raise ValueError(f"piece index must be >= 0, got {index}")
-    if item_seed is None or index == 0:
-        return item_seed
-    digest = hashlib.blake2b(f"omnitts-piece:{int(item_seed)}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # [0, 2**63): valid for torch.Generator.manual_seed
+    return derive_seed(item_seed, "piece", index)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -14,6 +15,20 @@ _DEFAULTS = dict(
     do_sample=True, top_k=50, top_p=1.0, temperature=0.9, repetition_penalty=1.05,
     subtalker_dosample=True, subtalker_top_k=50, subtalker_top_p=1.0, subtalker_temperature=0.9,
 )
+
+
+def derive_seed(seed: int | None, salt: str, index: int) -> int | None:
+    """A seed derived from `seed` for sub-task `index` of kind `salt` ("piece", "retry"); in [0, 2**63).
+
+    Index 0 keeps `seed` itself (so an unsplit, first-attempt item uses exactly its own seed) and
+    None stays None (unseeded).
+    """
+    if index < 0:
+        raise ValueError(f"{salt} index must be >= 0, got {index}")
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(f"omnitts-{salt}:{int(seed)}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # torch.Generator.manual_seed takes < 2**64
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,11 @@ What it owns, between the caller's jobs and the engine:
   a 100-line one;
 - engine sizing: the engine is sized for the prompts in view; a later prompt that does not fit
   makes it drain and grow (rare: sizes round up and budgets derive from text length);
-- long text: a job whose text is split (see `split`) runs as several requests in the same batch,
-  joined in order when the last piece finishes;
+- long text: a job whose text is split (`split`, by default `text_split.split_text`) runs as
+  several requests side by side in the batch, joined in order with crossfades (`join.join_pieces`)
+  when the last piece finishes;
+- audio: frames are decoded while generation continues, in chunks batched across requests
+  (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead);
 - runaway retries: a sampled item that exhausted its derived frame budget is retried with a
   derived seed, up to `retry_runaway` times;
 - stopping: once `stop()` returns true no new job starts; requests already running finish, the
@@ -20,7 +23,6 @@ Outcomes come out in finishing order. The pipeline never prints.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import time
 from collections import deque
@@ -32,14 +34,11 @@ import torch
 
 from .engine import Engine, plan
 from .errors import OmniTTSError
-from .params import SamplingParams
+from .join import join_pieces
+from .models.codec_streams import CodecStreams
+from .params import SamplingParams, derive_seed
 from .request import Request
-
-
-def derive_seed(seed: int, *salt) -> int:
-    """A seed derived deterministically from `seed` and a salt (e.g. ("piece", 2)), in [0, 2**31)."""
-    digest = hashlib.blake2b(repr((int(seed),) + salt).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % 2**31
+from .text_split import split_text
 
 
 @dataclass
@@ -87,20 +86,34 @@ class _Item:
     first_added: float | None = None
 
 
+@dataclass
+class _Decoding:
+    """A sequence's codec stream: its id, the audio pumped so far, frames pushed so far."""
+
+    sid: int
+    pieces: list = field(default_factory=list)
+    pushed: int = 0
+
+
+_NOTHING = _Decoding(-1)
+
+
 class Pipeline:
     """Runs jobs through one (re)sized engine; see the module docstring."""
 
     def __init__(self, tts, lookahead: int | None = None, retry_runaway: int = 0,
-                 split: Callable[[str], list[str]] | None = None, join: Callable | None = None,
-                 stop: Callable[[], bool] | None = None):
+                 split: Callable[[str, str], list[str]] | None = None, join: Callable | None = None,
+                 stop: Callable[[], bool] | None = None, stream_decode: bool = True):
         self.tts = tts
         self.lookahead = lookahead or max(2 * tts.max_batch, 8)
         self.retry_runaway = retry_runaway
-        self.split = split or (lambda text: [text])
-        self.join = join or (lambda pieces, rate: np.concatenate(pieces))
+        self.split = split or (lambda text, language: split_text(text, language=language))
+        self.join = join or join_pieces
         self.stop = stop or (lambda: False)
         self.engine: Engine | None = None
         self.engines_built = 0
+        self.streams = CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch) if stream_decode else None
+        self.decoding: dict[int, _Decoding] = {}  # engine sequence id -> its codec stream
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -120,7 +133,9 @@ class Pipeline:
                 if exhausted and not ready:
                     return
                 continue
-            for seq in engine.step():
+            finished = engine.step()
+            self._stream(engine, finished)
+            for seq in finished:
                 outcome = self._finished(seq, ready)
                 if outcome is not None:
                     yield outcome
@@ -152,7 +167,7 @@ class Pipeline:
             if job.prompt is not None:
                 item.pieces.append((request, job.prompt))
                 return item, None
-            texts = self.split(request.text)
+            texts = self.split(request.text, request.language) or [request.text]  # empty: prepare says why
             if len(texts) > 1 and request.ref_audio is not None and request.voice is None:
                 voice = self.tts.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
                 request = replace(request, voice=voice)  # encode the reference once for all pieces
@@ -170,9 +185,7 @@ class Pipeline:
 
         A retry reruns only the piece that ran away, so the pieces of one item stay independent.
         """
-        seed = item.seed
-        if seed is not None and index > 0:
-            seed = derive_seed(seed, "piece", index)
+        seed = derive_seed(item.seed, "piece", index)
         retries = item.tries.get(index, 0)
         if seed is not None and retries:
             seed = derive_seed(seed, "retry", retries)
@@ -223,26 +236,64 @@ class Pipeline:
     def _finished(self, seq, ready: deque) -> Outcome | None:
         item, index = seq.tag
         if item.dropped:
+            if self.streams is not None and seq.id in self.decoding:
+                self.streams.close(self.decoding.pop(seq.id).sid)
             return None
         auto_budget = item.job.params.max_frames is None and item.job.request.max_seconds is None
         if (seq.finish_reason == "length" and auto_budget and item.params.samples
                 and item.tries.get(index, 0) < self.retry_runaway):
             item.tries[index] = item.tries.get(index, 0) + 1
+            if self.streams is not None and seq.id in self.decoding:
+                self.streams.close(self.decoding.pop(seq.id).sid)  # the abandoned attempt's audio
             ready.appendleft((item, index, self._piece_params(item, index)))
             return None
         started = time.perf_counter()
         codes = seq.codes()
-        audio = self._decode(codes, seq.prompt)
+        audio = self._decode(seq, codes)
         item.decode_s += _since(started)
         item.done[index] = (codes, audio, seq.finish_reason)
         if len(item.done) < len(item.pieces):
             return None
         return self._complete(item)
 
-    def _decode(self, codes: np.ndarray, prompt) -> np.ndarray:
-        from .reference import decode_codes
+    def _stream(self, engine: Engine, finished: list) -> None:
+        """Feed every sequence's new frames to its codec stream; decode what is ready, batched."""
+        if self.streams is None:
+            return
+        seqs = list(engine.scheduler.running) + finished
+        for seq in seqs:
+            if len(seq.frames) == self.decoding.get(seq.id, _NOTHING).pushed:
+                continue
+            if seq.id not in self.decoding:
+                self.decoding[seq.id] = _Decoding(self.streams.open(seq.prompt.ref_codes))
+            state = self.decoding[seq.id]
+            self.streams.push(state.sid, np.stack(seq.frames[state.pushed:]))
+            state.pushed = len(seq.frames)
+        for seq in finished:
+            if seq.id in self.decoding:
+                self.streams.finish(self.decoding[seq.id].sid)
+        started = time.perf_counter()
+        decoded = self.streams.pump()
+        if not decoded:
+            return
+        share = _since(started) / len(decoded)
+        for seq in seqs:
+            state = self.decoding.get(seq.id)
+            if state is not None and state.sid in decoded:
+                state.pieces.append(decoded[state.sid])
+                seq.tag[0].decode_s += share
 
-        return decode_codes(self.tts.ckpt, torch.from_numpy(codes), prompt.ref_codes)
+    def _decode(self, seq, codes: np.ndarray) -> np.ndarray:
+        """The finished sequence's audio: the rest of its stream, or a whole-utterance decode."""
+        if self.streams is None:
+            from .reference import decode_codes
+
+            return decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
+        if seq.id not in self.decoding:  # EOS before the first frame
+            return np.zeros(0, dtype=np.float32)
+        state = self.decoding.pop(seq.id)
+        end = self.streams.close(state.sid)
+        return np.concatenate([end.head, *state.pieces, end.tail]).astype(np.float32)
 
     def _complete(self, item: _Item) -> Outcome:
         from .result import Audio

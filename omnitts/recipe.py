@@ -83,7 +83,7 @@ class Recipe:
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
-        names = ("device", "dtype", "max_batch", "eager", "graph_buckets")
+        names = ("device", "dtype", "max_batch", "eager", "graph_buckets", "codec_chunk_frames")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 

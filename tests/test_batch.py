@@ -9,7 +9,8 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from omnitts.cli import app
-from omnitts.pipeline import Job, Pipeline, derive_seed
+from omnitts.params import derive_seed
+from omnitts.pipeline import Job, Pipeline
 from omnitts.request import Request
 
 runner = CliRunner()
@@ -149,3 +150,77 @@ def test_interrupted_rerun_reports_how_to_resume(ckpt_dir, tmp_path, monkeypatch
     assert runner.invoke(app, args + ["-q"]).exit_code == 0
     assert sorted(r["id"] for r in _records(out)) == ["u0", "u1", "u2", "u3"]
     assert all(sf.info(out / f"u{i}.wav").frames == 3 * 1920 for i in range(4))
+
+
+def _greedy_jobs(tts, texts, frames, **fields):
+    params = tts.default_params(greedy=True, max_frames=frames)
+    return [Job(Request(text, id=str(i), **fields), params) for i, text in enumerate(texts)]
+
+
+def test_streamed_decode_matches_the_whole_utterance_decode(tts_factory, ref_wav):
+    """Audio decoded in chunks while generating (batched across requests) == decode at the end."""
+    cases = [("custom_voice", dict(speaker="ryan")),
+             ("base", dict(ref_audio=ref_wav, ref_text="Reference words."))]  # ICL: reference frames cut
+    for kind, fields in cases:
+        tts = tts_factory(kind)
+        texts = ["A first line.", "Second, a little longer line.", "Third."]
+        frames = 70  # crosses several 25-frame decode chunks
+        streamed = {o.job.request.id: o.result for o in Pipeline(tts).run(_greedy_jobs(tts, texts, frames, **fields))}
+        whole = {o.job.request.id: o.result
+                 for o in Pipeline(tts, stream_decode=False).run(_greedy_jobs(tts, texts, frames, **fields))}
+        for i, text in enumerate(texts):
+            reference = tts.run_reference(Request(text, **fields), tts.default_params(greedy=True, max_frames=frames))
+            a, b = streamed[str(i)], whole[str(i)]
+            assert np.array_equal(a.codes, reference.codes) and np.array_equal(b.codes, reference.codes)
+            assert np.array_equal(b.samples, reference.samples)  # the whole decode is the reference's
+            assert a.samples.shape == reference.samples.shape
+            assert np.abs(a.samples - reference.samples).max() < 1e-5, (kind, i)
+
+
+def test_long_text_runs_as_parallel_pieces_joined_with_crossfades(tts_factory, monkeypatch):
+    from omnitts.engine.scheduler import Scheduler
+    from omnitts.join import crossfade_samples
+    from omnitts.text_split import split_text
+
+    tts = tts_factory("custom_voice")
+    text = ("The first sentence is here. A second one follows it. Then there is a third. "
+            "And a fourth closes the paragraph.")
+    pieces = split_text(text, max_chars=40)
+    assert len(pieces) >= 3
+    admitted = []
+    real_admit = Scheduler.admit
+
+    def record(self):
+        new = real_admit(self)
+        if new:
+            admitted.append([seq.tag[1] for seq in new])
+        return new
+
+    monkeypatch.setattr(Scheduler, "admit", record)
+    params = tts.default_params(max_frames=12, seed=11)  # sampled: each piece has its own derived seed
+    split = lambda t, language: split_text(t, max_chars=40, language=language)  # noqa: E731
+    (outcome,) = Pipeline(tts, split=split).run([Job(Request(text, speaker="ryan", id="long"), params)])
+    assert outcome.pieces == len(pieces)
+    assert sorted(admitted[0]) == list(range(len(pieces)))  # all pieces admitted together: one batch
+    fade = crossfade_samples(tts.sample_rate)
+    alone = [tts.synthesize(piece, speaker="ryan", max_frames=12, seed=derive_seed(11, "piece", i))
+             for i, piece in enumerate(pieces)]
+    assert outcome.result.frames == sum(a.frames for a in alone)
+    assert np.array_equal(outcome.result.codes, np.concatenate([a.codes for a in alone]))
+    assert len(outcome.result.samples) == sum(len(a.samples) for a in alone) - (len(pieces) - 1) * fade
+    # Outside the crossfades the joined audio is the pieces' own audio (up to the float rounding of
+    # a batched codec call, see codec_stream.py).
+    first = alone[0].samples
+    assert np.abs(outcome.result.samples[: len(first) - fade] - first[:-fade]).max() < 1e-5
+
+
+def test_synth_records_pieces_and_can_turn_splitting_off(ckpt_dir, tmp_path):
+    text = "One sentence here. Another sentence there. A third one to finish."
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "long", "text": text, "speaker": "ryan"}])
+    for chars, pieces in (("30", 3), ("0", 1)):
+        out = tmp_path / f"out{chars}"
+        result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                     "--greedy", "--max-frames", "5", "--split-chars", chars, "-q"])
+        assert result.exit_code == 0, result.output
+        (rec,) = _records(out)
+        assert rec["pieces"] == pieces and rec["frames"] == 5 * pieces
