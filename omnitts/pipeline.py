@@ -113,7 +113,7 @@ class Pipeline:
         self.engine: Engine | None = None
         self.engines_built = 0
         self.streams = CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch) if stream_decode else None
-        self.decoding: dict[int, _Decoding] = {}  # engine sequence id -> its codec stream
+        self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -174,11 +174,20 @@ class Pipeline:
             for index, text in enumerate(texts):
                 piece = request if len(texts) == 1 else replace(request, text=text)
                 item.pieces.append((piece, self.tts.prepare(piece)))
+            for index in range(len(item.pieces)):
+                self._check_fits_alone(item, index)
         except OmniTTSError as exc:
             return None, Outcome(job, error=str(exc), exception=exc, seed=seed,
                                  timings={"total": _since(started)})
         item.prepare_s = _since(started)
         return item, None
+
+    def _check_fits_alone(self, item: _Item, index: int) -> None:
+        """Raise RequestError if this piece would not fit an engine even on its own (cache budget)."""
+        prompt, params = item.pieces[index][1], self._piece_params(item, index)
+        tts = self.tts
+        plan(tts.ckpt, prompt.embeds.shape[0] + params.max_frames + 1, 1, prompt.trailing.shape[0],
+             tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets)
 
     def _piece_params(self, item: _Item, index: int) -> SamplingParams:
         """Piece 0 keeps the item's seed; later pieces and runaway retries derive theirs from it.
@@ -236,15 +245,15 @@ class Pipeline:
     def _finished(self, seq, ready: deque) -> Outcome | None:
         item, index = seq.tag
         if item.dropped:
-            if self.streams is not None and seq.id in self.decoding:
-                self.streams.close(self.decoding.pop(seq.id).sid)
+            if self.streams is not None and seq in self.decoding:
+                self.streams.close(self.decoding.pop(seq).sid)
             return None
         auto_budget = item.job.params.max_frames is None and item.job.request.max_seconds is None
         if (seq.finish_reason == "length" and auto_budget and item.params.samples
                 and item.tries.get(index, 0) < self.retry_runaway):
             item.tries[index] = item.tries.get(index, 0) + 1
-            if self.streams is not None and seq.id in self.decoding:
-                self.streams.close(self.decoding.pop(seq.id).sid)  # the abandoned attempt's audio
+            if self.streams is not None and seq in self.decoding:
+                self.streams.close(self.decoding.pop(seq).sid)  # the abandoned attempt's audio
             ready.appendleft((item, index, self._piece_params(item, index)))
             return None
         started = time.perf_counter()
@@ -262,23 +271,23 @@ class Pipeline:
             return
         seqs = list(engine.scheduler.running) + finished
         for seq in seqs:
-            if len(seq.frames) == self.decoding.get(seq.id, _NOTHING).pushed:
+            if len(seq.frames) == self.decoding.get(seq, _NOTHING).pushed:
                 continue
-            if seq.id not in self.decoding:
-                self.decoding[seq.id] = _Decoding(self.streams.open(seq.prompt.ref_codes))
-            state = self.decoding[seq.id]
+            if seq not in self.decoding:
+                self.decoding[seq] = _Decoding(self.streams.open(seq.prompt.ref_codes))
+            state = self.decoding[seq]
             self.streams.push(state.sid, np.stack(seq.frames[state.pushed:]))
             state.pushed = len(seq.frames)
         for seq in finished:
-            if seq.id in self.decoding:
-                self.streams.finish(self.decoding[seq.id].sid)
+            if seq in self.decoding:
+                self.streams.finish(self.decoding[seq].sid)
         started = time.perf_counter()
         decoded = self.streams.pump()
         if not decoded:
             return
         share = _since(started) / len(decoded)
         for seq in seqs:
-            state = self.decoding.get(seq.id)
+            state = self.decoding.get(seq)
             if state is not None and state.sid in decoded:
                 state.pieces.append(decoded[state.sid])
                 seq.tag[0].decode_s += share
@@ -289,9 +298,9 @@ class Pipeline:
             from .reference import decode_codes
 
             return decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
-        if seq.id not in self.decoding:  # EOS before the first frame
+        if seq not in self.decoding:  # EOS before the first frame
             return np.zeros(0, dtype=np.float32)
-        state = self.decoding.pop(seq.id)
+        state = self.decoding.pop(seq)
         end = self.streams.close(state.sid)
         return np.concatenate([end.head, *state.pieces, end.tail]).astype(np.float32)
 

@@ -224,3 +224,17 @@ def test_synth_records_pieces_and_can_turn_splitting_off(ckpt_dir, tmp_path):
         assert result.exit_code == 0, result.output
         (rec,) = _records(out)
         assert rec["pieces"] == pieces and rec["frames"] == 5 * pieces
+
+
+def test_an_item_too_big_for_the_cache_fails_alone(tts_factory):
+    tts = tts_factory("custom_voice", max_batch=2)
+    budget = tts.kv_budget_bytes
+    tts.kv_budget_bytes = 200_000  # a few hundred positions of the tiny talker's K/V
+    try:
+        jobs = [Job(Request("Short.", speaker="ryan", id="small"), tts.default_params(greedy=True, max_frames=4)),
+                Job(Request("Huge.", speaker="ryan", id="huge"), tts.default_params(greedy=True, max_frames=5000))]
+        outcomes = {o.job.request.id: o for o in Pipeline(tts).run(jobs)}
+    finally:
+        tts.kv_budget_bytes = budget
+    assert outcomes["small"].ok and outcomes["small"].result.frames == 4
+    assert not outcomes["huge"].ok and "max_frames" in outcomes["huge"].error
