@@ -77,3 +77,68 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+class AudioSink:
+    """An audio file written piece by piece as samples arrive, under a temporary name until `commit`.
+
+    The temporary file (`.<name>.<random>.tmp`, in the target's folder) is created on the first
+    `write`; `commit` renames it into place (an item with no samples gets an empty file) and
+    `abort` deletes it, so the target never exists half-written. With `loudness` (LUFS) the samples
+    are kept as float32 in the temporary file and normalized as a whole at `commit` (integrated
+    loudness needs the whole signal), which reads the item back into memory once.
+    """
+
+    def __init__(self, path: Path, sample_rate: int, loudness: float | None = None):
+        self.path = Path(path)
+        self.kind = self.path.suffix.lower().lstrip(".")
+        if self.kind not in FORMATS:
+            raise ValueError(f"{path}: unsupported audio format {self.path.suffix!r}")
+        self.sample_rate = sample_rate
+        self.loudness = loudness
+        self.samples = 0
+        self.tmp: str | None = None
+        self._file = None
+
+    def write(self, samples: np.ndarray) -> None:
+        import soundfile as sf
+
+        if self._file is None:
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+            os.close(fd)
+            os.chmod(self.tmp, 0o666 & ~_umask())
+            fmt, subtype = ("WAV", "FLOAT") if self.loudness is not None else (self.kind.upper(), FORMATS[self.kind])
+            self._file = sf.SoundFile(self.tmp, "w", samplerate=self.sample_rate, channels=1, format=fmt,
+                                      subtype=subtype)
+        self._file.write(np.asarray(samples, dtype=np.float32))
+        self.samples += len(samples)
+
+    def commit(self) -> Path:
+        """Put the finished file in place (atomic rename)."""
+        import soundfile as sf
+
+        if self._file is None:
+            write_audio(self.path, np.zeros(0, dtype=np.float32), self.sample_rate)
+            return self.path
+        self._file.close()
+        try:
+            if self.loudness is not None:
+                from .loudness import normalize_loudness
+
+                samples, _ = sf.read(self.tmp, dtype="float32")
+                write_audio(self.path, normalize_loudness(samples, self.sample_rate, self.loudness),
+                            self.sample_rate)
+                Path(self.tmp).unlink(missing_ok=True)
+            else:
+                os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the partial file (idempotent)."""
+        if self._file is not None and not self._file.closed:
+            self._file.close()
+        if self.tmp is not None:
+            Path(self.tmp).unlink(missing_ok=True)

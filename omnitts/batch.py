@@ -71,8 +71,9 @@ class Tally:
 
 
 class Batch:
-    def __init__(self, out: Path, settings: Settings):
+    def __init__(self, out: Path, settings: Settings, sample_rate: int = 24000):
         self.out = Path(out)
+        self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
         self.out.mkdir(parents=True, exist_ok=True)
         self.leftovers = remove_leftovers(self.out)
@@ -119,21 +120,31 @@ class Batch:
             self.ledger.write(rec)
             return rec
         result, s = outcome.result, self.settings
-        if s.loudness is not None:
-            from .loudness import normalize_loudness
-
-            result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
         name = f"{item_id}.{s.format}"
         if s.save_codes:  # codes first: the ledger line (written last) vouches for both files
             _save_npy(self.out / f"{item_id}.codes.npy", result.codes.astype(np.int64))
-        result.save(self.out / name)
-        rec = record(item_id, "ok", path=name, seconds=round(result.duration, 3), frames=result.frames,
+        if outcome.sink is not None:
+            outcome.sink.commit()
+        else:  # an outcome from a pipeline without sinks
+            if s.loudness is not None:
+                from .loudness import normalize_loudness
+
+                result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
+            result.save(self.out / name)
+        rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), frames=result.frames,
                      finish_reason=result.finish_reason, seed=outcome.seed, attempts=outcome.attempts,
                      pieces=outcome.pieces, timings=outcome.timings)
         self.ledger.write(rec)
         self.tally.done += 1
-        self.tally.seconds += result.duration
+        self.tally.seconds += outcome.seconds
         return rec
+
+    def sink(self, job: Job):
+        """Where a job's audio streams to: a temporary file in `out`, renamed by `save`."""
+        from .audio import AudioSink
+
+        return AudioSink(self.out / f"{job.request.id}.{self.settings.format}", self.sample_rate,
+                         self.settings.loudness)
 
 
 def record(item_id, status, path=None, seconds=None, frames=None, finish_reason=None, seed=None, error=None,

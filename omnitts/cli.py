@@ -184,8 +184,9 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
             console.print("loading checkpoint")
         tts = load(model, **load_kwargs)
         stopping = _GracefulStop(console)
+        batch.sample_rate = tts.sample_rate
         pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping.requested,
-                            split=batch.settings.splitter())
+                            split=batch.settings.splitter(), sink=batch.sink)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
         with stopping, Progress(*columns, console=console, disable=quiet) as progress:

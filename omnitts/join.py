@@ -74,3 +74,86 @@ def _fade_in(n: int) -> np.ndarray:
 def piece_seed(item_seed: int | None, index: int) -> int | None:
     """The seed of piece `index` of an item seeded `item_seed` (piece 0 keeps it; None stays None)."""
     return derive_seed(item_seed, "piece", index)
+
+
+class StreamJoiner:
+    """`join_pieces`, incrementally: piece samples arrive in chunks, the joined signal leaves in order.
+
+    `add(index, samples)` appends to piece `index` (pieces may progress in any order); `end(index)`
+    says piece `index` is complete. Output goes to `emit(chunk)` as soon as it is final: the current
+    piece streams through, except its last crossfade's worth of samples (held for the next joint),
+    and a later piece waits in memory until the pieces before it end. Everything emitted, concatenated,
+    equals `join_pieces(pieces)` exactly (the same float operations in the same order).
+    """
+
+    def __init__(self, count: int, sample_rate: int, emit, crossfade_ms: float = DEFAULT_CROSSFADE_MS):
+        self.fade = crossfade_samples(sample_rate, crossfade_ms)
+        self.emit = emit
+        self.count = count
+        self.pending = [[] for _ in range(count)]  # samples received and not yet emitted, per piece
+        self.lengths = [0] * count  # samples received per piece
+        self.ended = [False] * count
+        self.current = 0  # the first piece not fully emitted
+        self.head_done = True  # whether the current piece's leading joint has been mixed
+        self.tail = np.zeros(0, dtype=np.float32)  # held end of the previous piece (its fade-out side)
+
+    def add(self, index: int, samples: np.ndarray) -> None:
+        samples = np.asarray(samples, dtype=np.float32)
+        assert not self.ended[index], f"piece {index} already ended"
+        if len(samples):
+            self.pending[index].append(samples)
+            self.lengths[index] += len(samples)
+            self._flush()
+
+    def end(self, index: int) -> None:
+        self.ended[index] = True
+        self._flush()
+
+    @property
+    def finished(self) -> bool:
+        return self.current == self.count
+
+    def _flush(self) -> None:
+        while self.current < self.count:
+            k, fade = self.current, self.fade
+            last, ended, length = k == self.count - 1, self.ended[k], self.lengths[k]
+            if not self.head_done:
+                if not ended and length < 2 * fade:
+                    return  # this joint's fade length still depends on how long piece k gets
+                f = min(fade, self.lengths[k - 1] // 2, length // 2 if ended else fade)
+                body = self._take(k, len(self._pending(k)))
+                held = self.tail
+                out_prev = held[: len(held) - f]
+                mixed = held[len(held) - f:] * _fade_in(f)[::-1] + body[:f] * _fade_in(f) if f else body[:0]
+                self.emit(np.concatenate([out_prev, mixed]))
+                self.pending[k] = [body[f:]] if len(body) > f else []
+                self.head_done, self.tail = True, np.zeros(0, dtype=np.float32)
+            buffered = self._pending(k)
+            if last:
+                if len(buffered):
+                    self.emit(self._take(k, len(buffered)))
+                if not ended:
+                    return
+            elif not ended:
+                if len(buffered) > fade:  # hold the last `fade` samples for the next joint
+                    self.emit(self._take(k, len(buffered) - fade))
+                return
+            else:  # piece k complete: keep at most the longest fade its next joint can have
+                hold = min(fade, length // 2)
+                if len(buffered) > hold:
+                    self.emit(self._take(k, len(buffered) - hold))
+                self.tail = self._take(k, len(self._pending(k)))
+            self.current += 1
+            self.head_done = False  # the next piece starts with a joint
+
+    def _pending(self, k: int) -> np.ndarray:
+        if len(self.pending[k]) > 1:
+            self.pending[k] = [np.concatenate(self.pending[k])]
+        return self.pending[k][0] if self.pending[k] else np.zeros(0, dtype=np.float32)
+
+    def _take(self, k: int, n: int) -> np.ndarray:
+        """The first `n` pending samples of piece k (removed from pending)."""
+        buffered = self._pending(k)
+        taken, rest = buffered[:n], buffered[n:]
+        self.pending[k] = [rest] if len(rest) else []
+        return taken

@@ -10,10 +10,14 @@ What it owns, between the caller's jobs and the engine:
 - engine sizing: the engine is sized for the prompts in view; a later prompt that does not fit
   makes it drain and grow (rare: sizes round up and budgets derive from text length);
 - long text: a job whose text is split (`split`, by default `text_split.split_text`) runs as
-  several requests side by side in the batch, joined in order with crossfades (`join.join_pieces`)
-  when the last piece finishes;
+  several requests side by side in the batch, joined in order with crossfades (`join.StreamJoiner`,
+  equal to `join.join_pieces`);
 - audio: frames are decoded while generation continues, in chunks batched across requests
-  (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead);
+  (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead), and
+  with a `sink` (the CLI's: a temporary file per item) the joined audio leaves as soon as it is
+  final, so memory does not grow with the audio length. Audio is held back only where it may still
+  change: a piece after one still running, the last crossfade of a piece, an in-context clone's
+  stream (the reference cut is known only at its end), an attempt a runaway retry may discard;
 - runaway retries: a sampled item that exhausted its derived frame budget is retried with a
   derived seed, up to `retry_runaway` times;
 - stopping: once `stop()` returns true no new job starts; requests already running finish, the
@@ -34,7 +38,7 @@ import torch
 
 from .engine import Engine, plan
 from .errors import OmniTTSError
-from .join import join_pieces
+from .join import StreamJoiner
 from .models.codec_streams import CodecStreams
 from .params import SamplingParams, derive_seed
 from .request import Request
@@ -63,6 +67,8 @@ class Outcome:
     attempts: int = 1  # 1 + runaway retries
     pieces: int = 1  # requests the text was split into
     timings: dict = field(default_factory=dict)  # seconds: prepare, generate, decode, total
+    sink: object = None  # with a pipeline `sink`: the item's finished, uncommitted AudioSink
+    seconds: float = 0.0  # audio length
 
     @property
     def ok(self) -> bool:
@@ -77,7 +83,11 @@ class _Item:
     params: SamplingParams
     seed: int | None
     pieces: list = field(default_factory=list)  # (Request, Prompt) per piece
-    done: dict = field(default_factory=dict)  # piece index -> (codes, audio, finish_reason)
+    done: dict = field(default_factory=dict)  # piece index -> (codes, finish_reason)
+    joiner: StreamJoiner | None = None  # pieces' audio -> the item's audio, in order
+    chunks: list = field(default_factory=list)  # the joined audio so far (without a sink)
+    sink: object = None
+    incremental: bool = True  # audio may leave before its piece ends (False if a retry could undo it)
     tries: dict = field(default_factory=dict)  # piece index -> runaway retries so far
     dropped: bool = False
     started: float = field(default_factory=time.perf_counter)
@@ -88,10 +98,10 @@ class _Item:
 
 @dataclass
 class _Decoding:
-    """A sequence's codec stream: its id, the audio pumped so far, frames pushed so far."""
+    """A sequence's codec stream: its id, audio held back (until the stream closes), frames pushed."""
 
     sid: int
-    pieces: list = field(default_factory=list)
+    held: list = field(default_factory=list)
     pushed: int = 0
 
 
@@ -102,13 +112,13 @@ class Pipeline:
     """Runs jobs through one (re)sized engine; see the module docstring."""
 
     def __init__(self, tts, lookahead: int | None = None, retry_runaway: int = 0,
-                 split: Callable[[str, str], list[str]] | None = None, join: Callable | None = None,
-                 stop: Callable[[], bool] | None = None, stream_decode: bool = True):
+                 split: Callable[[str, str], list[str]] | None = None, stop: Callable[[], bool] | None = None,
+                 stream_decode: bool = True, sink: Callable[[Job], object] | None = None):
         self.tts = tts
         self.lookahead = lookahead or max(2 * tts.max_batch, 8)
         self.retry_runaway = retry_runaway
         self.split = split or (lambda text, language: split_text(text, language=language))
-        self.join = join or join_pieces
+        self.sink = sink
         self.stop = stop or (lambda: False)
         self.engine: Engine | None = None
         self.engines_built = 0
@@ -117,6 +127,16 @@ class Pipeline:
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
+        """Outcomes of `jobs` in finishing order (see the module docstring)."""
+        self.live: set = set()  # items with audio in flight (their sinks are aborted if the run ends early)
+        try:
+            yield from self._run(jobs)
+        finally:
+            for item in self.live:
+                if item.sink is not None:
+                    item.sink.abort()
+
+    def _run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
         source = iter(jobs)
         ready: deque = deque()  # (item, piece index, params) prepared but not yet in the engine
         exhausted = stopped = False
@@ -180,7 +200,20 @@ class Pipeline:
             return None, Outcome(job, error=str(exc), exception=exc, seed=seed,
                                  timings={"total": _since(started)})
         item.prepare_s = _since(started)
+        item.joiner = StreamJoiner(len(item.pieces), self.tts.sample_rate, lambda chunk: self._emit(item, chunk))
+        auto_budget = params.max_frames is None and job.request.max_seconds is None
+        item.incremental = not (self.retry_runaway and auto_budget and params.samples)
+        self.live.add(item)
         return item, None
+
+    def _emit(self, item: _Item, chunk: np.ndarray) -> None:
+        """Joined audio of `item` that is final: to its sink (opened on first use), or kept."""
+        if self.sink is None:
+            item.chunks.append(chunk)
+            return
+        if item.sink is None:
+            item.sink = self.sink(item.job)
+        item.sink.write(chunk)
 
     def _check_fits_alone(self, item: _Item, index: int) -> None:
         """Raise RequestError if this piece would not fit an engine even on its own (cache budget)."""
@@ -247,6 +280,9 @@ class Pipeline:
         if item.dropped:
             if self.streams is not None and seq in self.decoding:
                 self.streams.close(self.decoding.pop(seq).sid)
+            if item.sink is not None:
+                item.sink.abort()
+            self.live.discard(item)
             return None
         auto_budget = item.job.params.max_frames is None and item.job.request.max_seconds is None
         if (seq.finish_reason == "length" and auto_budget and item.params.samples
@@ -258,9 +294,10 @@ class Pipeline:
             return None
         started = time.perf_counter()
         codes = seq.codes()
-        audio = self._decode(seq, codes)
+        self._last_audio(seq, codes)
+        item.joiner.end(index)
         item.decode_s += _since(started)
-        item.done[index] = (codes, audio, seq.finish_reason)
+        item.done[index] = (codes, seq.finish_reason)
         if len(item.done) < len(item.pieces):
             return None
         return self._complete(item)
@@ -289,36 +326,47 @@ class Pipeline:
         for seq in seqs:
             state = self.decoding.get(seq)
             if state is not None and state.sid in decoded:
-                state.pieces.append(decoded[state.sid])
-                seq.tag[0].decode_s += share
+                item, index = seq.tag
+                item.decode_s += share
+                if item.incremental and seq.prompt.ref_codes is None:
+                    item.joiner.add(index, decoded[state.sid])
+                else:  # ICL: a leading sample is only known at the end; retries: may be discarded
+                    state.held.append(decoded[state.sid])
 
-    def _decode(self, seq, codes: np.ndarray) -> np.ndarray:
-        """The finished sequence's audio: the rest of its stream, or a whole-utterance decode."""
+    def _last_audio(self, seq, codes: np.ndarray) -> None:
+        """Hand a finished sequence's remaining audio to its item's joiner."""
+        item, index = seq.tag
         if self.streams is None:
             from .reference import decode_codes
 
-            return decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
-        if seq not in self.decoding:  # EOS before the first frame
-            return np.zeros(0, dtype=np.float32)
-        state = self.decoding.pop(seq)
-        end = self.streams.close(state.sid)
-        return np.concatenate([end.head, *state.pieces, end.tail]).astype(np.float32)
+            item.joiner.add(index, decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes))
+        elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
+            state = self.decoding.pop(seq)
+            end = self.streams.close(state.sid)
+            item.joiner.add(index, np.concatenate([end.head, *state.held, end.tail]))
 
     def _complete(self, item: _Item) -> Outcome:
         from .result import Audio
 
+        assert item.joiner.finished
+        self.live.discard(item)
         parts = [item.done[i] for i in range(len(item.pieces))]
         rate = self.tts.sample_rate
-        audio = parts[0][1] if len(parts) == 1 else self.join([p[1] for p in parts], rate)
         codes = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        reason = "length" if any(p[2] == "length" for p in parts) else "eos"
-        result = Audio(audio, rate, codes, reason, item.job.request.id, seed=item.seed)
+        reason = "length" if any(p[1] == "length" for p in parts) else "eos"
+        if self.sink is None:
+            samples = np.concatenate(item.chunks) if item.chunks else np.zeros(0, dtype=np.float32)
+            count, sink = len(samples), None
+        else:  # the audio is in the sink's file; the caller commits it
+            sink = item.sink or self.sink(item.job)
+            samples, count = None, sink.samples
+        result = Audio(samples, rate, codes, reason, item.job.request.id, seed=item.seed)
         now = time.perf_counter()
         timings = {"prepare": item.prepare_s, "generate": now - (item.first_added or now) - item.decode_s,
                    "decode": item.decode_s, "total": now - item.started}
         attempts = 1 + max(item.tries.values(), default=0)
         return Outcome(item.job, result, seed=item.seed, attempts=attempts, pieces=len(item.pieces),
-                       timings={k: round(v, 4) for k, v in timings.items()})
+                       timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate)
 
 
 def _since(start: float) -> float:
