@@ -186,14 +186,14 @@ class Pipeline:
         try:
             if job.prompt is not None:
                 item.pieces.append((request, job.prompt))
-                return item, None
-            texts = self.split(request.text, request.language) or [request.text]  # empty: prepare says why
-            if len(texts) > 1 and request.ref_audio is not None and request.voice is None:
-                voice = self.tts.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
-                request = replace(request, voice=voice)  # encode the reference once for all pieces
-            for index, text in enumerate(texts):
-                piece = request if len(texts) == 1 else replace(request, text=text)
-                item.pieces.append((piece, self.tts.prepare(piece)))
+            else:
+                texts = self.split(request.text, request.language) or [request.text]  # empty: prepare says why
+                if len(texts) > 1 and request.ref_audio is not None and request.voice is None:
+                    voice = self.tts.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
+                    request = replace(request, voice=voice)  # encode the reference once for all pieces
+                for text in texts:
+                    piece = request if len(texts) == 1 else replace(request, text=text)
+                    item.pieces.append((piece, self.tts.prepare(piece)))
             for index in range(len(item.pieces)):
                 self._check_fits_alone(item, index)
         except OmniTTSError as exc:

@@ -238,3 +238,12 @@ def test_an_item_too_big_for_the_cache_fails_alone(tts_factory):
         tts.kv_budget_bytes = budget
     assert outcomes["small"].ok and outcomes["small"].result.frames == 4
     assert not outcomes["huge"].ok and "max_frames" in outcomes["huge"].error
+
+
+def test_generate_prepared_equals_generate(tts_factory):
+    tts = tts_factory("custom_voice")
+    request, params = Request("Prepared ahead.", speaker="ryan", id="p"), tts.default_params(True, max_frames=5)
+    (prepared,) = tts.generate_prepared([(request, tts.prepare(request), params)])
+    (direct,) = tts.generate([(request, params)])
+    assert prepared.frames == 5 and np.array_equal(prepared.codes, direct.codes)
+    assert np.array_equal(prepared.samples, direct.samples)
