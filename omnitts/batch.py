@@ -50,6 +50,9 @@ class Settings:
         return lambda text, language: split_text(text, max_chars=self.split_chars, language=language)
 
 
+SHOWN_ERRORS = 20  # failures listed in the closing summary
+
+
 @dataclass
 class Tally:
     """Counts for the progress bar and the closing summary."""
@@ -58,8 +61,13 @@ class Tally:
     failed: int = 0
     skipped: int = 0
     seconds: float = 0.0  # audio written in this run
-    errors: list = field(default_factory=list)  # (id, message)
+    errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
     started: float = field(default_factory=time.time)
+
+    def fail(self, item_id: str, message: str) -> None:
+        self.failed += 1
+        if len(self.errors) < SHOWN_ERRORS:  # the rest are in results.jsonl; memory stays flat
+            self.errors.append((item_id, message))
 
     @property
     def wall(self) -> float:
@@ -83,9 +91,8 @@ class Batch:
     # -- what to run ------------------------------------------------------------------------------
     def record_bad(self, item_id: str, message: str) -> None:
         """A line that failed validation: recorded once (not again on every re-run)."""
-        self.tally.failed += 1
-        self.tally.errors.append((item_id, message))
-        if self.ledger.failed.get(item_id, {}).get("error") != message:
+        self.tally.fail(item_id, message)
+        if self.ledger.failed.get(item_id) != message:
             self.ledger.write(record(item_id, "error", error=message))
 
     def pending(self, items: Iterable) -> Iterator:
@@ -114,8 +121,7 @@ class Batch:
         """Write an outcome's audio (and codes), then its ledger line; returns the record."""
         item_id = outcome.job.request.id
         if not outcome.ok:
-            self.tally.failed += 1
-            self.tally.errors.append((item_id, outcome.error))
+            self.tally.fail(item_id, outcome.error)
             rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings)
             self.ledger.write(rec)
             return rec
@@ -203,14 +209,14 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
     with ArrowWriter(features=features, path=str(build / "rows.arrow")) as writer:
         for item in items:
             rec = ledger.done.get(item.request.id)
-            path = Path(out) / rec["path"] if rec else None
+            path = Path(out) / rec.path if rec else None
             if path is None or not path.is_file():
                 continue
             r = item.request
             rate = rate or sf_rate(path)
             writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
                           "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
-                          "seconds": float(rec["seconds"]), "frames": int(rec["frames"]), "seed": rec.get("seed")})
+                          "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": rec.seed})
             count += 1
         writer.finalize()
     dataset = datasets.Dataset.from_file(str(build / "rows.arrow"))

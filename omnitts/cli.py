@@ -101,15 +101,14 @@ def synth(
     item failed. Engine settings come from the flags, else from --recipe, else the defaults shown.
     """
     from .batch import Batch, Settings
+    from .config import load_config
+    from .manifest import BadLine, column_map, iter_manifest
 
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, max_batch=max_batch, eager=eager)
     except OmniTTSError as exc:
         _fail(str(exc))
     device = engine["device"]
-    from .config import load_config
-    from .manifest import BadLine, column_map, iter_manifest
-
     if device not in ("cpu", "cuda", "npu"):
         _fail(f"--device {device!r}: choose cpu, cuda or npu")
     if audio_format not in ("wav", "flac", "ogg"):
@@ -253,10 +252,10 @@ def _summary(console, batch) -> None:
     table.add_row(str(t.done), str(t.failed), str(t.skipped), _hms(t.seconds), _hms(t.wall),
                   f"{t.realtime:.2f}x realtime")
     console.print(table)
-    for item_id, message in t.errors[:20]:
+    for item_id, message in t.errors:
         console.print(f"  failed {item_id}: {message}")
-    if len(t.errors) > 20:
-        console.print(f"  ... and {len(t.errors) - 20} more (see {batch.out}/results.jsonl)")
+    if t.failed > len(t.errors):
+        console.print(f"  ... and {t.failed - len(t.errors)} more (see {batch.out}/results.jsonl)")
 
 
 def _hms(seconds: float) -> str:

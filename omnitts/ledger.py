@@ -11,15 +11,25 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 NAME = "results.jsonl"
+
+
+class Done(NamedTuple):
+    """What is kept of a good record: only what resuming and exporting read (memory per id stays small)."""
+
+    path: str
+    seconds: float
+    frames: int
+    seed: int | None
 
 
 class Ledger:
     def __init__(self, out: Path):
         self.path = Path(out) / NAME
-        self.done: dict[str, dict] = {}  # id -> last good record
-        self.failed: dict[str, dict] = {}
+        self.done: dict[str, Done] = {}  # id -> its last good record
+        self.failed: dict[str, str] = {}  # id -> the error of its last record
         if self.path.exists():
             for record in self._read():
                 self._note(record)
@@ -42,7 +52,7 @@ class Ledger:
         try:
             import soundfile as sf
 
-            sf.info(str(Path(out) / record["path"]))
+            sf.info(str(Path(out) / record.path))
             return True
         except Exception:  # missing or unreadable file: synthesize again
             return False
@@ -57,9 +67,13 @@ class Ledger:
 
     def _note(self, record: dict) -> None:
         """The latest record of an id wins."""
-        ok = record.get("status") == "ok"
-        (self.done if ok else self.failed)[record["id"]] = record
-        (self.failed if ok else self.done).pop(record["id"], None)
+        item_id = record["id"]
+        if record.get("status") == "ok":
+            self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"))
+            self.failed.pop(item_id, None)
+        else:
+            self.failed[item_id] = record.get("error") or ""
+            self.done.pop(item_id, None)
 
 
 def remove_leftovers(out: Path) -> int:

@@ -2,9 +2,10 @@
 
 Each run is a fresh `python -m omnitts synth` subprocess; its peak resident set comes from
 `os.wait4` (the kernel's ru_maxrss for that child alone), and its resident set is also sampled from
-/proc while it runs, so the table shows both the peak and how it moves (it should stay flat).
+/proc every 0.5 s, reported at a quarter, half, three quarters and the end of the run's wall time,
+so the table shows both the peak and how it moves (it should stay flat).
 
-    python scripts/memory.py [--lines 1000,10000] [--json memory.json]
+    python scripts/memory.py [--lines 1000,10000] [--lengths 20,600] [--json memory.json]
 """
 
 from __future__ import annotations
@@ -51,12 +52,11 @@ def run(manifest: Path, ckpt: Path, out: Path, frames: int, max_batch: int) -> d
     if code != 0:
         raise SystemExit(f"synth failed ({code}): {log.read_text()[-2000:]}")
     peak = usage.ru_maxrss / 1024  # KiB on Linux
-    # RSS once items are flowing, at 25% / 50% / 100% of the items done (shows growth, if any)
+    # RSS at a quarter, half, three quarters and the end of the run's samples (flat = no growth over time)
     lines = sum(1 for _ in open(manifest))
-    marks = {}
-    for share in (0.25, 0.5, 1.0):
-        later = [v for d, v in samples if d >= share * lines]
-        marks[f"rss_at_{int(share * 100)}pct_mib"] = round(later[0], 1) if later else None
+    values = [v for _, v in samples]
+    marks = {f"rss_at_{q}pct_mib": round(values[min(len(values) - 1, len(values) * q // 100)], 1) if values else None
+             for q in (25, 50, 75, 100)}
     return {"lines": lines, "frames": frames, "peak_rss_mib": round(peak, 1), **marks,
             "wall_s": round(time.time() - started, 1)}
 
@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lines", default="1000,10000", help="manifest sizes (short items)")
     parser.add_argument("--short-frames", type=int, default=2)
-    parser.add_argument("--long-frames", type=int, default=600, help="frames of each long item (48 s)")
-    parser.add_argument("--long-items", type=int, default=64)
+    parser.add_argument("--lengths", default="20,600", help="frames per item of the item-length runs (600 = 48 s)")
+    parser.add_argument("--long-items", type=int, default=64, help="items in each item-length run")
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -90,15 +90,15 @@ def main(argv=None) -> int:
         results.append({"case": f"{lines} short items", **run(m, ckpt, work / f"out-short{lines}",
                                                                args.short_frames, args.max_batch)})
         print(json.dumps(results[-1]), flush=True)
-    for frames in (args.short_frames * 10, args.long_frames):
+    for frames in (int(x) for x in args.lengths.split(",")):
         m = manifest(f"len{frames}", args.long_items)
         results.append({"case": f"{args.long_items} items of {frames} frames",
                         **run(m, ckpt, work / f"out-len{frames}", frames, args.max_batch)})
         print(json.dumps(results[-1]), flush=True)
-    print(f"\n{'case':28} {'peak MiB':>9} {'@25%':>7} {'@50%':>7} {'@100%':>7} {'wall s':>7}")
+    print(f"\n{'case':28} {'peak MiB':>9} {'@25%':>7} {'@50%':>7} {'@75%':>7} {'@100%':>7} {'wall s':>7}")
     for r in results:
         print(f"{r['case']:28} {r['peak_rss_mib']:>9} {r['rss_at_25pct_mib']!s:>7} {r['rss_at_50pct_mib']!s:>7} "
-              f"{r['rss_at_100pct_mib']!s:>7} {r['wall_s']:>7}")
+              f"{r['rss_at_75pct_mib']!s:>7} {r['rss_at_100pct_mib']!s:>7} {r['wall_s']:>7}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
