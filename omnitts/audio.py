@@ -8,12 +8,12 @@ librosa's default resampler to the rate the codec and speaker encoder expect.
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write, temp_name
 from .errors import AudioError
 
 MIN_REFERENCE_SECONDS = 0.5
@@ -62,21 +62,8 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     if kind not in FORMATS:
         raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode open() would
+    with atomic_write(path) as tmp:
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class AudioSink:
@@ -104,9 +91,7 @@ class AudioSink:
         import soundfile as sf
 
         if self._file is None:
-            fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-            os.close(fd)
-            os.chmod(self.tmp, 0o666 & ~_umask())
+            self.tmp = temp_name(self.path)
             fmt, subtype = ("WAV", "FLOAT") if self.loudness is not None else (self.kind.upper(), FORMATS[self.kind])
             self._file = sf.SoundFile(self.tmp, "w", samplerate=self.sample_rate, channels=1, format=fmt,
                                       subtype=subtype)

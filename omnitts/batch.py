@@ -163,17 +163,10 @@ def record(item_id, status, path=None, seconds=None, frames=None, finish_reason=
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
     """np.save, atomically (temporary name in the same folder, then rename)."""
-    import os
-    import tempfile
+    from .atomic import atomic_write
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.save(handle, array)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, array)
 
 
 def sf_rate(path: Path) -> int:

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write
 from .errors import CheckpointError, VoiceError
 from .request import Voice
 
@@ -117,16 +116,10 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with atomic_write(path) as tmp:
+            save_file(tensors, tmp, metadata={k: str(v) for k, v in info.items()})
     except OSError as exc:
-        raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror})") from None
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata={k: str(v) for k, v in info.items()})
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror or exc})") from None
     return path
 
 
