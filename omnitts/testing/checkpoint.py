@@ -35,9 +35,9 @@ PRESETS = {
     "tiny-1.7b": dict(size="1b7", talker=(96, 160, 2, 4, 2, 24), predictor=(64, 128, 2, 4, 2, 16), text_hidden=48,
                       codec=(32, 32, 32, 64, 2, 2, 16, 64), mimi=(32, 4, 2, 2, 16, 64, 32)),
     "0.6b": dict(size="0b6", talker=(1024, 3072, 28, 16, 8, 128), predictor=(1024, 3072, 5, 16, 8, 128), text_hidden=2048,
-                 codec=(512, 1024, 1024, 1536, 8, 16, 64, 1024), mimi=(512, 64, 8, 8, 64, 2048, 256)),
+                 codec=(512, 512, 1024, 1536, 8, 16, 64, 1024), mimi=(512, 64, 8, 8, 64, 2048, 256)),
     "1.7b": dict(size="1b7", talker=(2048, 6144, 28, 16, 8, 128), predictor=(1024, 3072, 5, 16, 8, 128), text_hidden=2048,
-                 codec=(512, 1024, 1024, 1536, 8, 16, 64, 1024), mimi=(512, 64, 8, 8, 64, 2048, 256)),
+                 codec=(512, 512, 1024, 1536, 8, 16, 64, 1024), mimi=(512, 64, 8, 8, 64, 2048, 256)),
 }
 HEAD_SCALE = 100.0  # makes greedy top-1/top-2 logit gaps decisive on random weights
 
@@ -94,6 +94,9 @@ def make_codec_config(preset: str) -> dict:
             "sliding_window": 72, "rope_theta": 10000, "rms_norm_eps": 1e-5, "layer_scale_initial_scale": 0.01,
             "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "max_position_embeddings": 8000,
             "num_quantizers": 16, "hidden_act": "silu", "attention_bias": False,
+            # Unused by the decoder, but in the published file (converters such as vox-tts read them).
+            "num_semantic_quantizers": 1, "semantic_codebook_size": 4096,
+            "vector_quantization_hidden_dimension": codebook_dim,
         },
         "encoder_config": {
             "model_type": "mimi", "sampling_rate": 24000, "frame_rate": 12.5, "audio_channels": 1,
