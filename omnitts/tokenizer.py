@@ -11,7 +11,6 @@ match the official package's token ids (parity checks).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import shutil
@@ -36,16 +35,15 @@ class TextTokenizer:
 
     def __init__(self, ckpt: Path, official_regex: bool = False):
         import tokenizers
-        from transformers import AutoTokenizer
 
         ckpt = Path(ckpt)
         if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
-        self._tok = copy.deepcopy(_load_cached(ckpt))
+        # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
+        self._tok = tokenizers.Tokenizer.from_str(_load_cached(ckpt))
         self.official_regex = official_regex
         if official_regex:
-            backend = self._tok.backend_tokenizer
-            pre = backend.pre_tokenizer
+            pre = self._tok.pre_tokenizer
             if not isinstance(pre, tokenizers.pre_tokenizers.Sequence):
                 raise CheckpointError(f"{ckpt}: tokenizer pre-tokenizer is not a Sequence; cannot apply the official regex")
             pre[0] = tokenizers.pre_tokenizers.Split(
@@ -53,10 +51,10 @@ class TextTokenizer:
             )
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok(text, add_special_tokens=False)["input_ids"])
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def token_id(self, token: str) -> int:
-        return self._tok.convert_tokens_to_ids(token)
+        return self._tok.token_to_id(token)
 
     # The three chat wrappers the official prompt uses; ids are sliced by position afterwards.
     def assistant_ids(self, text: str) -> list[int]:
@@ -73,15 +71,15 @@ def _cache_root() -> Path:
     return Path(os.environ.get("OMNITTS_CACHE_DIR") or Path.home() / ".cache" / "omnitts")
 
 
-def _load_cached(ckpt: Path):
-    """Load the checkpoint's tokenizer, converting vocab.json + merges.txt to a fast tokenizer once.
+def _load_cached(ckpt: Path) -> str:
+    """The checkpoint's fast tokenizer as `tokenizer.json` text, converted from vocab.json + merges.txt once.
 
-    Published checkpoints ship no tokenizer.json, so transformers rebuilds the fast tokenizer from
-    the BPE files on every load (seconds for a 151k vocabulary). The converted result is kept under
-    ~/.cache/omnitts/tokenizers/<digest of the files> and in memory; it tokenizes identically.
+    Published checkpoints ship no tokenizer.json, so transformers would rebuild the fast tokenizer
+    from the BPE files on every load (seconds for a 151k vocabulary, plus importing transformers'
+    tokenizer stack). The conversion runs once through transformers and its `tokenizer.json` is kept
+    under ~/.cache/omnitts/tokenizers/<digest of the files> and in memory; later loads read it with
+    the `tokenizers` library alone and tokenize identically.
     """
-    from transformers import AutoTokenizer
-
     digest = hashlib.sha256()
     for name in _FILES:
         if (ckpt / name).is_file():
@@ -90,19 +88,23 @@ def _load_cached(ckpt: Path):
     if key in _LOADED:
         return _LOADED[key]
     cached = _cache_root() / "tokenizers" / key
-    source = cached if (cached / "tokenizer.json").is_file() else ckpt
+    if (cached / "tokenizer.json").is_file():
+        _LOADED[key] = (cached / "tokenizer.json").read_text(encoding="utf-8")
+        return _LOADED[key]
+    from transformers import AutoTokenizer
+
     try:
         # fix_mistral_regex=False: keep the checkpoint's own regex, and silence transformers' warning
         # about it (TextTokenizer applies the official swap itself when asked to).
-        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True, fix_mistral_regex=False)
+        tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True, fix_mistral_regex=False)
     except Exception as exc:  # transformers raises many types here; the file is what matters
         raise CheckpointError(f"{ckpt}: cannot load the text tokenizer ({type(exc).__name__}: {exc})") from None
-    if source is ckpt:
-        try:
-            tmp = cached.with_name(f".{key}.{os.getpid()}.tmp")
-            tok.save_pretrained(str(tmp))
-            os.replace(tmp, cached)
-        except OSError:  # a read-only or full cache, or another process won the race: only costs speed
-            shutil.rmtree(tmp, ignore_errors=True)
-    _LOADED[key] = tok
-    return tok
+    text = tok.backend_tokenizer.to_str()
+    try:
+        tmp = cached.with_name(f".{key}.{os.getpid()}.tmp")
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, cached)
+    except OSError:  # a read-only or full cache, or another process won the race: only costs speed
+        shutil.rmtree(tmp, ignore_errors=True)
+    _LOADED[key] = text
+    return text
