@@ -12,7 +12,9 @@ are assigned in, so a 1.7B checkpoint does not pay for a random initialisation i
 
 from __future__ import annotations
 
+import contextlib
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +22,12 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
+from ..device.cpu_weights import can_pack, pack_linears
 from ..errors import CheckpointError
 from ..tokenizer import TextTokenizer
 from .codec import CodecDecoder
 from .codec_encoder import CodecEncoder
+from .safetensors_io import MappedFile
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
 
@@ -72,27 +76,30 @@ def safetensors_files(folder: Path, stem: str = "model") -> list[Path]:
     raise CheckpointError(f"{single}: file not found")
 
 
-def read_tensors(files: list[Path], prefix: str = "") -> dict[str, tuple[Path, str]]:
-    """Map of tensor name (with `prefix` removed) -> (file, name in file), for names under `prefix`."""
-    from safetensors import safe_open
-
-    found = {}
+def open_files(files: list[Path]) -> dict[Path, MappedFile]:
+    """Map every weight file once; a file that is not safetensors is one error naming it."""
+    mapped = {}
     for path in files:
         try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    if name.startswith(prefix):
-                        found[name[len(prefix):]] = (path, name)
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            mapped[path] = MappedFile(path)
+        except (OSError, ValueError, struct.error) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
-    return found
+    return mapped
 
 
-def load_strict(module: nn.Module, files: list[Path], prefix: str, dtype: torch.dtype, device,
-                skip: tuple[str, ...] = ()) -> None:
-    """Assign every parameter/buffer of `module` from `files` (names under `prefix`), checking all of it."""
-    from safetensors import safe_open
+def read_tensors(files: dict[Path, MappedFile], prefix: str = "") -> dict[str, tuple[MappedFile, str]]:
+    """Map of tensor name (with `prefix` removed) -> (file, name in file), for names under `prefix`."""
+    return {name[len(prefix):]: (f, name) for f in files.values() for name in f.keys() if name.startswith(prefix)}
 
+
+def load_strict(module: nn.Module, files: dict[Path, MappedFile], prefix: str, dtype: torch.dtype, device,
+                skip: tuple[str, ...] = (), keep_stored: tuple[str, ...] = ()) -> None:
+    """Assign every parameter/buffer of `module` from `files` (names under `prefix`), checking all of it.
+
+    Tensors already in `dtype` on the CPU stay views of the mapped file (no copy). Names in
+    `keep_stored` keep a narrower stored float dtype instead of being widened to `dtype` (the
+    module widens them after use, which is exact).
+    """
     expected = module.state_dict(keep_vars=True)
     found = read_tensors(files, prefix)
     found = {k: v for k, v in found.items() if not k.startswith(skip)}
@@ -105,14 +112,18 @@ def load_strict(module: nn.Module, files: list[Path], prefix: str, dtype: torch.
         raise CheckpointError(f"{where}: unexpected tensor {prefix}{unexpected[0]}" + _more(unexpected)
                               + " (is this checkpoint of another kind or size than its config.json says?)")
     state = {}
-    handles = {path: safe_open(str(path), framework="pt") for path in files}
     for name, ref in expected.items():
-        path, key = found[name]
-        tensor = handles[path].get_tensor(key)
-        if tuple(tensor.shape) != tuple(ref.shape):
-            raise CheckpointError(f"{path}: tensor {key} has shape {tuple(tensor.shape)}, "
-                                  f"config.json implies {tuple(ref.shape)}")
+        mapped, key = found[name]
+        shape = mapped.shape(key)
+        if shape != tuple(ref.shape):
+            raise CheckpointError(f"{mapped.path}: tensor {key} has shape {shape}, config.json implies {tuple(ref.shape)}")
+        try:
+            tensor = mapped.get(key)
+        except ValueError as exc:
+            raise CheckpointError(f"{mapped.path}: tensor {key} is unreadable ({exc})") from None
         target = dtype if tensor.is_floating_point() else tensor.dtype
+        if name in keep_stored and tensor.is_floating_point() and tensor.dtype.itemsize < target.itemsize:
+            target = tensor.dtype
         state[name] = tensor.to(device=device, dtype=target)
     module.load_state_dict(state, strict=True, assign=True)
 
@@ -129,14 +140,23 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "float32", official_
     cfg = load_config(path)
     dev = torch.device(device)
     lm_dtype = DTYPES[dtype]
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = TTSModel(cfg)
         codec = CodecDecoder(cfg.codec.decoder)
-    weights = safetensors_files(path)
-    load_strict(model.talker, weights, "talker.", lm_dtype, dev)
+    weights = open_files(safetensors_files(path))
+    # The text embedding (151936 rows) is only gathered from: it stays in its stored dtype and the
+    # talker widens the gathered rows (bfloat16 -> float32 is exact), saving ~1 GB and its conversion.
+    # On the CPU, linear weights stay views of the file until `pack_linears` widens and packs them
+    # one at a time (each temporary is freed before the next: no second full copy of the model).
+    packing = dev.type == "cpu" and can_pack(lm_dtype)
+    linears = tuple(f"{name}.weight" for name, m in model.talker.named_modules() if type(m) is nn.Linear)
+    load_strict(model.talker, weights, "talker.", lm_dtype, dev,
+                keep_stored=("model.text_embedding.weight",) + (linears if packing else ()))
+    if packing:
+        pack_linears(model.talker, lm_dtype)
     if model.speaker_encoder is not None:
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
-    codec_files = safetensors_files(path / "speech_tokenizer")
+    codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
     load_strict(codec, codec_files, "decoder.", torch.float32, dev)
     encoder = None
     if cfg.model_type == "base":
@@ -149,9 +169,24 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "float32", official_
     return Checkpoint(path, cfg, model, codec, encoder, TextTokenizer(path, official_tokenizer), dev, lm_dtype)
 
 
-def _check_prefixes(files: list[Path], allowed: tuple[str, ...]) -> None:
+@contextlib.contextmanager
+def _no_init():
+    """Skip the random initialisation of modules built on the meta device (it only costs time:
+    meta `normal_` imports torch's reference ops, ~2 s). Every tensor is then loaded."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "constant_", "trunc_normal_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _check_prefixes(files: dict[Path, MappedFile], allowed: tuple[str, ...]) -> None:
     """Tensors outside the parts we load mean a different model kind than config.json claims."""
     stray = sorted(k for k in read_tensors(files) if not k.startswith(allowed))
     if stray:
-        raise CheckpointError(f"{files[0]}: unexpected tensor {stray[0]}" + _more(stray)
+        raise CheckpointError(f"{next(iter(files))}: unexpected tensor {stray[0]}" + _more(stray)
                               + " (does tts_model_type in config.json match these weights?)")

@@ -88,8 +88,12 @@ class Talker(nn.Module):
         self.code_predictor = CodePredictor(predictor_cfg, cfg.hidden_size)
 
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
-        """Text token ids (..., T) -> talker-space embeddings (..., T, hidden)."""
-        return self.text_projection(self.model.text_embedding(ids))
+        """Text token ids (..., T) -> talker-space embeddings (..., T, hidden).
+
+        The table may be kept narrower than the model (the loader leaves it in its stored dtype);
+        the gathered rows are widened to the dtype of the other embeddings, which is exact."""
+        rows = self.model.text_embedding(ids).to(self.model.codec_embedding.weight.dtype)
+        return self.text_projection(rows)
 
     def embed_codec(self, ids: torch.Tensor) -> torch.Tensor:
         """Codebook-0 / control codec ids -> embeddings."""

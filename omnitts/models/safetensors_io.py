@@ -1,0 +1,65 @@
+"""Reading safetensors files: the JSON header, and tensors as zero-copy views of a memory map.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header (name -> dtype, shape,
+data_offsets) and the raw tensor bytes. Loading maps the file once (copy-on-write, so a tensor is
+writable without touching the file) and views each tensor where it lies: a checkpoint on a warm
+page cache costs no read and no fresh memory for tensors that keep their stored dtype, which is
+most of the start-up time on machines where first-touching anonymous memory is slow.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+import warnings
+from pathlib import Path
+
+import torch
+
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+          "BOOL": torch.bool}
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """(header without `__metadata__`, offset of the data section). Raises OSError/ValueError if malformed."""
+    with open(path, "rb") as handle:
+        (size,) = struct.unpack("<Q", handle.read(8))
+        if size > 100 * 2**20:
+            raise ValueError(f"header of {size} bytes")
+        header = json.loads(handle.read(size))
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+class MappedFile:
+    """One safetensors file mapped into memory; `get(name)` views a tensor without copying it."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.header, self._start = read_header(self.path)
+        with open(self.path, "rb") as handle:
+            self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+
+    def keys(self):
+        return self.header.keys()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.header[name]["shape"])
+
+    def get(self, name: str) -> torch.Tensor:
+        entry = self.header[name]
+        dtype = DTYPES.get(entry["dtype"])
+        if dtype is None:
+            raise ValueError(f"tensor {name}: unsupported dtype {entry['dtype']}")
+        begin, end = entry["data_offsets"]
+        count = (end - begin) // dtype.itemsize
+        if count == 0:
+            return torch.empty(entry["shape"], dtype=dtype)
+        with warnings.catch_warnings():  # mmap buffers are fine to view; torch warns about any buffer
+            warnings.simplefilter("ignore")
+            flat = torch.frombuffer(self._map, dtype=dtype, count=count, offset=self._start + begin)
+        return flat.view(entry["shape"])
