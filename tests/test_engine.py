@@ -9,6 +9,7 @@ from omnitts.device.fake import FakeGraphBackend, GraphRuleError, graph_rules
 from omnitts.engine import Engine, EngineConfig
 from omnitts.errors import RequestError
 from omnitts.reference import generate_codes
+from omnitts.sampling import FramePlan
 from omnitts.request import Request
 
 
@@ -92,15 +93,16 @@ def test_frame_step_makes_no_host_sync_and_the_check_can_fail(cv):
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
     engine.add(cv.prompts.build(Request("Check syncs.", speaker="ryan")), cv.default_params(False, max_frames=3, seed=1))
     engine._admit()
-    engine._stage_noise(engine.scheduler.running)
+    plan = FramePlan.of([seq.params for seq in engine.scheduler.running], *engine.vocabs)
+    assert plan.talker.samples and plan.predictor.samples
     with graph_rules():
-        engine.runner.frame(1, 64)  # the whole frame: sampling, predictor loop, talker step
+        engine.runner.frame(1, 64, plan)  # the whole frame: noise, sampling, predictor loop, talker step
     with pytest.raises(GraphRuleError, match="host sync `item`"):
         with graph_rules():
             engine.state.codes.sum().item()
     with pytest.raises(GraphRuleError, match="random number generation"):
         with graph_rules():
-            engine.state.noise.exponential_()
+            engine.state.logits.exponential_()
 
 
 def test_finished_requests_waste_at_most_one_frame_and_free_their_slot(tts_factory):
