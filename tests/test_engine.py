@@ -77,6 +77,24 @@ def test_seeded_sampling_is_batch_invariant_and_matches_slow_path(cv):
                                                 max_num_seqs=1)[0].codes())
 
 
+def test_batches_mixing_sampling_plans_match_each_request_alone(cv):
+    """Greedy, top-k 50, top-k off and top-p rows share batches whose plan (K, top-p on/off) changes as
+    requests come and go: each request's codes still equal its one-request run (its own plan),
+    eagerly and under fake graphs, which are captured per plan."""
+    jobs = [(Request("Greedy in a sampled batch.", speaker="ryan"), cv.default_params(True, max_frames=6)),
+            (Request("Top-k fifty.", speaker="vivian"), cv.default_params(False, max_frames=9, seed=3)),
+            (Request("Top-k off in the talker.", speaker="ryan"),
+             cv.default_params(False, max_frames=4, seed=4, top_k=0, subtalker_top_p=0.8)),
+            (Request("Nucleus and a wide sub-talker top-k.", speaker="eric"),
+             cv.default_params(False, max_frames=7, seed=5, top_p=0.9, subtalker_top_k=200))]
+    backend = FakeGraphBackend()
+    for done in (run_engine(cv, jobs, max_num_seqs=2), run_engine(cv, jobs, backend=backend, max_num_seqs=2)):
+        for i, (req, params) in enumerate(jobs):
+            np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")
+    plans = len(backend.captured) // 2  # buckets 1 and 2 per plan
+    assert plans >= 3 and len(backend.captured) == 2 * plans
+
+
 def test_fake_graph_path_equals_eager(cv):
     for greedy in (True, False):
         jobs = cv_jobs(cv, greedy=greedy)

@@ -8,11 +8,13 @@
 
 One `step()`: admit waiting requests into free slots (batched prefill), launch one frame for every
 running slot, start copying that frame's codes to the host, then read the *previous* step's codes
-(which have long arrived) and retire requests that hit EOS or their budget. The host does no
-per-frame sampling work: noise is computed inside the frame from each row's seed and frame index;
-the host only picks the frame's `sampling.FramePlan` from the running requests' parameters (frame
-steps, graphs included, exist per plan, made when a plan is first needed). The host therefore learns about EOS one step late: a
-finished request runs at most one extra frame, which is discarded, and its slot is reused at once.
+(which have long arrived) and retire requests that hit EOS or their budget. The host therefore
+learns about EOS one step late: a finished request runs at most one extra frame, which is
+discarded, and its slot is reused at once.
+
+The host does no per-frame sampling work: noise is computed inside the frame from each row's seed
+and frame index. It only picks the frame's `sampling.FramePlan` from the running requests' known
+parameters; frame steps (graphs included) exist per plan, made when a plan is first needed.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ steps, embed the frame, add each row's next trailing-text embedding and run one 
 the next logits. It reads and writes only preallocated state (the slot prefix 0..batch-1), takes
 its randomness from counter-based noise (a hash of each row's seed and frame index, see
 omnitts.sampling) and makes no host sync, so a device backend can capture it whole as one graph per
-batch size and sampling plan (`sampling.FramePlan`: which warping the batch needs, known on the host). Prefill has variable shapes and always runs eagerly.
+batch size and sampling plan (`sampling.FramePlan`: the warping the batch needs, known on the host).
+Prefill has variable shapes and always runs eagerly.
 """
 
 from __future__ import annotations
