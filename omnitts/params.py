@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass, fields, replace
 
 import torch
+
+from .sampling import seed_word
 
 FRAMES_PER_SECOND = 12.5
 GUARD_BASE_FRAMES, GUARD_FRAMES_PER_TOKEN = 40, 10  # runaway guard (see SamplingParams.with_budget)
@@ -28,7 +31,15 @@ def derive_seed(seed: int | None, salt: str, index: int) -> int | None:
     if seed is None or index == 0:
         return seed
     digest = hashlib.blake2b(f"omnitts-{salt}:{int(seed)}:{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # torch.Generator.manual_seed takes < 2**64
+    return int.from_bytes(digest, "little") >> 1  # non-negative, so it fits a signed int64
+
+
+def fresh_seed() -> int:
+    """A seed for a request that samples without one (drawn on the host at admission, never per frame).
+
+    31 bits, as the pipeline records them, so a logged seed is easy to pass back.
+    """
+    return random.SystemRandom().randrange(2**31)
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,7 @@ class SamplingParams:
     codebook-0 codes generated so far). Sub-talker (codebooks 1..15): the `subtalker_*` fields, no penalty.
     `max_frames` is the frame budget (80 ms each); None derives it from the text (the runaway
     guard, see `with_budget`), never above `frame_cap` (generation_config's max_new_tokens - 1).
-    `seed` makes sampling reproducible.
+    `seed` makes sampling reproducible (its low 64 bits key the noise, see omnitts.sampling).
     """
 
     do_sample: bool = True
@@ -83,7 +94,7 @@ class SamplingParams:
 
     @property
     def samples(self) -> bool:
-        """Whether any choice is random (then the request needs its own generator and noise)."""
+        """Whether any choice is random (then the request needs a seed)."""
         return self.do_sample or self.subtalker_dosample
 
     def with_budget(self, text_tokens: int, max_seconds: float | None = None) -> "SamplingParams":
@@ -110,7 +121,8 @@ class SamplingParams:
 class RowParams:
     """Per-row sampling parameters as tensors, so one batch mixes requests without host syncs.
 
-    Shapes: flags (B,); temperatures, top-p, penalty (B, 1) float32; top-k (B, 1) int64.
+    Shapes: flags (B,); temperatures, top-p, penalty (B, 1) float32; top-k, seed (B, 1) int64
+    (the seed as `sampling.seed_word` stores it; 0 for requests that never sample).
     """
 
     do_sample: torch.Tensor
@@ -122,13 +134,14 @@ class RowParams:
     sub_temperature: torch.Tensor
     sub_top_k: torch.Tensor
     sub_top_p: torch.Tensor
+    seed: torch.Tensor
 
     @classmethod
     def empty(cls, rows: int, device=None) -> "RowParams":
         flag = lambda: torch.zeros(rows, dtype=torch.bool, device=device)  # noqa: E731
         real = lambda: torch.ones((rows, 1), dtype=torch.float32, device=device)  # noqa: E731
         count = lambda: torch.zeros((rows, 1), dtype=torch.long, device=device)  # noqa: E731
-        return cls(flag(), real(), count(), real(), real(), flag(), real(), count(), real())
+        return cls(flag(), real(), count(), real(), real(), flag(), real(), count(), real(), count())
 
     @classmethod
     def of(cls, params: list[SamplingParams], device=None) -> "RowParams":
@@ -148,6 +161,7 @@ class RowParams:
         self.sub_temperature[row] = p.subtalker_temperature
         self.sub_top_k[row] = p.subtalker_top_k
         self.sub_top_p[row] = p.subtalker_top_p
+        self.seed[row] = seed_word(p.seed)
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in fields(self)]

@@ -12,14 +12,14 @@ last row kept) so greedy results match bit for bit on the same weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from . import sampling
 from .models.layers import KVCache, StaticKVCache
-from .params import RowParams, SamplingParams
+from .params import RowParams, SamplingParams, fresh_seed
 from .prompt import Prompt
 
 
@@ -38,10 +38,10 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     talker = ckpt.model.talker
     tcfg, pcfg = ckpt.config.talker, ckpt.config.predictor
     dev = ckpt.device
+    if params.samples and params.seed is None:
+        params = replace(params, seed=fresh_seed())
     rows = RowParams.of([params], dev)
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
-    noise_size = sampling.frame_noise_size(tcfg.vocab_size, pcfg.vocab_size, pcfg.num_code_groups)
+    plan = sampling.FramePlan.of([params], tcfg.vocab_size, pcfg.vocab_size)
     suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, dev)
     eos = tcfg.codec_eos_token_id
 
@@ -55,18 +55,17 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     margins_t, margins_p = [], []
     finish = "length"
     while True:
-        noise = sampling.draw_noise(gen, noise_size, dev)[None] if params.samples \
-            else torch.ones((1, noise_size), device=dev)
         generated = torch.tensor([len(frames)], device=dev)
+        keys = sampling.frame_keys(rows.seed, generated) if plan.samples else None
         logits = sampling.process_talker(logits, seen, rows.penalty, generated, suppress, eos)
         margins_t.append(sampling.margin(logits))
-        c0 = sampling.choose(logits, rows.do_sample, rows.temperature, rows.top_k, rows.top_p,
-                             noise[:, : tcfg.vocab_size])
+        c0 = sampling.choose(logits, rows.do_sample, rows.temperature, rows.top_k, rows.top_p, keys, 0,
+                             plan.talker)
         if int(c0) == eos:
             finish = "eos"
             break
         seen[0, c0] = True
-        codes = predict_residuals(talker, hidden[:, -1], c0, rows, noise[:, tcfg.vocab_size:], margins_p)
+        codes = predict_residuals(talker, hidden[:, -1], c0, rows, keys, plan.predictor, margins_p)
         frames.append(codes)
         if len(frames) >= params.max_frames:
             break
@@ -79,19 +78,20 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     return Generation(codes, finish, min(margins_t), min(margins_p, default=float("inf")))
 
 
-def predict_residuals(talker, past_hidden, c0, rows: RowParams, noise, margins: list | None = None,
-                      static: StaticKVCache | None = None) -> torch.Tensor:
+def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: sampling.Plan,
+                      margins: list | None = None, static: StaticKVCache | None = None) -> torch.Tensor:
     """Codebooks 1..G-1 of one frame for every row, each step conditioned on the frame's earlier codes.
 
     past_hidden (B, D) is the talker's last hidden state, c0 (B,) codebook 0, `rows` the rows'
-    sub-talker parameters, noise (B, (G-1) * V). The engine's frame calls this same function, so the
+    sub-talker parameters, `keys` the frame's noise keys (`sampling.frame_keys`; None when `plan`, the
+    host-known sub-talker plan, samples nothing). The engine's frame calls this same function, so the
     fast and slow paths cannot drift apart. `margins` (slow path only) collects greedy margins, which
     costs a host sync per step. `static` (see `predictor_cache`) replaces the growing frame-local
     K/V cache with a fixed-shape one and its kernel: every step then attends over all G positions
     under a mask, so graph replays need no per-step parameters (the NPU path).
     """
     predictor = talker.code_predictor
-    groups, vocab = predictor.cfg.num_code_groups, predictor.cfg.vocab_size
+    groups = predictor.cfg.num_code_groups
     batch, dev = c0.shape[0], c0.device
     if static is None:
         cache, attend = KVCache(predictor.cfg.num_hidden_layers), None
@@ -111,7 +111,7 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, noise, margins: 
         if margins is not None:
             margins.append(sampling.margin(logits))
         code = sampling.choose(logits, rows.sub_do_sample, rows.sub_temperature, rows.sub_top_k, rows.sub_top_p,
-                               noise[:, (group - 1) * vocab : group * vocab])
+                               keys, group, plan)
         codes.append(code)
         if group < groups - 1:
             step = torch.full((batch, 1), group + 1, device=dev)

@@ -2,32 +2,95 @@
 
 Order, as transformers applies it: repetition penalty -> EOS ban before `min_new_tokens` -> suppressed
 codes -> temperature -> top-k -> top-p -> sample (or argmax when greedy). Every function takes a batch
-of rows (B, V) with per-row parameters as tensors, makes no host sync, and so serves both the slow
-path (B = 1) and the engine's captured frame step.
+of rows (B, V) with per-row parameters as tensors, makes no host sync and draws no random numbers, so
+it serves both the slow path (B = 1) and the engine's captured frame step.
 
-Randomness comes in as noise instead of from a global generator: a row's choice is
-argmax(probs / E) with E ~ Exp(1) drawn from that request's own seeded generator (the "exponential
-race", exactly distributed as sampling from `probs`). So a request's codes do not depend on which
-other requests share its batch, and the slow path and the engine draw the same noise stream.
+Noise is counter-based (no generator, no buffer): the uniform for vocabulary entry `index` of codebook
+`group` in frame `frame` of a request seeded `seed` is a pure integer hash of those four numbers
+(`frame_keys` folds seed and frame into a 32-bit key per row once a frame; `uniforms` mixes in group
+and index with murmur3's finaliser), computed in the frame with plain int64 adds, multiplies, xors,
+ands and shifts on values kept below 2**32 (no overflow, no sign bits; the same bits on every
+device). A sampled row picks argmax(logit / T + G) over its surviving codes, G = -log(-log(u)) the
+Gumbel noise *of each code's vocabulary index* (the Gumbel-max trick, i.e. the exponential race
+argmax(p / E)): exactly a draw from the warped distribution, and independent of batch mates, slot,
+candidate count and device (up to last-ulp differences of `log` between devices).
+
+Warping looks only at the K best logits per row (`torch.topk`, K static so graphs can be captured):
+K is chosen on the host from the batch's known parameters (`Plan.of`): the smallest power of two
+>= 2 x the largest top_k among sampled rows (the slack keeps ties at the k-th value inside the
+candidates), or the whole vocabulary (one sort) when some sampled row has top-k off or above
+`MAX_TOP_K`; a batch with no sampled row never warps (argmax only), and top-p runs only when some
+sampled row has top_p < 1. The choice must not depend on K, so both filters are value thresholds:
+  - top-k keeps every code >= the k-th largest value (ties kept, as transformers does);
+  - top-p sums probabilities as integers (round(exp(v - max) * 2**24)), exact in any order and
+    unchanged by appended zeros, keeps sorted position j while the mass strictly before it is < p,
+    then keeps every code >= the smallest kept value (a tie group at the boundary stays whole, where
+    transformers keeps an arbitrary part of it), at least the best code.
+The one case where K matters: more than K - top_k codes tied at the k-th value (K >= 2 top_k).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 MIN_NEW_TOKENS = 2  # the official talker never stops before its third codebook-0 token
+MAX_TOP_K = 256  # above this, a sampled row warps over the whole vocabulary (one sort)
+MIN_CANDIDATES = 16
+
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9  # odd; spreads consecutive counters over the 32-bit space
+_MASS_ONE = 2**24  # fixed-point unit of the top-p probability sums
 
 
-def frame_noise_size(talker_vocab: int, predictor_vocab: int, groups: int) -> int:
-    """Exponential draws one frame consumes: one row for codebook 0, one per residual codebook."""
-    return talker_vocab + (groups - 1) * predictor_vocab
+# -- counter-based noise -------------------------------------------------------------------------
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c mod 2**32 for 0 <= x < 2**32 without int64 overflow: c >= 2**31 is used as c - 2**32,
+    whose product stays in (-2**63, 2**63); the mask then keeps the low 32 bits (two's complement)."""
+    return (x * (c - 2**32 if c >= 2**31 else c)) & _M32
 
 
-def draw_noise(generator: torch.Generator, size: int, device=None) -> torch.Tensor:
-    """One frame's noise for one request. Always this one call, so every path draws the same stream."""
-    return torch.empty(size, device=device).exponential_(generator=generator)
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser (a bijection with full avalanche) on values in [0, 2**32)."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
 
 
+def seed_word(seed: int | None) -> int:
+    """A request seed as the int64 a row stores: its low 64 bits, two's complement (None -> 0)."""
+    if seed is None:
+        return 0
+    return ((int(seed) % 2**64) ^ 2**63) - 2**63
+
+
+def frame_keys(seed: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+    """Per-row 32-bit keys (B, 1) int64 for one frame, from seeds (B, 1) int64 and frame indices (B,)."""
+    lo, hi = seed & _M32, (seed >> 32) & _M32  # arithmetic shift, then mask: the top word as unsigned
+    h = _fmix32(lo ^ 0x3C6EF372)  # the constants keep all-zero inputs away from fmix32's fixed point 0
+    h = _fmix32(h ^ hi ^ 0x243F6A88)
+    return _fmix32(h ^ (frame.reshape(-1, 1) & _M32) ^ 0x85A308D3)
+
+
+def uniforms(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1) float32, never 0 or 1, for codes `index` (B, N) of codebook `group`.
+
+    u = ((h >> 9) + 0.5) / 2**23 is exact in float32, so it lies in [2**-24, 1 - 2**-24].
+    """
+    counter = index + (group << 16)  # index < 2**16 (vocabularies are 2048 and 3072)
+    h = _fmix32(keys ^ _mul32(counter, _GOLDEN))
+    return ((h >> 9).float() + 0.5) * 2.0**-23
+
+
+def gumbel(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise -log(-log(u)) for codes `index` (B, N) of codebook `group`."""
+    return -torch.log(-torch.log(uniforms(keys, group, index)))
+
+
+# -- logits processing ---------------------------------------------------------------------------
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
     """Penalise every code in `seen` (B, V bool) once: divide positive logits, multiply negative ones."""
     penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
@@ -49,29 +112,94 @@ def process_talker(logits, seen, penalty, generated, suppress, eos: int) -> torc
     return logits.masked_fill(too_early | suppress, float("-inf"))
 
 
-def warp(logits, temperature, top_k, top_p) -> torch.Tensor:
-    """Temperature, top-k (0 = off) and top-p filtering per row; filtered entries become -inf.
+# -- the host-known plan ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """How a batch chooses one kind of codebook; static per captured graph, derived on the host.
 
-    temperature, top_p: (B, 1) float; top_k: (B, 1) int64.
+    `candidates`: 0 when no row samples (argmax only, no warping), else K logits per row go
+    through the warpers (K == the vocabulary: all of them). `top_p`: some sampled row has top_p < 1.
     """
-    vocab = logits.shape[-1]
-    logits = logits / temperature
-    ordered, _ = torch.sort(logits, dim=-1, descending=True)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    kth = ordered.gather(-1, k - 1)
-    logits = logits.masked_fill(logits < kth, float("-inf"))
-    ascending, order = torch.sort(logits, dim=-1)
-    cumulative = ascending.softmax(-1).cumsum(-1)
-    remove = cumulative <= (1 - top_p)
-    remove[..., -1:] = False  # keep at least the most likely code
-    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+    candidates: int = 0
+    top_p: bool = False
+
+    @property
+    def samples(self) -> bool:
+        return self.candidates > 0
+
+    @classmethod
+    def of(cls, rows: list[tuple[bool, int, float]], vocab: int) -> "Plan":
+        """From (do_sample, top_k, top_p) of every row in the batch."""
+        sampled = [(k, p) for do, k, p in rows if do]
+        if not sampled:
+            return cls()
+        top_k = [k for k, _ in sampled]
+        top_p = any(p < 1 for _, p in sampled)
+        if min(top_k) == 0 or max(top_k) > MAX_TOP_K:
+            return cls(vocab, top_p)
+        k = MIN_CANDIDATES
+        while k < 2 * max(top_k):
+            k *= 2
+        return cls(min(k, vocab), top_p)
 
 
-def choose(logits, do_sample, temperature, top_k, top_p, noise) -> torch.Tensor:
-    """One code per row: argmax where `do_sample` (B,) is False, else the exponential race on `noise`."""
+@dataclass(frozen=True)
+class FramePlan:
+    """Plans for codebook 0 (talker) and codebooks 1..15 (sub-talker) of one frame."""
+
+    talker: Plan = Plan()
+    predictor: Plan = Plan()
+
+    @property
+    def samples(self) -> bool:
+        return self.talker.samples or self.predictor.samples
+
+    @classmethod
+    def of(cls, params: list, talker_vocab: int, predictor_vocab: int) -> "FramePlan":
+        """From the SamplingParams of every request in the batch."""
+        return cls(Plan.of([(p.do_sample, p.top_k, p.top_p) for p in params], talker_vocab),
+                   Plan.of([(p.subtalker_dosample, p.subtalker_top_k, p.subtalker_top_p) for p in params],
+                           predictor_vocab))
+
+
+# -- choosing ------------------------------------------------------------------------------------
+def warp(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Which of the K best tempered logits per row survive top-k then top-p: bool (B, K).
+
+    values (B, K) sorted descending; top_k (B, 1) int64 (0 = off); top_p (B, 1) float, or None when
+    no row filters by top-p. Both filters are value thresholds, so the result does not depend on K.
+    """
+    candidates = values.shape[-1]
+    k = torch.where(top_k > 0, top_k, candidates).clamp(1, candidates)  # greedy rows may ask for more
+    kth = values.gather(-1, k - 1)
+    if top_p is None:
+        return values >= kth
+    in_k = values >= kth
+    mass = torch.round(torch.exp(values - values[:, :1]) * _MASS_ONE).long() * in_k  # exact integer masses
+    before = mass.cumsum(-1) - mass  # mass strictly before each position, exact
+    kept = (before.float() < top_p * mass.sum(-1, keepdim=True).float()) | (top_p >= 1)
+    cut = torch.where(kept & in_k, values, float("inf")).amin(-1, keepdim=True)  # smallest kept value
+    return values >= torch.maximum(kth, cut)
+
+
+def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan: Plan) -> torch.Tensor:
+    """One code per row (B,): argmax where `do_sample` (B,) is False, else a Gumbel-max draw.
+
+    temperature, top_p: (B, 1) float; top_k: (B, 1) int64; keys (B, 1) from `frame_keys` (None when
+    the plan does not sample); `group` the codebook (0 talker, 1..15 sub-talker).
+    """
     greedy = logits.argmax(-1)
-    probs = warp(logits, temperature, top_k, top_p).softmax(-1)
-    sampled = (probs / noise).argmax(-1)
+    if not plan.samples:
+        return greedy
+    if plan.candidates < logits.shape[-1]:
+        values, index = torch.topk(logits, plan.candidates, dim=-1)
+    else:
+        values, index = torch.sort(logits, dim=-1, descending=True)
+    values = values / temperature
+    keep = warp(values, top_k, top_p if plan.top_p else None)
+    scores = torch.where(keep, values + gumbel(keys, group, index), float("-inf"))
+    sampled = index.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
     return torch.where(do_sample, sampled, greedy)
 
 

@@ -9,6 +9,7 @@ from omnitts.device.fake import FakeGraphBackend, GraphRuleError, graph_rules
 from omnitts.engine import Engine, EngineConfig
 from omnitts.errors import RequestError
 from omnitts.reference import generate_codes
+from omnitts.sampling import FramePlan
 from omnitts.request import Request
 
 
@@ -76,6 +77,24 @@ def test_seeded_sampling_is_batch_invariant_and_matches_slow_path(cv):
                                                 max_num_seqs=1)[0].codes())
 
 
+def test_batches_mixing_sampling_plans_match_each_request_alone(cv):
+    """Greedy, top-k 50, top-k off and top-p rows share batches whose plan (K, top-p on/off) changes as
+    requests come and go: each request's codes still equal its one-request run (its own plan),
+    eagerly and under fake graphs, which are captured per plan."""
+    jobs = [(Request("Greedy in a sampled batch.", speaker="ryan"), cv.default_params(True, max_frames=6)),
+            (Request("Top-k fifty.", speaker="vivian"), cv.default_params(False, max_frames=9, seed=3)),
+            (Request("Top-k off in the talker.", speaker="ryan"),
+             cv.default_params(False, max_frames=4, seed=4, top_k=0, subtalker_top_p=0.8)),
+            (Request("Nucleus and a wide sub-talker top-k.", speaker="eric"),
+             cv.default_params(False, max_frames=7, seed=5, top_p=0.9, subtalker_top_k=200))]
+    backend = FakeGraphBackend()
+    for done in (run_engine(cv, jobs, max_num_seqs=2), run_engine(cv, jobs, backend=backend, max_num_seqs=2)):
+        for i, (req, params) in enumerate(jobs):
+            np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")
+    plans = len(backend.captured) // 2  # buckets 1 and 2 per plan
+    assert plans >= 3 and len(backend.captured) == 2 * plans
+
+
 def test_fake_graph_path_equals_eager(cv):
     for greedy in (True, False):
         jobs = cv_jobs(cv, greedy=greedy)
@@ -92,15 +111,16 @@ def test_frame_step_makes_no_host_sync_and_the_check_can_fail(cv):
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
     engine.add(cv.prompts.build(Request("Check syncs.", speaker="ryan")), cv.default_params(False, max_frames=3, seed=1))
     engine._admit()
-    engine._stage_noise(engine.scheduler.running)
+    plan = FramePlan.of([seq.params for seq in engine.scheduler.running], *engine.vocabs)
+    assert plan.talker.samples and plan.predictor.samples
     with graph_rules():
-        engine.runner.frame(1, 64)  # the whole frame: sampling, predictor loop, talker step
+        engine.runner.frame(1, 64, plan)  # the whole frame: noise, sampling, predictor loop, talker step
     with pytest.raises(GraphRuleError, match="host sync `item`"):
         with graph_rules():
             engine.state.codes.sum().item()
     with pytest.raises(GraphRuleError, match="random number generation"):
         with graph_rules():
-            engine.state.noise.exponential_()
+            engine.state.logits.exponential_()
 
 
 def test_finished_requests_waste_at_most_one_frame_and_free_their_slot(tts_factory):

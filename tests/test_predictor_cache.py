@@ -25,6 +25,7 @@ from omnitts.models.layers import StaticKVCache, sdpa_attention
 from omnitts.params import RowParams, SamplingParams
 from omnitts.reference import predict_residuals, predictor_cache
 from omnitts.request import Request
+from omnitts.sampling import Plan
 
 HIDDEN_TOLERANCE = 1e-5  # float32: a masked sum over 16 slots vs a sum over the filled ones
 
@@ -40,13 +41,12 @@ def traced_predictor(talker, monkeypatch, **kwargs):
 
     monkeypatch.setattr(predictor, "logits", traced)
     gen = torch.Generator().manual_seed(0)
-    batch, cfg = 5, predictor.cfg
+    batch = 5
     past = torch.randn((batch, talker.cfg.hidden_size), generator=gen)
     c0 = torch.randint(0, 2048, (batch,), generator=gen)
     rows = RowParams.of([SamplingParams().greedy()] * batch, torch.device("cpu"))
-    noise = torch.ones((batch, (cfg.num_code_groups - 1) * cfg.vocab_size))
     with torch.inference_mode():
-        codes = predict_residuals(talker, past, c0, rows, noise, **kwargs)
+        codes = predict_residuals(talker, past, c0, rows, None, Plan(), **kwargs)
     monkeypatch.undo()
     return codes, hiddens
 

@@ -4,7 +4,7 @@
 fake device API. Rules a captured frame must obey, and how the fake enforces them:
   - no host sync during capture: `.item()`, `.tolist()`, `.numpy()`, `bool(t)`, `int(t)`,
     data-dependent shapes (`nonzero`, `unique`, `masked_select`) raise `GraphRuleError`;
-  - no RNG during capture (random numbers come from the staged noise buffer): torch's sampling
+  - no RNG during capture (noise is a counter-based hash computed in the frame): torch's sampling
     functions raise;
   - capture does not execute: the slot state is restored after the capture run, as if nothing ran;
   - stable input addresses: every replay checks the state tensors still live where they did at

@@ -6,23 +6,25 @@
         for seq in engine.step():
             ...  # seq.codes(), seq.finish_reason
 
-One `step()`: admit waiting requests into free slots (batched prefill), stage each sampling
-request's noise from its own generator, launch one frame for every running slot, start copying that
-frame's codes to the host, then read the *previous* step's codes (which have long arrived) and
-retire requests that hit EOS or their budget. The host therefore learns about EOS one step late: a
-finished request runs at most one extra frame, which is discarded, and its slot is reused at once.
+One `step()`: admit waiting requests into free slots (batched prefill), launch one frame for every
+running slot, start copying that frame's codes to the host, then read the *previous* step's codes
+(which have long arrived) and retire requests that hit EOS or their budget. The host therefore
+learns about EOS one step late: a finished request runs at most one extra frame, which is
+discarded, and its slot is reused at once.
+
+The host does no per-frame sampling work: noise is computed inside the frame from each row's seed
+and frame index. It only picks the frame's `sampling.FramePlan` from the running requests' known
+parameters; frame steps (graphs included) exist per plan, made when a plan is first needed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
+from dataclasses import dataclass, replace
 
 from .. import sampling
 from ..device import Backend, get_backend
 from ..errors import RequestError
-from ..params import SamplingParams
+from ..params import SamplingParams, fresh_seed
 from ..prompt import Prompt
 from ..reference import predictor_cache
 from .runner import ModelRunner
@@ -78,17 +80,16 @@ class Engine:
         cfg = ckpt.config
         tcfg, pcfg = cfg.talker, cfg.predictor
         dtype = ckpt.model.talker.codec_head.weight.dtype
-        self.noise_size = sampling.frame_noise_size(tcfg.vocab_size, pcfg.vocab_size, pcfg.num_code_groups)
+        self.vocabs = (tcfg.vocab_size, pcfg.vocab_size)
         self.eos = tcfg.codec_eos_token_id
-        self.state = SlotState(config.max_num_seqs, cfg, config.max_text_tokens, self.noise_size, dtype, ckpt.device)
+        self.state = SlotState(config.max_num_seqs, cfg, config.max_text_tokens, dtype, ckpt.device)
         self.cache = SlotCache(tcfg.num_hidden_layers, config.max_num_seqs, tcfg.num_key_value_heads,
                                config.max_positions, tcfg.head_dim, dtype, ckpt.device)
         self.backend = backend or get_backend(config.device, eager=config.eager)
         attend = self.backend.predictor_attention()
         static = None if attend is None else predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
         self.runner = ModelRunner(ckpt, self.state, self.cache, static)
-        self.steps = self.backend.frame_steps(self.runner, config.max_num_seqs, config.max_positions,
-                                              self._device_state(), self.state.codes, config.graph_buckets)
+        self.steps: dict[sampling.FramePlan, object] = {}  # frame steps per plan (see `_steps`)
         self.scheduler = Scheduler(config.max_num_seqs)
         self.pending = None  # (host copy of the last launched frame, the sequences of its rows)
         self.next_id = 0
@@ -106,11 +107,9 @@ class Engine:
         if text > self.config.max_text_tokens:
             raise RequestError(f"text: {text} trailing text tokens exceed max_text_tokens="
                                f"{self.config.max_text_tokens}; split the text or raise the limit")
-        generator = None
-        if params.samples:
-            generator = torch.Generator(device=self.ckpt.device)
-            generator.manual_seed(params.seed if params.seed is not None else torch.seed())
-        seq = Sequence(self.next_id, prompt, params, tag, generator)
+        if params.samples and params.seed is None:
+            params = replace(params, seed=fresh_seed())  # drawn once here; seq.params records it
+        seq = Sequence(self.next_id, prompt, params, tag)
         self.next_id += 1
         self.scheduler.add(seq)
         return seq
@@ -132,8 +131,10 @@ class Engine:
         running = list(self.scheduler.running)
         if running:
             span = max(self.cache_lengths(running)) + 1  # positions this frame attends to
-            self._stage_noise(running)
-            self.steps.run(len(running), span)
+            for seq in running:
+                seq.launched += 1
+            plan = sampling.FramePlan.of([seq.params for seq in running], *self.vocabs)
+            self._steps(plan).run(len(running), span)
             launched = (self.backend.to_host(self.state.codes[: len(running)]), running)
         finished = self._collect(self.pending) if self.pending is not None else []
         self.pending = launched
@@ -162,12 +163,17 @@ class Engine:
             state.load_text(row, seq.prompt.trailing.to(state.trailing.dtype), seq.prompt.pad.to(state.trailing.dtype))
         self.runner.prefill(new[0].slot, [seq.prompt.embeds for seq in new])
 
-    def _stage_noise(self, running: list[Sequence]) -> None:
-        """Each sampling request's noise for this frame, from its own generator (outside any graph)."""
-        for seq in running:
-            seq.launched += 1
-            if seq.generator is not None:
-                self.state.noise[seq.slot] = sampling.draw_noise(seq.generator, self.noise_size, self.ckpt.device)
+    def _steps(self, plan: sampling.FramePlan):
+        """The frame steps for `plan`, made (graphs captured) the first time a batch needs it.
+
+        Plans are coarse (candidate counts are powers of two), so a run sees a handful: typically
+        one for its sampled requests and one for greedy-only batches.
+        """
+        if plan not in self.steps:
+            c = self.config
+            self.steps[plan] = self.backend.frame_steps(_Planned(self.runner, plan), c.max_num_seqs, c.max_positions,
+                                                        self._device_state(), self.state.codes, c.graph_buckets)
+        return self.steps[plan]
 
     def _collect(self, pending) -> list[Sequence]:
         """Read a launched frame's codes; retire sequences that ended (EOS or budget)."""
@@ -193,3 +199,13 @@ class Engine:
 
     def _device_state(self) -> list:
         return self.state.per_row() + [self.state.codes] + self.cache.tensors()
+
+
+class _Planned:
+    """The runner with a fixed sampling plan: what a backend's frame steps call (and capture)."""
+
+    def __init__(self, runner: ModelRunner, plan: sampling.FramePlan):
+        self.runner, self.plan = runner, plan
+
+    def frame(self, batch: int, span: int) -> None:
+        self.runner.frame(batch, span, self.plan)

@@ -3,8 +3,10 @@
 `frame` is the hot path: choose codebook 0 from the pending logits, run the code predictor's 15
 steps, embed the frame, add each row's next trailing-text embedding and run one talker step to get
 the next logits. It reads and writes only preallocated state (the slot prefix 0..batch-1), takes
-its randomness from the staged noise buffer and makes no host sync, so a device backend can capture
-it whole as one graph per batch size. Prefill has variable shapes and always runs eagerly.
+its randomness from counter-based noise (a hash of each row's seed and frame index, see
+omnitts.sampling) and makes no host sync, so a device backend can capture it whole as one graph per
+batch size and sampling plan (`sampling.FramePlan`: the warping the batch needs, known on the host).
+Prefill has variable shapes and always runs eagerly.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ class ModelRunner:
         self.cache = cache
         tcfg = ckpt.config.talker
         self.eos = tcfg.codec_eos_token_id
-        self.vocab = tcfg.vocab_size
         self.suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, ckpt.device)
 
     @torch.inference_mode()
@@ -52,17 +53,20 @@ class ModelRunner:
         self.state.lengths[rows] = lengths
 
     @torch.inference_mode()
-    def frame(self, batch: int, span: int) -> None:
-        """Advance rows 0..batch-1 by one frame; the frame's codes land in `state.codes[:batch]`."""
+    def frame(self, batch: int, span: int, plan: sampling.FramePlan) -> None:
+        """Advance rows 0..batch-1 by one frame; the frame's codes land in `state.codes[:batch]`.
+
+        `plan` must cover every row's parameters (`FramePlan.of` over the running requests).
+        """
         s, talker = self.state, self.talker
         rows = slice(0, batch)
         p = s.params
         logits = sampling.process_talker(s.logits[rows], s.seen[rows], p.penalty[rows], s.generated[rows],
                                          self.suppress, self.eos)
-        noise = s.noise[rows]
+        keys = sampling.frame_keys(p.seed[rows], s.generated[rows]) if plan.samples else None
         c0 = sampling.choose(logits, p.do_sample[rows], p.temperature[rows], p.top_k[rows], p.top_p[rows],
-                             noise[:, : self.vocab])
-        codes = predict_residuals(talker, s.hidden[rows], c0, p.select(rows), noise[:, self.vocab:],
+                             keys, 0, plan.talker)
+        codes = predict_residuals(talker, s.hidden[rows], c0, p.select(rows), keys, plan.predictor,
                                   static=self.predictor_cache)  # (B, 16)
         s.codes[rows] = codes
         s.seen[rows].scatter_(1, c0[:, None], True)  # (one_hot would check values: a host sync)

@@ -11,7 +11,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from ..params import SamplingParams
 from ..prompt import Prompt
@@ -25,7 +24,6 @@ class Sequence:
     prompt: Prompt
     params: SamplingParams
     tag: object = None  # the caller's handle (e.g. the Request), returned untouched
-    generator: torch.Generator | None = None
     frames: list[np.ndarray] = field(default_factory=list)
     finish_reason: str | None = None
     slot: int | None = None

@@ -51,19 +51,21 @@ class SlotCache:
 
 
 class SlotState:
-    """Per-row decoding state: logits awaiting a choice, last hidden, history, counters, text, params."""
+    """Per-row decoding state: logits awaiting a choice, last hidden, history, counters, text, params.
 
-    def __init__(self, slots: int, cfg, text_capacity: int, noise_size: int, dtype, device):
+    No noise buffer: a row's random numbers are a function of its seed (in `params`) and `generated`.
+    """
+
+    def __init__(self, slots: int, cfg, text_capacity: int, dtype, device):
         t = cfg.talker
         self.slots = slots
         self.logits = torch.zeros((slots, t.vocab_size), dtype=torch.float32, device=device)
         self.hidden = torch.zeros((slots, t.hidden_size), dtype=dtype, device=device)
         self.seen = torch.zeros((slots, t.vocab_size), dtype=torch.bool, device=device)
-        self.generated = torch.zeros(slots, dtype=torch.long, device=device)  # frames so far
+        self.generated = torch.zeros(slots, dtype=torch.long, device=device)  # frames so far (also the noise counter)
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)  # talker positions filled
         self.trailing = torch.zeros((slots, text_capacity + 1, t.hidden_size), dtype=dtype, device=device)
         self.trailing_len = torch.zeros(slots, dtype=torch.long, device=device)
-        self.noise = torch.ones((slots, noise_size), dtype=torch.float32, device=device)
         self.codes = torch.zeros((slots, t.num_code_groups), dtype=torch.long, device=device)
         self.params = RowParams.empty(slots, device)
         self.text_capacity = text_capacity
@@ -71,12 +73,11 @@ class SlotState:
     def per_row(self) -> list[torch.Tensor]:
         """Tensors whose row i belongs to the request in slot i (moved together on compaction)."""
         return [self.logits, self.hidden, self.seen, self.generated, self.lengths, self.trailing,
-                self.trailing_len, self.noise, *self.params.tensors()]
+                self.trailing_len, *self.params.tensors()]
 
     def reset(self, row: int) -> None:
         self.seen[row] = False
         self.generated[row] = 0
-        self.noise[row] = 1.0
 
     def load_text(self, row: int, trailing: torch.Tensor, pad: torch.Tensor) -> None:
         """Trailing text of the request in `row`, followed by tts_pad (used once the text runs out)."""
