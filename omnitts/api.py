@@ -294,7 +294,7 @@ class TTS:
         return request, params
 
 
-def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: bool = False,
+def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
          max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None,
          codec_chunk_frames: int = 25) -> TTS:
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
@@ -302,7 +302,9 @@ def load(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: 
     Args:
         path: the checkpoint directory, exactly as published.
         device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling).
-        dtype: float32, bfloat16 or float16 for the language models; the codec always runs in float32.
+        dtype: auto (default: bfloat16 on cuda/npu and on CPUs with native bf16, AVX512-BF16 or
+            AMX; float32 elsewhere), float32, bfloat16 or float16 for the language models; the codec
+            always runs in float32. Parity with the official package is judged in float32.
         official_tokenizer: reproduce the official package's token ids (see tokenizer.py).
         max_batch: how many requests decode together at most.
         eager: no graph capture on cuda/npu (also OMNITTS_EAGER=1).

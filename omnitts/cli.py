@@ -18,13 +18,13 @@ Out = Annotated[Path, typer.Option("--out", "-o", help="Output directory (one ID
 Greedy = Annotated[bool, typer.Option("--greedy", help="Argmax decoding in talker and sub-talker (deterministic).")]
 MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, help="Frame budget per item (12.5 frames/s).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for items without their own.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="float32 | bfloat16 | float16 (language models; codec stays float32). [default: float32]", show_default=False)]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (language models; codec stays float32). auto: bfloat16 on cuda/npu and on CPUs with native bf16 (AVX512-BF16/AMX), else float32. [default: auto]", show_default=False)]
 Device = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | npu (npu needs torch_npu and CANN). [default: cpu]", show_default=False)]
 MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Requests decoded together (continuous batching). [default: 8]", show_default=False)]
 Eager = Annotated[Optional[bool], typer.Option("--eager/--no-eager", help="No graph capture on cuda/npu (also OMNITTS_EAGER=1). [default: no-eager]", show_default=False)]
 RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", help="TOML engine settings (recipes/*.toml); flags given on the command line win.")]
 
-ENGINE_DEFAULTS = dict(device="cpu", dtype="float32", max_batch=8, eager=False)
+ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", max_batch=8, eager=False)
 SaveCodes = Annotated[bool, typer.Option("--save-codes", help="Also write ID.codes.npy, int64 [frames, 16].")]
 OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", help="Tokenize like the official qwen-tts package (Mistral regex swap) instead of as the checkpoint defines.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or spinner (for logs); errors and the summary still print.")]
@@ -416,7 +416,7 @@ def voice_clone(
     greedy: Greedy = False,
     max_frames: MaxFrames = None,
     seed: Seed = None,
-    dtype: Dtype = "float32",
+    dtype: Dtype = "auto",
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
 ):

@@ -25,7 +25,7 @@ from pathlib import Path
 from .errors import OmniTTSError
 
 DEVICES = ("cpu", "cuda", "npu")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 class RecipeError(OmniTTSError):
@@ -38,7 +38,7 @@ class Recipe:
 
     Attributes:
         device: cpu | cuda | npu.
-        dtype: float32 | bfloat16 | float16 (language models; the codec stays float32).
+        dtype: auto | float32 | bfloat16 | float16 (language models; the codec stays float32).
         max_batch: requests decoded together at most (>= 1).
         eager: never capture device graphs.
         graph_buckets: batch sizes that get a captured graph, e.g. [1, 2, 4, 8] (max_batch always does).

@@ -32,6 +32,9 @@ def tts_factory(ckpt_dir):
     loaded = {}
 
     def get(kind: str, preset: str = "tiny-0.6b", eos_scale: float = 0.0, **kwargs):
+        # float32 unless asked: equality checks (batched vs alone, engine vs reference) are exact
+        # only in float32, and `auto` would pick another dtype on another CPU.
+        kwargs.setdefault("dtype", "float32")
         key = (kind, preset, eos_scale, tuple(sorted(kwargs.items())))
         if key not in loaded:
             loaded[key] = omnitts.load(ckpt_dir(kind, preset, eos_scale), **kwargs)

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import can_pack, pack_linears
+from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..tokenizer import TextTokenizer
 from .codec import CodecDecoder
@@ -132,11 +133,13 @@ def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
 
 
-def load_checkpoint(path, device: str = "cpu", dtype: str = "float32", official_tokenizer: bool = False) -> Checkpoint:
-    """Load checkpoint directory `path`. `dtype` applies to the LMs; codec and speaker encoder stay float32."""
+def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False) -> Checkpoint:
+    """Load checkpoint directory `path`. `dtype` applies to the LMs (`auto`: see device/features.py);
+    codec and speaker encoder stay float32."""
     path = Path(path).expanduser()
+    dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
-        raise CheckpointError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
     cfg = load_config(path)
     dev = torch.device(device)
     lm_dtype = DTYPES[dtype]

@@ -1,0 +1,67 @@
+"""CPU weight preparation: packed linears compute what nn.Linear does; loading maps, packs and widens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import omnitts
+from omnitts.device.cpu_weights import PackedLinear, can_pack, pack_linears
+
+needs_pack = pytest.mark.skipif(not can_pack(torch.float32), reason="oneDNN not available in this torch build")
+
+
+@needs_pack
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_matches_linear(dtype):
+    if not can_pack(dtype):
+        pytest.skip(f"{dtype} packing unsupported here")
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 160, bias=True).to(dtype)
+    packed = PackedLinear(linear)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for shape in [(1, 96), (7, 96), (2, 3, 96)]:
+        x = torch.randn(shape).to(dtype)
+        assert packed(x).shape == linear(x).shape and packed(x).dtype == dtype
+        torch.testing.assert_close(packed(x).float(), linear(x).float(), rtol=tol, atol=tol)
+    view = torch.randn(4, 2, 96).to(dtype)[:, -1]  # non-contiguous input, as `hidden[:, -1]`
+    torch.testing.assert_close(packed(view).float(), linear(view).float(), rtol=tol, atol=tol)
+
+
+@needs_pack
+def test_pack_linears_widens_one_at_a_time():
+    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    assert pack_linears(model, torch.float32) == 2
+    assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
+    assert model[0].weight.dtype == torch.float32 and tuple(model[0].weight.shape) == (8, 8)
+
+
+@needs_pack
+def test_loaded_cpu_model_is_packed_and_equals_unpacked(ckpt_dir, monkeypatch):
+    """Greedy codes of the packed model equal those of plain nn.Linear layers (OMNITTS_PACK=0)."""
+    folder = ckpt_dir("custom_voice")
+    packed = omnitts.load(folder, dtype="float32")
+    layers = list(packed.ckpt.model.talker.modules())
+    assert any(isinstance(m, PackedLinear) for m in layers) and not any(type(m) is nn.Linear for m in layers)
+    monkeypatch.setenv("OMNITTS_PACK", "0")
+    plain = omnitts.load(folder, dtype="float32")
+    assert not any(isinstance(m, PackedLinear) for m in plain.ckpt.model.talker.modules())
+    for text in ("Packed weights.", "A second, longer sentence to compare."):
+        a = packed.synthesize(text, speaker="ryan", greedy=True, max_frames=12)
+        b = plain.synthesize(text, speaker="ryan", greedy=True, max_frames=12)
+        assert (a.codes == b.codes).all()
+
+
+def test_text_embedding_stays_in_its_stored_dtype(ckpt_dir, tmp_path):
+    """A bf16-stored checkpoint loaded as float32 keeps the 151936-row text table in bf16 (exact widening)."""
+    from omnitts.testing.checkpoint import build_checkpoint
+
+    folder = build_checkpoint(tmp_path / "bf16", kind="custom_voice", preset="tiny-0.6b", dtype="bfloat16")
+    tts = omnitts.load(folder, dtype="float32")
+    talker = tts.ckpt.model.talker
+    assert talker.model.text_embedding.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[5, 77, 151000]])
+    widened = talker.model.text_embedding.weight[ids].float()
+    expected = talker.text_projection(widened)
+    assert torch.equal(talker.embed_text(ids), expected) and talker.embed_text(ids).dtype == torch.float32

@@ -1,0 +1,44 @@
+"""`dtype="auto"`: bfloat16 only where bf16 is native, decided from the CPU's flags at run time."""
+
+from __future__ import annotations
+
+import torch
+
+import omnitts
+from omnitts.device import features
+
+AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
+AVX512_NO_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}
+ZEN4 = AVX512_NO_BF16 | {"avx512_bf16"}
+SAPPHIRE_RAPIDS = AVX512_NO_BF16 | {"amx_tile", "amx_bf16", "amx_int8"}
+
+
+def test_auto_picks_float32_without_native_bf16():
+    assert features.resolve_dtype("auto", "cpu", AVX2_ONLY) == "float32"
+    assert features.resolve_dtype("auto", "cpu", AVX512_NO_BF16) == "float32"
+    assert features.resolve_dtype("auto", "cpu", frozenset()) == "float32"  # unknown CPU: the safe choice
+
+
+def test_auto_picks_bfloat16_with_native_bf16_and_on_accelerators():
+    assert features.resolve_dtype("auto", "cpu", ZEN4) == "bfloat16"
+    assert features.resolve_dtype("auto", "cpu", SAPPHIRE_RAPIDS) == "bfloat16"
+    assert features.resolve_dtype("auto", "cuda", AVX2_ONLY) == "bfloat16"
+    assert features.resolve_dtype("auto", "npu", frozenset()) == "bfloat16"
+
+
+def test_explicit_dtypes_are_kept():
+    for name in ("float32", "bfloat16", "float16"):
+        assert features.resolve_dtype(name, "cpu", AVX2_ONLY) == name
+
+
+def test_load_resolves_auto_from_the_flags(ckpt_dir, monkeypatch):
+    """A simulated AVX2-only CPU loads float32 models; a simulated bf16 CPU loads bfloat16; codec float32."""
+    folder = ckpt_dir("custom_voice")
+    for flags, expected in ((AVX2_ONLY, torch.float32), (ZEN4, torch.bfloat16)):
+        monkeypatch.setattr(features, "cpu_flags", lambda flags=flags: flags)
+        tts = omnitts.load(folder, dtype="auto")
+        assert tts.ckpt.dtype == expected
+        assert tts.ckpt.model.talker.codec_head.weight.dtype == expected
+        assert tts.ckpt.codec.pre_conv.conv.weight.dtype == torch.float32
+        audio = tts.synthesize("Auto dtype.", speaker="ryan", greedy=True, max_frames=3)
+        assert audio.frames == 3 and audio.samples.shape == (3 * 1920,)
