@@ -11,6 +11,12 @@ request's noise from its own generator, launch one frame for every running slot,
 frame's codes to the host, then read the *previous* step's codes (which have long arrived) and
 retire requests that hit EOS or their budget. The host therefore learns about EOS one step late: a
 finished request runs at most one extra frame, which is discarded, and its slot is reused at once.
+
+On an asynchronous device everything before `_collect` only enqueues work (prefill, the frame's
+replay, the copy); the one place the host waits is `_collect`, for the copy of the frame launched a
+step earlier, while the device already runs this step's frame. Admission is capped at
+`max_prefill_tokens` prompt positions per step, so a burst of new requests delays the running rows
+by a bounded prefill per frame rather than one long one.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ class EngineConfig:
     device: str = "cpu"
     eager: bool = False  # never capture graphs (also: OMNITTS_EAGER=1)
     graph_buckets: tuple[int, ...] | None = None  # batch sizes given a graph (None: 1, 2, 4, ...)
+    span_buckets: tuple[int, ...] | None = None  # attention spans given a graph (None: 256, 512, ...)
+    # Prompt positions prefilled per step at most (one request always goes in): a burst of new
+    # requests is spread over steps instead of holding the running rows back for one long prefill.
+    max_prefill_tokens: int | None = 2048
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
@@ -48,10 +58,15 @@ class EngineConfig:
             raise ValueError(f"max_positions must be >= 16, got {self.max_positions}")
         if self.graph_buckets is not None and not all(int(b) >= 1 for b in self.graph_buckets):
             raise ValueError(f"graph_buckets must be batch sizes >= 1, got {list(self.graph_buckets)}")
+        if self.span_buckets is not None and not all(int(b) >= 1 for b in self.span_buckets):
+            raise ValueError(f"span_buckets must be position counts >= 1, got {list(self.span_buckets)}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1 (or None: no limit), got {self.max_prefill_tokens}")
 
 
 def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
-         device: str = "cpu", eager: bool = False, graph_buckets=None) -> EngineConfig:
+         device: str = "cpu", eager: bool = False, graph_buckets=None, span_buckets=None,
+         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens) -> EngineConfig:
     """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
 
     The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
@@ -68,7 +83,9 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
                            "or raise the cache budget")
     return EngineConfig(max_num_seqs=int(slots), max_positions=positions, max_text_tokens=max(text_tokens, 1),
                         device=device, eager=eager,
-                        graph_buckets=None if graph_buckets is None else tuple(graph_buckets))
+                        graph_buckets=None if graph_buckets is None else tuple(graph_buckets),
+                        span_buckets=None if span_buckets is None else tuple(span_buckets),
+                        max_prefill_tokens=max_prefill_tokens)
 
 
 class Engine:
@@ -88,7 +105,8 @@ class Engine:
         static = None if attend is None else predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
         self.runner = ModelRunner(ckpt, self.state, self.cache, static)
         self.steps = self.backend.frame_steps(self.runner, config.max_num_seqs, config.max_positions,
-                                              self._device_state(), self.state.codes, config.graph_buckets)
+                                              self._device_state(), self.state.codes, config.graph_buckets,
+                                              config.span_buckets)
         self.scheduler = Scheduler(config.max_num_seqs)
         self.pending = None  # (host copy of the last launched frame, the sequences of its rows)
         self.next_id = 0
@@ -150,7 +168,7 @@ class Engine:
         return [seq.prompt.embeds.shape[0] + seq.launched for seq in seqs]
 
     def _admit(self) -> None:
-        new = self.scheduler.admit()
+        new = self.scheduler.admit(self.config.max_prefill_tokens)
         if not new:
             return
         state = self.state
