@@ -22,6 +22,7 @@ import torch
 
 from .audio import load_reference
 from .errors import OmniTTSError, RequestError, VoiceError
+from .engine import EngineConfig
 from .info import checkpoint_info
 from .models.loader import Checkpoint, load_checkpoint
 from .params import SamplingParams
@@ -48,12 +49,17 @@ class TTS:
         eager: never capture device graphs (cuda/npu); CPU always runs eagerly.
         kv_budget_bytes: talker K/V cache budget of one engine run; fewer slots are used if needed.
         graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ...; max_batch always).
+        span_buckets: attention spans that get a graph per batch size (None: 256, 512, ...).
+        max_prefill_tokens: prompt positions admitted per engine step at most (None: no limit).
     """
 
     def __init__(self, ckpt: Checkpoint, max_batch: int = 8, eager: bool = False,
                  kv_budget_bytes: int = KV_BUDGET_BYTES, graph_buckets: list[int] | None = None,
-                 codec_chunk_frames: int = 25):
+                 codec_chunk_frames: int = 25, span_buckets: list[int] | None = None,
+                 max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens):
         self.ckpt = ckpt
+        self.span_buckets = span_buckets
+        self.max_prefill_tokens = max_prefill_tokens
         self.codec_chunk_frames = codec_chunk_frames
         self.prompts = PromptBuilder(ckpt)
         self.max_batch = max_batch
@@ -296,7 +302,8 @@ class TTS:
 
 def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
          max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None,
-         codec_chunk_frames: int = 25) -> TTS:
+         codec_chunk_frames: int = 25, span_buckets: list[int] | None = None,
+         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens) -> TTS:
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
 
     Args:
@@ -309,6 +316,9 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         max_batch: how many requests decode together at most.
         eager: no graph capture on cuda/npu (also OMNITTS_EAGER=1).
         graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ... up to max_batch).
+        span_buckets: attention spans that get a graph per batch size (None: 256, 512, ...; the
+            engine's max_positions always does): a frame attends over the smallest that fits.
+        max_prefill_tokens: prompt positions admitted per engine step at most (None: no limit).
         codec_chunk_frames: frames per streamed codec decode call (audio is decoded while
             generation continues, batched across requests).
 
@@ -328,4 +338,5 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
     ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer)
     return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets,
-               codec_chunk_frames=codec_chunk_frames)
+               codec_chunk_frames=codec_chunk_frames, span_buckets=span_buckets,
+               max_prefill_tokens=max_prefill_tokens)

@@ -220,7 +220,8 @@ class Pipeline:
         prompt, params = item.pieces[index][1], self._piece_params(item, index)
         tts = self.tts
         plan(tts.ckpt, prompt.embeds.shape[0] + params.max_frames + 1, 1, prompt.trailing.shape[0],
-             tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets)
+             tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets, tts.span_buckets,
+             tts.max_prefill_tokens)
 
     def _piece_params(self, item: _Item, index: int) -> SamplingParams:
         """Piece 0 keeps the item's seed; later pieces and runaway retries derive theirs from it.
@@ -260,7 +261,7 @@ class Pipeline:
         text = max(p.trailing.shape[0] for p, _ in prompts)
         slots = min(tts.max_batch, len(prompts)) if exhausted else tts.max_batch
         config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
-                      tts.graph_buckets)
+                      tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens)
         self.engine = None  # free the old engine's cache before allocating the new one
         self.engines_built += 1
         return Engine(tts.ckpt, config)

@@ -4,6 +4,7 @@
     dtype = "bfloat16"
     max_batch = 32
     graph_buckets = [1, 2, 4, 8, 16, 32]
+    span_buckets = [256, 512, 1024, 2048, 4096]
     codec_chunk_frames = 25
 
     [env]
@@ -42,6 +43,9 @@ class Recipe:
         max_batch: requests decoded together at most (>= 1).
         eager: never capture device graphs.
         graph_buckets: batch sizes that get a captured graph, e.g. [1, 2, 4, 8] (max_batch always does).
+        span_buckets: attention spans (talker positions) that get a captured graph per batch bucket,
+            e.g. [256, 512, 1024] (the engine's max_positions always does).
+        max_prefill_tokens: prompt positions admitted (prefilled) per engine step at most (>= 1).
         codec_chunk_frames: frames per codec decode chunk (> 0); read by the streaming codec decoder.
         env: environment variables to set before the device initialises (strings).
         path: the file it came from (for messages).
@@ -52,6 +56,8 @@ class Recipe:
     max_batch: int | None = None
     eager: bool | None = None
     graph_buckets: list[int] | None = None
+    span_buckets: list[int] | None = None
+    max_prefill_tokens: int | None = None
     codec_chunk_frames: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     path: Path | None = None
@@ -59,7 +65,8 @@ class Recipe:
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
         for name, kind in (("device", str), ("dtype", str), ("max_batch", int), ("eager", bool),
-                           ("codec_chunk_frames", int), ("graph_buckets", list), ("env", dict)):
+                           ("codec_chunk_frames", int), ("max_prefill_tokens", int), ("graph_buckets", list),
+                           ("span_buckets", list), ("env", dict)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise RecipeError(f"{where}: {name}: expected {_type_name(kind)}, got {_type_name(type(value))}")
@@ -67,23 +74,26 @@ class Recipe:
             raise RecipeError(f"{where}: device: {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise RecipeError(f"{where}: dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        for name in ("max_batch", "codec_chunk_frames"):
+        for name in ("max_batch", "codec_chunk_frames", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise RecipeError(f"{where}: {name}: must be > 0, got {value}")
-        if self.graph_buckets is not None:
-            sizes = self.graph_buckets
+        for name, what in (("graph_buckets", "batch sizes"), ("span_buckets", "position counts")):
+            sizes = getattr(self, name)
+            if sizes is None:
+                continue
             if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
-                raise RecipeError(f"{where}: graph_buckets: expected a list of batch sizes >= 1, got {sizes}")
+                raise RecipeError(f"{where}: {name}: expected a list of {what} >= 1, got {sizes}")
             if sizes != sorted(set(sizes)):
-                raise RecipeError(f"{where}: graph_buckets: list each size once, in increasing order, got {sizes}")
+                raise RecipeError(f"{where}: {name}: list each size once, in increasing order, got {sizes}")
         for key, value in self.env.items():
             if not isinstance(value, str):
                 raise RecipeError(f"{where}: env.{key}: expected a string, got {_type_name(type(value))}")
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
-        names = ("device", "dtype", "max_batch", "eager", "graph_buckets", "codec_chunk_frames")
+        names = ("device", "dtype", "max_batch", "eager", "graph_buckets", "span_buckets", "max_prefill_tokens",
+                 "codec_chunk_frames")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 

@@ -130,7 +130,7 @@ def _official_case(case: dict, frames: int, paths: dict) -> dict:
 def run_omnitts(case: dict, frames: int, paths: dict):
     import omnitts
 
-    tts = omnitts.load(paths[case["ckpt"]], official_tokenizer=True)
+    tts = omnitts.load(paths[case["ckpt"]], official_tokenizer=True, dtype="float32")
     request = omnitts.Request(
         text=case["text"], language=case["language"], speaker=case.get("speaker"), instruct=case.get("instruct"),
         ref_audio=paths["ref"] if case["mode"] == "voice_clone" else None, ref_text=case.get("ref_text"),

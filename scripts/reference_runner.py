@@ -5,7 +5,8 @@ Runs INSIDE the reference venv built by scripts/reference_env.py and never impor
     .cache/ref-venv/bin/python scripts/reference_runner.py cases.json out_dir
     .cache/ref-venv/bin/python scripts/reference_runner.py --check    # imports only, prints versions
 
-cases.json is {"checkpoint": DIR, "dtype": "float32", "cases": [...]}; each case has a "name" and a
+cases.json is {"checkpoint": DIR, "dtype": "float32", "cases": [...]} (optional "device": cpu |
+cuda | npu, default cpu); each case has a "name" and a
 "mode": custom_voice | voice_design | voice_clone (the official generate_* keyword arguments, plus
 optional generation overrides such as max_new_tokens or repetition_penalty, passed through
 unchanged) or tokenize ({"texts": [...]}). Generation is greedy: do_sample=False and
@@ -127,14 +128,14 @@ def read_spec(path: Path) -> dict:
     return spec
 
 
-def load_model(checkpoint: Path, dtype: torch.dtype):
+def load_model(checkpoint: Path, dtype: torch.dtype, device: str = "cpu"):
     """Load through the official wrapper exactly as its README does, then insist every weight was in the files."""
     from qwen_tts import Qwen3TTSModel
 
     # No attn_implementation: the official default (sdpa) is what users run. eager gave bit-identical
     # codes and waveforms on tiny random checkpoints when this was written; either way the speech
     # tokenizer gets sdpa, because the official loader pops attn_implementation before loading it.
-    tts = Qwen3TTSModel.from_pretrained(str(checkpoint), dtype=dtype, device_map="cpu")
+    tts = Qwen3TTSModel.from_pretrained(str(checkpoint), dtype=dtype, device_map=device)
     check_weights(tts.model, checkpoint, "model.safetensors")
     check_weights(tts.model.speech_tokenizer.model, checkpoint / "speech_tokenizer", "model.safetensors")
     return tts
@@ -264,7 +265,7 @@ def main(argv=None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     try:
-        tts = load_model(Path(spec["checkpoint"]), DTYPES[spec["dtype"]])
+        tts = load_model(Path(spec["checkpoint"]), DTYPES[spec["dtype"]], spec.get("device", "cpu"))
         load_seconds = round(time.time() - started, 3)
     except Exception:
         traceback.print_exc()

@@ -2,12 +2,12 @@
 
 A backend provides three things:
   - `frame_steps(...)`: something whose `run(batch, span)` advances slots 0..batch-1 by one frame,
-    either by calling the runner eagerly or by replaying a graph captured for a batch bucket;
+    either by calling the runner eagerly or by replaying a graph captured for a (batch, span) bucket;
   - `to_host(tensor)`: start a device-to-host copy and return a handle whose `result()` waits for it;
   - `predictor_attention()`: None (the code predictor's growing frame cache with torch's sdpa), or
     an attention kernel that the runner runs over a fixed-shape predictor cache (NPU).
-Graph bookkeeping shared by every graph backend (buckets, padding rows, capture order, one memory
-pool) lives here; a backend only says how to make, capture and replay one graph.
+Graph bookkeeping shared by every graph backend (batch and span buckets, padding rows, capture
+order, one memory pool) lives here; a backend only says how to make, capture and replay one graph.
 """
 
 from __future__ import annotations
@@ -48,29 +48,66 @@ def buckets(max_batch: int, sizes=None) -> list[int]:
     return sorted({int(s) for s in sizes if 0 < s < max_batch}) + [max_batch]
 
 
+def span_buckets(max_positions: int, spans=None) -> list[int]:
+    """Attention spans that get a graph: `spans` (default 256, 512, 1024, ...) below max_positions,
+    and max_positions itself (the cache capacity; no frame attends further)."""
+    if spans is None:
+        spans, span = [], 256
+        while span < max_positions:
+            spans.append(span)
+            span *= 2
+    return sorted({int(s) for s in spans if 0 < s < max_positions}) + [max_positions]
+
+
+def frame_kv_bytes(cache, batch: int, span: int) -> int:
+    """Talker K/V bytes one frame reads for `batch` rows attending over `span` positions: every layer's
+    K and V views of (batch, kv_heads, span, head_dim). The byte model of the span buckets."""
+    return sum(t[:batch, :, :span].numel() * t.element_size() for t in cache.tensors())
+
+
 class GraphSteps:
-    """One captured whole-frame graph per batch bucket; a batch runs in the smallest bucket that fits.
+    """One captured whole-frame graph per (batch bucket, span bucket); a frame replays the smallest
+    (batch, span) graph that fits its live rows and its longest live cache.
 
     Rows beyond the real batch are padding: they compute on whatever their slots hold and their
-    outputs are never read. Graphs attend over all `max_positions` (shapes must be static); the mask
-    hides unused positions. The largest bucket is captured first so smaller ones reuse its pool.
+    outputs are never read. Shapes inside a graph are static, so a graph attends over its span
+    bucket's positions and the mask hides the ones not yet written; the span buckets make that work
+    scale with the live length (a 100-position batch reads the first 256 positions, 1/16 of 4096).
+
+    Cost: len(batch buckets) x len(span buckets) graphs (defaults for max_batch 64 and 4096
+    positions: 7 x 5 = 35). The K/V cache is not copied per graph: each graph reads views of the
+    one slot cache. What a graph owns is its activations, and all graphs share one memory pool,
+    captured largest first, so the pool holds about the activations of the largest graph
+    (max_batch rows over max_positions); smaller graphs reuse its blocks.
+
+    Every graph is captured here, eagerly, rather than on first use: a lazy capture would stall a
+    running batch mid-stream (warm-up frames plus the capture, and a clone of the slot state to undo
+    the warm-up, the whole K/V cache included), would capture in whatever order traffic dictates
+    (a smaller graph first fragments the shared pool), and would surface an out-of-memory or a
+    graph-rule error hours into a run instead of at start-up. The price is start-up time:
+    three frame runs per graph (two warm-ups and the capture).
     """
 
     def __init__(self, backend: "Backend", runner, max_batch: int, max_positions: int,
-                 state: list[torch.Tensor], output: torch.Tensor, sizes=None):
+                 state: list[torch.Tensor], output: torch.Tensor, sizes=None, spans=None):
         self.backend = backend
         self.max_positions = max_positions
         self.sizes = buckets(max_batch, sizes)
+        self.spans = span_buckets(max_positions, spans)
         self.graphs = {}
         pool = backend.graph_pool()
-        for size in reversed(self.sizes):
-            self.graphs[size] = backend.capture(lambda size=size: runner.frame(size, max_positions), pool, state, output)
+        for size in reversed(self.sizes):  # largest first: smaller graphs reuse the pool's blocks
+            for span in reversed(self.spans):
+                fn = lambda size=size, span=span: runner.frame(size, span)  # noqa: E731
+                self.graphs[size, span] = backend.capture(fn, pool, state, output)
 
-    def bucket(self, batch: int) -> int:
-        return next(size for size in self.sizes if size >= batch)
+    def bucket(self, batch: int, span: int) -> tuple[int, int]:
+        """The smallest captured (batch, span) covering `batch` rows attending over `span` positions."""
+        assert batch <= self.sizes[-1] and span <= self.spans[-1], (batch, span)
+        return (next(size for size in self.sizes if size >= batch), next(s for s in self.spans if s >= span))
 
     def run(self, batch: int, span: int) -> None:
-        self.graphs[self.bucket(batch)].replay()
+        self.graphs[self.bucket(batch, span)].replay()
 
 
 class Backend:
@@ -87,14 +124,15 @@ class Backend:
         return torch.device(self.name)
 
     def frame_steps(self, runner, max_batch: int, max_positions: int, state: list[torch.Tensor],
-                    output: torch.Tensor, graph_buckets=None):
+                    output: torch.Tensor, graph_buckets=None, span_buckets=None):
         """How frames run: eagerly, or as graphs over `state` (stable tensors) writing `output`.
 
         `graph_buckets`: batch sizes to capture (None: powers of two); max_batch is always one.
+        `span_buckets`: attention spans to capture (None: 256, 512, ...); max_positions is always one.
         """
         if self.eager:
             return EagerSteps(runner)
-        return GraphSteps(self, runner, max_batch, max_positions, state, output, graph_buckets)
+        return GraphSteps(self, runner, max_batch, max_positions, state, output, graph_buckets, span_buckets)
 
     def to_host(self, tensor: torch.Tensor) -> Transfer:
         return Transfer(tensor.detach().cpu().numpy().copy())

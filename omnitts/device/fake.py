@@ -6,11 +6,20 @@ fake device API. Rules a captured frame must obey, and how the fake enforces the
     data-dependent shapes (`nonzero`, `unique`, `masked_select`) raise `GraphRuleError`;
   - no RNG during capture (noise is a counter-based hash computed in the frame): torch's sampling
     functions raise;
+  - no tensor made from host data during capture (a real graph would bake the values in, or
+    refuse the host-to-device copy): `torch.tensor`, `as_tensor`, `from_numpy`, `Tensor.new_tensor`
+    raise (`torch.full` / `arange` / `zeros` with fixed sizes are fine);
+  - no Python value that changes between replays: capture records the aten ops the frame runs
+    with their non-tensor arguments (shapes, scalars, slices; `OpTrace`), and every replay re-runs
+    the frame under the same recorder and raises if any op or argument differs (a real graph
+    would silently replay the value seen at capture);
   - capture does not execute: the slot state is restored after the capture run, as if nothing ran;
   - stable input addresses: every replay checks the state tensors still live where they did at
     capture (a real graph would keep reading the old buffers);
   - outputs are overwritten on every replay: the output buffer is poisoned before each replay, so
     code relying on a stale output reads garbage.
+Copies to the host are deferred as on a device: `to_host` snapshots on the "device" and converts
+to numpy only in `result()`, so `no_host_sync()` can cover a whole engine step but its wait point.
 """
 
 from __future__ import annotations
@@ -19,9 +28,10 @@ import contextlib
 import types
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
 
 from .accelerator import AcceleratorBackend
-from .base import Backend
 
 
 class GraphRuleError(RuntimeError):
@@ -34,11 +44,26 @@ _RNG_TENSOR = ["exponential_", "uniform_", "normal_", "random_", "bernoulli_", "
                "log_normal_"]
 _RNG_TORCH = ["rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "multinomial",
               "bernoulli", "normal", "randperm", "poisson"]
+_HOST_DATA_TORCH = ["tensor", "as_tensor", "from_numpy"]
+_HOST_DATA_TENSOR = ["new_tensor"]
 
 
 @contextlib.contextmanager
 def graph_rules():
-    """Within this block, host syncs and RNG calls raise GraphRuleError."""
+    """Within this block, host syncs, RNG calls and tensors made from host data raise GraphRuleError."""
+    with _forbidden(syncs=True, rng=True, host_data=True):
+        yield
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Within this block, host syncs raise GraphRuleError (the rule for host code around the frames)."""
+    with _forbidden(syncs=True, rng=False, host_data=False):
+        yield
+
+
+@contextlib.contextmanager
+def _forbidden(syncs: bool, rng: bool, host_data: bool):
     saved = []
 
     def forbid(owner, name, what):
@@ -48,14 +73,15 @@ def graph_rules():
             raise GraphRuleError(f"{what} `{name}` during graph capture")
         setattr(owner, name, refuse)
 
-    for name in _SYNCS:
-        forbid(torch.Tensor, name, "host sync")
-    for name in _TORCH_SYNCS:
-        forbid(torch, name, "data-dependent shape (host sync)")
-    for name in _RNG_TENSOR:
-        forbid(torch.Tensor, name, "random number generation")
-    for name in _RNG_TORCH:
-        forbid(torch, name, "random number generation")
+    groups = [(syncs, torch.Tensor, _SYNCS, "host sync"),
+              (syncs, torch, _TORCH_SYNCS, "data-dependent shape (host sync)"),
+              (rng, torch.Tensor, _RNG_TENSOR, "random number generation"),
+              (rng, torch, _RNG_TORCH, "random number generation"),
+              (host_data, torch, _HOST_DATA_TORCH, "tensor from host data"),
+              (host_data, torch.Tensor, _HOST_DATA_TENSOR, "tensor from host data")]
+    for wanted, owner, names, what in groups:
+        for name in names if wanted else ():
+            forbid(owner, name, what)
     try:
         yield
     finally:
@@ -63,19 +89,59 @@ def graph_rules():
             setattr(owner, name, original)
 
 
-class FakeGraph:
-    """Records nothing: capture checks the rules and undoes its work; replay re-runs the function."""
+class OpTrace(TorchDispatchMode):
+    """Records each aten op run under it with its non-tensor arguments (tensors by dtype and shape).
 
-    def __init__(self, fn, state: list[torch.Tensor], output: torch.Tensor):
-        self.fn, self.state, self.output = fn, state, output
+    Two runs of a graph-safe frame give equal traces: anything a replay would not re-evaluate
+    (a Python int that grows, a length read on the host) shows up as a differing argument.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.append((str(func), tree_map(_describe, args), tree_map(_describe, kwargs)))
+        return func(*args, **kwargs)
+
+
+def _describe(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape))
+    return repr(value)  # ints, floats, slices, dtypes, devices: compared as written
+
+
+def _first_difference(captured: list[tuple], replayed: list[tuple]) -> str | None:
+    for i, (a, b) in enumerate(zip(captured, replayed)):
+        if a != b:
+            return f"op {i}: captured {a[0]}{a[1:]}, replayed {b[0]}{b[1:]}"
+    if len(captured) != len(replayed):
+        return f"captured {len(captured)} ops, replayed {len(replayed)}"
+    return None
+
+
+class FakeGraph:
+    """Capture checks the rules, records the op trace and undoes its work; replay re-runs the
+    function and checks it ran the very ops the capture recorded."""
+
+    def __init__(self, fn, state: list[torch.Tensor], output: torch.Tensor, check_trace: bool = True):
+        self.fn, self.state, self.output, self.check_trace = fn, state, output, check_trace
         self.addresses = [t.data_ptr() for t in state]
         self.replays = 0
+        self.trace: list[tuple] = []
+        self.active = False  # inside capture or replay (tests check frames run nowhere else)
 
     @contextlib.contextmanager
     def capture(self):
         saved = [t.clone() for t in self.state]
-        with graph_rules():
-            yield
+        self.active = True
+        try:
+            with graph_rules(), OpTrace() as trace:
+                yield
+        finally:
+            self.active = False
+        self.trace = trace.ops
         for tensor, copy in zip(self.state, saved):
             tensor.copy_(copy)
 
@@ -84,8 +150,27 @@ class FakeGraph:
         if moved:
             raise GraphRuleError(f"state tensors {moved} were reallocated after capture; a real graph would not see them")
         self.output.fill_(-(2**40))  # poison: the replay must write every output it is read for
-        self.fn()
+        self.active = True
+        try:
+            with OpTrace() if self.check_trace else contextlib.nullcontext() as trace:
+                self.fn()
+        finally:
+            self.active = False
+        difference = _first_difference(self.trace, trace.ops) if self.check_trace else None
+        if difference is not None:
+            raise GraphRuleError(f"replay {self.replays + 1} differs from the capture ({difference}): a Python "
+                                 "value changed between replays, which a real graph would not see")
         self.replays += 1
+
+
+class DeferredTransfer:
+    """A device-to-host copy that completes in `result()` (the snapshot is taken at once, on the device)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self._tensor = tensor.detach().clone()
+
+    def result(self):
+        return self._tensor.numpy().copy()
 
 
 class _Stream:
@@ -106,8 +191,10 @@ class FakeGraphBackend(AcceleratorBackend):
 
     name = "cpu"
 
-    def __init__(self, eager: bool = False, predictor_attention=None):
+    def __init__(self, eager: bool = False, predictor_attention=None, check_trace: bool = True):
+        """`check_trace=False` skips the per-replay trace comparison (about halves a replay's cost)."""
         super().__init__(eager=eager)
+        self.check_trace = check_trace
         self.captured: list[FakeGraph] = []
         self._api = _fake_api()
         self._predictor_attention = predictor_attention
@@ -120,8 +207,9 @@ class FakeGraphBackend(AcceleratorBackend):
         return self._api
 
     def new_graph(self, fn, state, output) -> FakeGraph:
-        graph = FakeGraph(fn, state, output)
+        graph = FakeGraph(fn, state, output, self.check_trace)
         self.captured.append(graph)
         return graph
 
-    to_host = Backend.to_host  # plain copies: pinned memory needs a real accelerator
+    def to_host(self, tensor: torch.Tensor) -> DeferredTransfer:
+        return DeferredTransfer(tensor)  # no pinned memory without a real accelerator

@@ -15,6 +15,12 @@ discarded, and its slot is reused at once.
 The host does no per-frame sampling work: noise is computed inside the frame from each row's seed
 and frame index. It only picks the frame's `sampling.FramePlan` from the running requests' known
 parameters; frame steps (graphs included) exist per plan, made when a plan is first needed.
+
+On an asynchronous device everything before `_collect` only enqueues work (prefill, the frame's
+replay, the copy); the one place the host waits is `_collect`, for the copy of the frame launched a
+step earlier, while the device already runs this step's frame. Admission is capped at
+`max_prefill_tokens` prompt positions per step, so a burst of new requests delays the running rows
+by a bounded prefill per frame rather than one long one.
 """
 
 from __future__ import annotations
@@ -42,6 +48,10 @@ class EngineConfig:
     device: str = "cpu"
     eager: bool = False  # never capture graphs (also: OMNITTS_EAGER=1)
     graph_buckets: tuple[int, ...] | None = None  # batch sizes given a graph (None: 1, 2, 4, ...)
+    span_buckets: tuple[int, ...] | None = None  # attention spans given a graph (None: 256, 512, ...)
+    # Prompt positions prefilled per step at most (one request always goes in): a burst of new
+    # requests is spread over steps instead of holding the running rows back for one long prefill.
+    max_prefill_tokens: int | None = 2048
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
@@ -50,10 +60,15 @@ class EngineConfig:
             raise ValueError(f"max_positions must be >= 16, got {self.max_positions}")
         if self.graph_buckets is not None and not all(int(b) >= 1 for b in self.graph_buckets):
             raise ValueError(f"graph_buckets must be batch sizes >= 1, got {list(self.graph_buckets)}")
+        if self.span_buckets is not None and not all(int(b) >= 1 for b in self.span_buckets):
+            raise ValueError(f"span_buckets must be position counts >= 1, got {list(self.span_buckets)}")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1 (or None: no limit), got {self.max_prefill_tokens}")
 
 
 def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
-         device: str = "cpu", eager: bool = False, graph_buckets=None) -> EngineConfig:
+         device: str = "cpu", eager: bool = False, graph_buckets=None, span_buckets=None,
+         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens) -> EngineConfig:
     """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
 
     The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
@@ -70,7 +85,9 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
                            "or raise the cache budget")
     return EngineConfig(max_num_seqs=int(slots), max_positions=positions, max_text_tokens=max(text_tokens, 1),
                         device=device, eager=eager,
-                        graph_buckets=None if graph_buckets is None else tuple(graph_buckets))
+                        graph_buckets=None if graph_buckets is None else tuple(graph_buckets),
+                        span_buckets=None if span_buckets is None else tuple(span_buckets),
+                        max_prefill_tokens=max_prefill_tokens)
 
 
 class Engine:
@@ -151,7 +168,7 @@ class Engine:
         return [seq.prompt.embeds.shape[0] + seq.launched for seq in seqs]
 
     def _admit(self) -> None:
-        new = self.scheduler.admit()
+        new = self.scheduler.admit(self.config.max_prefill_tokens)
         if not new:
             return
         state = self.state
@@ -172,7 +189,8 @@ class Engine:
         if plan not in self.steps:
             c = self.config
             self.steps[plan] = self.backend.frame_steps(_Planned(self.runner, plan), c.max_num_seqs, c.max_positions,
-                                                        self._device_state(), self.state.codes, c.graph_buckets)
+                                                        self._device_state(), self.state.codes, c.graph_buckets,
+                                                        c.span_buckets)
         return self.steps[plan]
 
     def _collect(self, pending) -> list[Sequence]:

@@ -35,7 +35,8 @@ class ModelRunner:
         """Prompts (L_i, D) into rows start..start+n: K/V written, next logits and hidden stored."""
         dev, dtype = self.ckpt.device, self.state.hidden.dtype
         n, longest = len(prompts), max(p.shape[0] for p in prompts)
-        lengths = torch.tensor([p.shape[0] for p in prompts], device=dev)
+        # non_blocking: a plain host-to-device copy would wait for the frame still running.
+        lengths = torch.tensor([p.shape[0] for p in prompts]).to(dev, non_blocking=True)
         x = torch.zeros((n, longest, prompts[0].shape[1]), dtype=dtype, device=dev)
         for i, p in enumerate(prompts):  # right padding: real positions keep their indices 0..L-1
             x[i, : p.shape[0]] = p

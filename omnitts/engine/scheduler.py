@@ -51,10 +51,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def admit(self) -> list[Sequence]:
-        """Move waiting sequences into free slots (appended after the running prefix)."""
-        admitted = []
+    def admit(self, max_tokens: int | None = None) -> list[Sequence]:
+        """Move waiting sequences into free slots (appended after the running prefix), in order,
+        while their prompts total at most `max_tokens` positions (None: no limit; the first always fits)."""
+        admitted, tokens = [], 0
         while self.waiting and len(self.running) < self.max_num_seqs:
+            tokens += self.waiting[0].prompt.embeds.shape[0]
+            if admitted and max_tokens is not None and tokens > max_tokens:
+                break
             seq = self.waiting.popleft()
             seq.slot = len(self.running)
             self.running.append(seq)

@@ -1,0 +1,183 @@
+"""Graph bookkeeping on the CPU fake: (batch, span) buckets, the fake's graph rules, one replay per
+step without host syncs, and the per-step prefill budget."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from omnitts.device.base import frame_kv_bytes
+from omnitts.device.fake import FakeGraphBackend, GraphRuleError, graph_rules, no_host_sync
+from omnitts.engine import Engine, EngineConfig
+from omnitts.request import Request
+
+TEXTS = ["Short one.", "A somewhat longer sentence for the batch.", "你好，今天怎么样？", "Last of the group here."]
+
+
+@pytest.fixture(scope="module")
+def cv(tts_factory):
+    return tts_factory("custom_voice")
+
+
+def prompts(tts, n=4):
+    return [tts.prompts.build(Request(TEXTS[i % len(TEXTS)], speaker="ryan")) for i in range(n)]
+
+
+def drive(engine, tts, greedy, frames, on_step=None):
+    """Add one request per frame budget, step to the end; returns ({tag: codes}, spans run)."""
+    for i, (prompt, max_frames) in enumerate(zip(prompts(tts, len(frames)), frames)):
+        engine.add(prompt, tts.default_params(greedy, max_frames=max_frames, seed=20 + i), tag=i)
+    spans, run = [], engine.steps.run
+    engine.steps.run = lambda batch, span: (spans.append((batch, span)), run(batch, span))[1]
+    done = {}
+    while engine.has_work():
+        if on_step:
+            on_step(engine)
+        done.update({seq.tag: seq.codes() for seq in engine.step()})
+    return done, spans
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_graphs_equal_eager_in_every_batch_and_span_bucket(cv, greedy):
+    frames = [3, 7, 12, 18]  # batch shrinks 4 -> 3 -> 2 -> 1 while the spans grow
+    positions = max(p.embeds.shape[0] for p in prompts(cv)) + max(frames) + 2
+    eager, spans = drive(Engine(cv.ckpt, EngineConfig(max_num_seqs=4, max_positions=positions)), cv, greedy, frames)
+    seen = sorted({span for _, span in spans})
+    span_buckets = (seen[len(seen) // 3], seen[2 * len(seen) // 3])  # requests cross both boundaries
+    backend = FakeGraphBackend()
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=4, max_positions=positions, span_buckets=span_buckets),
+                    backend=backend)
+    assert engine.steps.sizes == [1, 2, 4] and engine.steps.spans == [*span_buckets, positions]
+    assert len(engine.steps.graphs) == 3 * 3 == len(backend.captured)
+    graphed, _ = drive(engine, cv, greedy, frames)
+    used = [key for key, graph in engine.steps.graphs.items() if graph.replays]
+    assert {size for size, _ in used} == {1, 2, 4} and {span for _, span in used} == set(engine.steps.spans)
+    for i in eager:
+        np.testing.assert_array_equal(graphed[i], eager[i], err_msg=f"request {i}")
+
+
+def test_a_short_batch_reads_a_sixteenth_of_the_kv_of_a_full_one(cv):
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=4096), backend=FakeGraphBackend())
+    steps = engine.steps
+    assert steps.spans == [256, 512, 1024, 2048, 4096] and len(steps.graphs) == 2 * 5
+    assert steps.bucket(2, 100) == (2, 256) and steps.bucket(1, 257) == (1, 512) and steps.bucket(2, 4096) == (2, 4096)
+    read = []
+    update = engine.cache.update
+
+    def counted(layer, k, v):  # the K/V views attention actually receives
+        keys, values = update(layer, k, v)
+        read.append(keys.numel() * keys.element_size() + values.numel() * values.element_size())
+        return keys, values
+
+    engine.cache.update = counted
+    measured = {}
+    for span in (100, 4096):
+        read.clear()
+        steps.run(2, span)
+        measured[span] = sum(read)
+        assert measured[span] == frame_kv_bytes(engine.cache, *steps.bucket(2, span))
+    assert measured[100] * 8 <= measured[4096] and measured[100] * 16 == measured[4096]
+
+
+def capture(backend, fn, state):
+    return backend.capture(fn, backend.graph_pool(), state, state[-1])
+
+
+def test_the_fake_catches_host_data_and_python_values_that_change_between_replays():
+    backend = FakeGraphBackend()
+    state = [torch.zeros(4), torch.zeros(2, dtype=torch.long)]
+    good = capture(backend, lambda: state[0].add_(torch.full((4,), 2.0)), state)
+    for _ in range(3):
+        good.replay()
+    assert good.replays == 3 and state[0].tolist() == [6.0] * 4
+    for bad, what in [(lambda: state[0].add_(torch.tensor([1.0, 2.0, 3.0, 4.0])), "tensor from host data"),
+                      (lambda: state[0].add_(torch.as_tensor(np.ones(4))), "tensor from host data"),
+                      (lambda: state[0].add_(state[0].new_tensor([1.0])), "tensor from host data"),
+                      (lambda: state[0].add_(torch.from_numpy(np.ones(4, dtype=np.float32))), "tensor from host data")]:
+        with pytest.raises(GraphRuleError, match=what):
+            capture(backend, bad, state)
+    counter = iter(range(100))  # a Python int that grows: a real graph would replay the captured one
+    drifting = capture(backend, lambda: state[0].add_(next(counter)), state)
+    with pytest.raises(GraphRuleError, match="differs from the capture .*add_"):
+        drifting.replay()
+    shapes = iter(range(1, 100))  # a host-side length: the shape would be baked in
+    resized = capture(backend, lambda: state[0][: next(shapes) % 4].mul_(2), state)
+    with pytest.raises(GraphRuleError, match="differs from the capture"):
+        resized.replay()
+
+
+def test_one_replay_per_step_and_no_host_sync_outside_collect(cv):
+    backend = FakeGraphBackend()
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=3, max_positions=256), backend=backend)
+    assert all(len(graph.trace) > 100 for graph in backend.captured)  # the real frame was traced
+    frame = engine.runner.frame
+
+    def only_in_graphs(batch, span):
+        assert any(graph.active for graph in backend.captured), "runner.frame ran eagerly in graph mode"
+        return frame(batch, span)
+
+    engine.runner.frame = only_in_graphs
+    real_numpy, collect = torch.Tensor.numpy, engine._collect
+
+    def waiting_collect(pending):  # the one place the host may wait for the device
+        with mock.patch.object(torch.Tensor, "numpy", real_numpy):
+            return collect(pending)
+
+    engine._collect = waiting_collect
+    replays_per_step = []
+
+    def total():
+        return sum(graph.replays for graph in backend.captured)
+
+    def step_checked(engine, step=engine.step):
+        before, running = total(), bool(engine.scheduler.running or engine.scheduler.waiting)
+        with no_host_sync():
+            finished = step()
+        replays_per_step.append((running, total() - before))
+        return finished
+
+    engine.step = lambda: step_checked(engine)
+    done, _ = drive(engine, cv, True, [2, 5, 3, 6, 4])  # 5 requests through 3 slots: admissions mid-run
+    assert len(done) == 5 and len(replays_per_step) > 6
+    assert all(count == (1 if running else 0) for running, count in replays_per_step), replays_per_step
+    with pytest.raises(GraphRuleError, match="host sync"), no_host_sync():
+        engine.state.lengths.max().item()
+
+
+def test_the_eager_frame_obeys_graph_rules_at_several_batch_sizes(cv):
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=3, max_positions=256))
+    for i, prompt in enumerate(prompts(cv, 3)):
+        engine.add(prompt, cv.default_params(i % 2 == 0, max_frames=4, seed=i))
+    engine._admit()
+    for batch in (1, 2, 3):
+        span = max(engine.cache_lengths(engine.scheduler.running[:batch])) + 1
+        with graph_rules():
+            engine.runner.frame(batch, span)
+    with pytest.raises(GraphRuleError, match="tensor from host data"), graph_rules():
+        torch.tensor([1, 2])
+
+
+def test_a_burst_of_admissions_is_spread_over_steps_with_the_same_codes(cv):
+    frames = [6, 4, 8, 5, 7, 3]
+    lengths = [p.embeds.shape[0] for p in prompts(cv, len(frames))]
+    budget = max(lengths) + min(lengths) - 1  # never room for the two longest together
+
+    def run(limit):
+        engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=6, max_positions=256, max_prefill_tokens=limit))
+        seqs = []
+        engine.add = (lambda add: lambda *a, **k: seqs.append(add(*a, **k)) or seqs[-1])(engine.add)
+        done, _ = drive(engine, cv, True, frames)
+        return done, [seq.admitted_at for seq in sorted(seqs, key=lambda s: s.id)]
+
+    unlimited, at_once = run(None)
+    spread, admitted_at = run(budget)
+    assert at_once == [0] * 6
+    assert admitted_at == sorted(admitted_at) and len(set(admitted_at)) >= 3, admitted_at  # in order, over steps
+    for step in set(admitted_at):
+        batch = [n for n, at in zip(lengths, admitted_at) if at == step]
+        assert len(batch) == 1 or sum(batch) <= budget, (step, batch)
+    for i in unlimited:
+        np.testing.assert_array_equal(spread[i], unlimited[i], err_msg=f"request {i}")
