@@ -171,16 +171,20 @@ def main(argv=None) -> int:
             r["vox"]["build_seconds"] = build_seconds
             phase(f"{label}: vox", started)
 
-    for label, dtype in dtypes.items():  # the long part last: everything above survives an interrupt
-        if dtype not in manifest_dtypes:
-            continue
-        r = results["dtypes"][label]
-        r["omnitts_manifest"] = {}
-        for batch in args.batches:
-            started = time.time()
-            r["omnitts_manifest"][batch] = lib.omnitts_synth(manifest, ckpt, args.work / f"synth-{dtype}-{batch}",
-                                                             batch, dtype, items)
-            phase(f"{label}: omnitts synth, max batch {batch}", started)
+    try:  # the long part last: Ctrl-C here still reports everything measured so far
+        for label, dtype in dtypes.items():
+            if dtype not in manifest_dtypes:
+                continue
+            r = results["dtypes"][label]
+            r["omnitts_manifest"] = {}
+            for batch in args.batches:
+                started = time.time()
+                r["omnitts_manifest"][batch] = lib.omnitts_synth(
+                    manifest, ckpt, args.work / f"synth-{dtype}-{batch}", batch, dtype, items)
+                phase(f"{label}: omnitts synth, max batch {batch}", started)
+    except KeyboardInterrupt:
+        lib.say("interrupted: the report below has the manifest runs that finished")
+        results["interrupted"] = True
 
     machine["uptime_end"] = lib.uptime()
     results["bench_seconds"] = round(time.time() - bench_started, 1)
@@ -202,10 +206,11 @@ def report(results: dict, args) -> str:
         plural = "s" if off["sample_items"] > 1 else ""
         sample = f"extrapolated from {off['sample_items']} item{plural} at {f1} and {f2} frames"
         one_batch = f"extrapolated from 1 batch of {off['static_batch']} at {f1} and {f2} frames"
+        ours, vox_ms = b1["ms_per_frame"], vox and vox["ms_per_frame"]
         rows = [[f"batch 1, ms per frame (generation + decode, {f1}→{f2} frames, warm)", off["ms_per_frame"],
-                 b1["ms_per_frame"], vox and vox["ms_per_frame"], lib.times(b1["ms_per_frame"], off["ms_per_frame"], True),
-                 lib.times(b1["ms_per_frame"], vox and vox["ms_per_frame"], True)],
-                ["batch 1, ms per engine step (generation only)", None, r["omnitts_steps"][1]["ms_per_step"], None, "", ""],
+                 ours, vox_ms, lib.times(ours, off["ms_per_frame"], True), lib.times(ours, vox_ms, True)],
+                ["batch 1, ms per engine step (generation only)", None, r["omnitts_steps"][1]["ms_per_step"], None,
+                 "", ""],
                 ["start-up to first frame, s", None, r["first_frame"]["total"], None, "", ""]]
         for kind, what in (("steady", "steady state"), ("whole", "whole process")):
             rows.append([f"one by one, × realtime, {what} ({sample})", audio / off["one_by_one"][kind],

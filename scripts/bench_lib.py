@@ -253,7 +253,8 @@ def omnitts_synth(manifest: Path, ckpt: Path, out: Path, batch: int, dtype: str,
 
 
 def ensure_reference_venv(venv: Path) -> Path:
-    subprocess.run([sys.executable, SCRIPTS / "reference_env.py", "--venv", str(venv)], check=True)
+    # its progress lines go to stderr: stdout carries only the report
+    subprocess.run([sys.executable, SCRIPTS / "reference_env.py", "--venv", str(venv)], check=True, stdout=sys.stderr)
     return venv / "bin" / "python"
 
 
