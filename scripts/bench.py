@@ -1,161 +1,264 @@
-"""Benchmark omnitts against the official qwen-tts 0.1.1 on the same weights and inputs, in one run.
+"""Benchmark omnitts against the official qwen-tts 0.1.1 (and, with --peers, vox-tts) in one run on this CPU.
 
-Builds a random CustomVoice checkpoint with the real 0.6B shapes (or --preset), then measures, all
-greedy, float32, on this machine's CPU:
-  1. ms per frame at batch 1 (generation + codec decode), official vs omnitts;
-  2. a manifest of --items lines with frame budgets spread over [--min-frames, --max-frames]:
-     official one by one, official static batches of 8 (its API takes one budget per call, so a
-     batch runs to its longest item), omnitts continuous batching at each --batches size;
-     reported as audio seconds per wall second (only the requested frames count as audio);
-  3. this CPU's float32 matmul throughput, and the fraction of it one omnitts frame step reaches.
+Everything runs on the same random CustomVoice checkpoint with the real 0.6B shapes (its EOS row is
+zeroed, so every item runs to its frame budget and all engines do the same work), the same texts,
+greedy, in float32 and in the auto dtype (bfloat16 where the CPU has native bf16, else float32).
 
-    python scripts/bench.py [--items 64 --min-frames 20 --max-frames 200] [--json results.json]
+  machine    CPU model and flags, torch's CPU capability, threads, load average at start and end;
+             streaming bandwidth (1 GiB copy, read+write; sum, read) and torch.mm peaks (2048^3, 4096^3)
+  start-up   process start to the first generated frame (omnitts.load + engine), warm page cache
+  batch 1    ms per frame (generation + codec decode, the slope between two budgets, warm) for omnitts,
+             the official package and vox; omnitts' engine step alone at batch 1 and each max batch,
+             against the roofline (weight bytes per frame / read bandwidth) and the matmul peak
+  manifest   --items lines with frame budgets spread over [--min-frames, --max-frames]:
+             omnitts: `omnitts synth MANIFEST -m CKPT -o OUT --greedy --max-batch N --dtype D --quiet`
+               as a child process per max batch: whole process (start to exit) and steady state
+               (the same process after its checkpoint load returned);
+             official one by one and in static batches of 8 (a batch runs to its longest item): both
+               are linear in frames, so they are measured on a sample after a warm-up (--official-sample
+               items at the two --sample-frames budgets; one batch at both) and extrapolated;
+               whole process = the runner's own start-up + the extrapolated pass;
+             vox (--peers): the first --vox-items items at once, whole process and after load.
+             × realtime = seconds of audio (only the requested frames) per wall-clock second.
 
-Random weights never pick EOS here (the checkpoint's EOS row is zeroed), so every item runs to its
-budget and both implementations do the same work. Needs the reference venv (scripts/reference_env.py).
+    python scripts/bench.py [--peers] [--json results.json]     # the full benchmark (see README)
+    python scripts/bench.py --quick --peers                     # tiny shapes, end to end in minutes
+
+Needs the reference venv (built here by scripts/reference_env.py if missing); --peers builds
+.cache/vox-venv with vox-tts 0.19.5 and converts the checkpoint with `python -m vox build`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-FRAME_SECONDS = 1920 / 24000
-SPEAKERS = ["ryan", "vivian", "serena", "aiden"]
-WORDS = ("the quick brown fox jumps over a lazy dog while seven bright stars shine above quiet "
-         "rivers and distant mountains under a calm evening sky").split()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_lib as lib  # noqa: E402
+
+QUICK = dict(preset="tiny-0.6b", items=8, min_frames=4, max_frames=12, batches="2,4", sample_frames="4,12",
+             warm_frames=2, step_frames=3, official_sample=1, copy_mib=64, mm_sizes="256,512")
+FULL = dict(preset="0.6b", items=64, min_frames=20, max_frames=200, batches="8,16,32,64", sample_frames="10,30",
+            warm_frames=3, step_frames=4, official_sample=2, copy_mib=1024, mm_sizes="2048,4096")
 
 
-def texts(n: int) -> list[str]:
-    rng = np.random.default_rng(0)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(6, 16)))).capitalize() + "." for _ in range(n)]
-
-
-def budgets(n: int, low: int, high: int) -> list[int]:
-    values = np.linspace(low, high, n).round().astype(int)
-    np.random.default_rng(1).shuffle(values)
-    return [int(v) for v in values]
-
-
-def matmul_gflops(size: int = 2048, repeats: int = 10) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    started = time.perf_counter()
-    for _ in range(repeats):
-        torch.mm(a, b)
-    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
-
-
-def frame_flops(tts, batch: int) -> float:
-    """Matmul FLOPs of one frame step for `batch` rows (weights touched per row x 2), attention excluded."""
-    talker = tts.ckpt.model.talker
-    layers = sum(p.numel() for n, p in talker.model.layers.named_parameters() if p.dim() == 2)
-    predictor = talker.code_predictor
-    p_layers = sum(p.numel() for p in predictor.model.layers.parameters() if p.dim() == 2)
-    groups = predictor.cfg.num_code_groups - 1
-    per_row = layers + talker.codec_head.weight.numel() + groups * p_layers + 2 * p_layers \
-        + sum(h.weight.numel() for h in predictor.lm_head)
-    return 2.0 * per_row * batch
-
-
-def run_official(python: Path, ckpt: Path, cases: list[dict], work: Path, name: str) -> dict:
-    spec = work / f"{name}.json"
-    out = work / f"official-{name}"
-    spec.write_text(json.dumps({"checkpoint": str(ckpt), "dtype": "float32", "cases": cases}))
-    subprocess.run([str(python), str(ROOT / "scripts" / "reference_runner.py"), str(spec), str(out)], check=True)
-    summary = json.loads((out / "summary.json").read_text())["cases"]
-    return {"wall": sum(summary[c["name"]]["wall_seconds"] for c in cases), "cases": summary}
-
-
-def omnitts_wall(tts, jobs) -> float:
-    started = time.perf_counter()
-    for _ in tts.generate(jobs):
-        pass
-    return time.perf_counter() - started
+def parse(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes and few frames: a smoke test")
+    parser.add_argument("--peers", action="store_true", help="also time vox-tts (its own venv)")
+    parser.add_argument("--work", type=Path, default=lib.ROOT / ".cache" / "bench")
+    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("OMNITTS_REF_VENV",
+                                                                          lib.ROOT / ".cache" / "ref-venv")))
+    parser.add_argument("--vox-venv", type=Path, default=lib.ROOT / ".cache" / "vox-venv")
+    parser.add_argument("--dtypes", default="float32,auto", help="float32, bfloat16 and/or auto")
+    parser.add_argument("--manifest-dtypes", help="dtypes of the omnitts manifest runs (default: --dtypes)")
+    parser.add_argument("--preset", help="checkpoint shapes (0.6b; --quick: tiny-0.6b)")
+    parser.add_argument("--items", type=int, help="manifest lines (64)")
+    parser.add_argument("--min-frames", type=int, help="shortest item's frame budget (20)")
+    parser.add_argument("--max-frames", type=int, help="longest item's frame budget (200)")
+    parser.add_argument("--batches", help="omnitts max batch sizes (8,16,32,64)")
+    parser.add_argument("--sample-frames", help="the two budgets of the batch-1 and official samples (10,30)")
+    parser.add_argument("--warm-frames", type=int, help="frames of each warm-up run (3)")
+    parser.add_argument("--step-frames", type=int, help="timed engine steps per batch size (4)")
+    parser.add_argument("--official-sample", type=int, help="items of the official one-by-one sample (2)")
+    parser.add_argument("--static-batch", type=int, default=8, help="the official static batch size")
+    parser.add_argument("--vox-items", type=int, default=8, help="manifest items vox runs at once")
+    parser.add_argument("--copy-mib", type=int, help="tensor size of the bandwidth test (1024)")
+    parser.add_argument("--mm-sizes", help="torch.mm sizes of the peak test (2048,4096)")
+    parser.add_argument("--json", type=Path, help="also write every figure here (updated after each phase)")
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.sample_frames = tuple(int(f) for f in args.sample_frames.split(","))
+    if len(args.sample_frames) != 2 or args.sample_frames[0] >= args.sample_frames[1]:
+        parser.error("--sample-frames takes two increasing budgets, e.g. 10,30")
+    args.mm_sizes = [int(s) for s in args.mm_sizes.split(",")]
+    return args
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "bench")
-    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("OMNITTS_REF_VENV", ROOT / ".cache" / "ref-venv")))
-    parser.add_argument("--preset", default="0.6b")
-    parser.add_argument("--items", type=int, default=64)
-    parser.add_argument("--min-frames", type=int, default=20)
-    parser.add_argument("--max-frames", type=int, default=200)
-    parser.add_argument("--single-frames", type=int, default=30, help="frames of the batch-1 measurement")
-    parser.add_argument("--batches", default="8,16,32", help="omnitts max batch sizes to measure")
-    parser.add_argument("--static-batch", type=int, default=8, help="the official static batch size")
-    parser.add_argument("--skip-official-single", action="store_true", help="skip the (slow) one-by-one official run")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-
+    args = parse(argv)
     import omnitts
-    from omnitts.request import Request
     from omnitts.testing.checkpoint import build_checkpoint
 
-    python = args.venv / "bin" / "python"
-    if not python.exists():
-        sys.exit(f"reference venv not found at {args.venv}; run: python scripts/reference_env.py")
+    bench_started = time.time()
+    machine = lib.cpu_info()
+    machine["uptime_start"] = lib.uptime()
+    results: dict = {"machine": machine, "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                  for k, v in vars(args).items()}, "dtypes": {}, "phases": {}}
+
+    def save():
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+
+    def phase(name, started):
+        results["phases"][name] = round(time.time() - started, 1)
+        lib.say(f"{name}: {results['phases'][name]:.0f} s (bench at {time.time() - bench_started:.0f} s)")
+        save()
+
+    # Setup: checkpoint, manifest, venvs (not timed as part of any measurement).
+    started = time.time()
     args.work.mkdir(parents=True, exist_ok=True)
     ckpt = args.work / f"custom_voice-{args.preset}"
     if not (ckpt / "model.safetensors").exists():
-        print(f"building a random {args.preset} CustomVoice checkpoint in {ckpt}", flush=True)
+        lib.say(f"building a random {args.preset} CustomVoice checkpoint in {ckpt}")
         build_checkpoint(ckpt, kind="custom_voice", preset=args.preset, dtype="bfloat16")
-    results: dict = {"preset": args.preset, "threads": torch.get_num_threads(), "items": args.items,
-                     "frames": [args.min_frames, args.max_frames]}
-    results["matmul_gflops"] = matmul_gflops()
+    items = lib.manifest_items(args.items, args.min_frames, args.max_frames)
+    manifest = args.work / f"manifest-{args.items}x{args.min_frames}-{args.max_frames}.jsonl"
+    lib.write_manifest(items, manifest)
+    audio = sum(it["frames"] for it in items) * lib.FRAME_SECONDS
+    results["manifest"] = {"path": str(manifest), "items": len(items), "frames": sum(it["frames"] for it in items),
+                           "audio_seconds": audio}
+    ref_python = lib.ensure_reference_venv(args.venv)
+    vox_python = lib.ensure_vox_venv(args.vox_venv) if args.peers else None
+    dtypes: dict[str, str] = {}  # label -> resolved; auto resolving to a dtype already listed is run once
+    for name in args.dtypes.split(","):
+        resolved = lib.resolve_dtype(name, machine["flags"])
+        label = f"auto → {resolved}" if name == "auto" else name
+        if resolved not in dtypes.values():
+            dtypes[label] = resolved
+    manifest_dtypes = {lib.resolve_dtype(n, machine["flags"]) for n in (args.manifest_dtypes or args.dtypes).split(",")}
+    results["checkpoint_bytes"] = lib.warm_page_cache(ckpt)
+    phase("setup", started)
 
-    # 1. batch 1
-    text = texts(1)[0]
-    single = {"name": "single", "mode": "custom_voice", "text": text, "language": "English", "speaker": "ryan",
-              "max_new_tokens": args.single_frames + 1}
-    official = run_official(python, ckpt, [single], args.work, "single")
-    results["official_ms_per_frame"] = 1000 * official["wall"] / args.single_frames
-    tts = omnitts.load(ckpt, max_batch=max(int(b) for b in args.batches.split(",")))
-    job = (Request(text, "english", "ryan"), tts.default_params(True, max_frames=args.single_frames))
-    omnitts_wall(tts, [job])  # warm-up
-    results["omnitts_ms_per_frame"] = 1000 * omnitts_wall(tts, [job]) / args.single_frames
-    results["batch1_ratio"] = results["omnitts_ms_per_frame"] / results["official_ms_per_frame"]
-    step = frame_flops(tts, 1) / (results["omnitts_ms_per_frame"] / 1000) / 1e9
-    results["batch1_gflops"], results["batch1_peak_fraction"] = step, step / results["matmul_gflops"]
-    print(json.dumps(results, indent=1), flush=True)
+    # Machine figures.
+    started = time.time()
+    machine["bandwidth"] = lib.bandwidth(args.copy_mib << 20)
+    machine["matmul_gflops"] = {f"{dt}_{size}": lib.matmul_peak(size, getattr(torch, dt))
+                                for dt in ("float32", "bfloat16") for size in args.mm_sizes}
+    phase("machine", started)
 
-    # 2. the manifest
-    items = list(zip(texts(args.items), budgets(args.items, args.min_frames, args.max_frames)))
-    audio_seconds = sum(frames for _, frames in items) * FRAME_SECONDS
-    results["audio_seconds"] = audio_seconds
-    cases = [{"name": f"item{i}", "mode": "custom_voice", "text": t, "language": "English",
-              "speaker": SPEAKERS[i % len(SPEAKERS)], "max_new_tokens": f + 1} for i, (t, f) in enumerate(items)]
-    if not args.skip_official_single:
-        results["official_single_wall"] = run_official(python, ckpt, cases, args.work, "manifest-single")["wall"]
-    static = []
-    for start in range(0, len(items), args.static_batch):
-        chunk = items[start:start + args.static_batch]
-        static.append({"name": f"batch{start}", "mode": "custom_voice", "text": [t for t, _ in chunk],
-                       "language": "English", "speaker": [SPEAKERS[(start + j) % len(SPEAKERS)] for j in range(len(chunk))],
-                       "max_new_tokens": max(f for _, f in chunk) + 1})
-    results["official_static_wall"] = run_official(python, ckpt, static, args.work, "manifest-static")["wall"]
-    jobs = [(Request(t, "english", SPEAKERS[i % len(SPEAKERS)]), tts.default_params(True, max_frames=f))
-            for i, (t, f) in enumerate(items)]
-    for size in (int(b) for b in args.batches.split(",")):
-        tts.max_batch = size
-        results[f"omnitts_continuous_{size}_wall"] = omnitts_wall(tts, jobs)
-        print(f"omnitts continuous max batch {size}: {results[f'omnitts_continuous_{size}_wall']:.1f} s", flush=True)
-    for key in [k for k in results if k.endswith("_wall")]:
-        results[key.replace("_wall", "_rtf")] = audio_seconds / results[key]  # audio seconds per wall second
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    text0 = items[0]["text"]
+    for label, dtype in dtypes.items():
+        r = results["dtypes"][label] = {"dtype": dtype}
+        started = time.time()
+        r["first_frame"] = lib.first_frame(ckpt, dtype, text0)
+        phase(f"{label}: start-up to first frame", started)
+
+        started = time.time()
+        tts = omnitts.load(ckpt, dtype=dtype, max_batch=max(args.batches))
+        r["frame_bytes"] = lib.frame_bytes(tts)
+        r["omnitts_batch1"] = lib.omnitts_batch1(tts, text0, args.sample_frames, args.warm_frames)
+        steps = {}
+        for batch in sorted({1, *args.batches}):
+            seconds = lib.omnitts_steps(tts, batch, [it["text"] for it in items], args.warm_frames, args.step_frames)
+            steps[batch] = {"ms_per_step": 1000 * seconds, "gflops": lib.frame_flops(tts, batch) / seconds / 1e9}
+        r["omnitts_steps"] = steps
+        del tts
+        gc.collect()
+        phase(f"{label}: omnitts in process", started)
+
+        started = time.time()
+        r["official"] = lib.official_runs(ref_python, ckpt, dtype, items, args.official_sample, args.sample_frames,
+                                          args.static_batch, args.warm_frames, args.work)
+        phase(f"{label}: official sample", started)
+
+        if vox_python is not None:
+            started = time.time()
+            tmod, build_seconds = lib.vox_model(vox_python, ckpt, dtype, args.work)
+            lib.warm_page_cache(tmod)
+            r["vox"] = lib.vox_runs(vox_python, tmod, dtype, items, args.sample_frames, args.warm_frames,
+                                    args.vox_items, args.work)
+            r["vox"]["build_seconds"] = build_seconds
+            phase(f"{label}: vox", started)
+
+    try:  # the long part last: Ctrl-C here still reports everything measured so far
+        for label, dtype in dtypes.items():
+            if dtype not in manifest_dtypes:
+                continue
+            r = results["dtypes"][label]
+            r["omnitts_manifest"] = {}
+            for batch in args.batches:
+                started = time.time()
+                r["omnitts_manifest"][batch] = lib.omnitts_synth(
+                    manifest, ckpt, args.work / f"synth-{dtype}-{batch}", batch, dtype, items)
+                phase(f"{label}: omnitts synth, max batch {batch}", started)
+    except KeyboardInterrupt:
+        lib.say("interrupted: the report below has the manifest runs that finished")
+        results["interrupted"] = True
+
+    machine["uptime_end"] = lib.uptime()
+    results["bench_seconds"] = round(time.time() - bench_started, 1)
+    save()
+    print(report(results, args))
     return 0
+
+
+def report(results: dict, args) -> str:
+    """The markdown tables: per dtype, then start-up, roofline and the machine."""
+    m, audio = results["machine"], results["manifest"]["audio_seconds"]
+    f1, f2 = args.sample_frames
+    n = results["manifest"]["items"]
+    out = [f"## omnitts vs official qwen-tts 0.1.1{' vs vox-tts 0.19.5' if args.peers else ''}: "
+           f"{args.preset} shapes, greedy, {n} items of {args.min_frames}–{args.max_frames} frames "
+           f"({audio:.0f} s of audio)", ""]
+    for label, r in results["dtypes"].items():
+        off, vox, b1 = r["official"], r.get("vox"), r["omnitts_batch1"]
+        plural = "s" if off["sample_items"] > 1 else ""
+        sample = f"extrapolated from {off['sample_items']} item{plural} at {f1} and {f2} frames"
+        one_batch = f"extrapolated from 1 batch of {off['static_batch']} at {f1} and {f2} frames"
+        ours, vox_ms = b1["ms_per_frame"], vox and vox["ms_per_frame"]
+        rows = [[f"batch 1, ms per frame (generation + decode, {f1}→{f2} frames, warm)", off["ms_per_frame"],
+                 ours, vox_ms, lib.times(ours, off["ms_per_frame"], True), lib.times(ours, vox_ms, True)],
+                ["batch 1, ms per engine step (generation only)", None, r["omnitts_steps"][1]["ms_per_step"], None,
+                 "", ""],
+                ["start-up to first frame, s", None, r["first_frame"]["total"], None, "", ""]]
+        for kind, what in (("steady", "steady state"), ("whole", "whole process")):
+            rows.append([f"one by one, × realtime, {what} ({sample})", audio / off["one_by_one"][kind],
+                         None, None, "", ""])
+            rows.append([f"static batches of {off['static_batch']}, × realtime, {what} ({one_batch})",
+                         audio / off["static"][kind], None, None, "", ""])
+            if vox:
+                rows.append([f"vox: {vox['items']} items at once, × realtime, {what}", None, None,
+                             vox[f"rtf_{kind}"], "", ""])
+            for batch, run in r.get("omnitts_manifest", {}).items():
+                rtf = audio / (run["after_load"] if kind == "steady" else run["whole"])
+                vs_off = (f"{lib.times(rtf, audio / off['one_by_one'][kind], False)} one-by-one, "
+                          f"{lib.times(rtf, audio / off['static'][kind], False)} static")
+                rows.append([f"omnitts max batch {batch}, × realtime, {what}", None, rtf, None, vs_off,
+                             lib.times(rtf, vox and vox[f"rtf_{kind}"], False)])
+        out += [f"### {label}", "", lib.table(["measurement", "official", "omnitts", "vox", "omnitts vs official",
+                                                "omnitts vs vox"], rows), ""]
+    out += ["Steady state: official = its per-case walls after load; omnitts manifest = the `omnitts synth` "
+            "process after its checkpoint load returned; batch 1 = warm, in process. Whole process = start "
+            "to exit (official: its runner's start-up + the extrapolated pass). omnitts vs vox compares the "
+            "manifest's × realtime with vox's on its first items (a sample of the same mix).", ""]
+    out += ["### Start-up to first frame (s, warm page cache)", "",
+            lib.table(["dtype", "python start", "imports", "load", "first frame", "total"],
+                      [[label, f["python_start"], f["imports"], f["load"], f["first_frame"], f["total"]]
+                       for label, f in ((lb, r["first_frame"]) for lb, r in results["dtypes"].items())]), ""]
+    bw = m["bandwidth"]
+    rows = []
+    for label, r in results["dtypes"].items():
+        fb, steps = r["frame_bytes"], r["omnitts_steps"]
+        roof = 1000 * fb["total"] / (bw["read_gbs"] * 1e9)
+        peak = max(v for k, v in m["matmul_gflops"].items() if k.startswith(r["dtype"]))
+        big = [b for b in steps if b >= 32] or [max(steps)]
+        rows.append([label, fb["total"] / 1e6, roof, steps[1]["ms_per_step"], f"{roof / steps[1]['ms_per_step']:.0%}",
+                     ", ".join(f"b{b}: {steps[b]['gflops']:.1f} ({steps[b]['gflops'] / peak:.0%})" for b in big)])
+    out += ["### Roofline (omnitts engine steps, generation only)", "",
+            lib.table(["dtype", "MB read per batch-1 frame", "roofline ms (MB / read GB/s)", "measured ms",
+                       "of roofline", "GFLOP/s (of matmul peak)"], rows), ""]
+    out += ["### Machine", "", lib.table(["", ""], [
+        ["CPU", m["model"]], ["flags", " ".join(m["flags"]) or "none of interest"],
+        ["torch CPU capability", f"{m['torch_capability']} (torch {m['torch']})"],
+        ["threads", f"{m['torch_threads']} torch of {m['logical_cpus']} logical CPUs"],
+        ["bandwidth", f"copy {bw['copy_gbs']:.1f} GB/s (read+write), sum {bw['read_gbs']:.1f} GB/s (read), "
+                      f"{bw['bytes'] >> 20} MiB"],
+        ["matmul peak", ", ".join(f"{k.replace('_', ' ')}^3: {v:.0f}" for k, v in m["matmul_gflops"].items())
+         + " GFLOP/s"],
+        ["load at start", m["uptime_start"]], ["load at end", m["uptime_end"]],
+        ["bench wall", f"{results['bench_seconds'] / 60:.1f} min"]]), ""]
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
