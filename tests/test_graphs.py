@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from omnitts import sampling
 from omnitts.device.base import frame_kv_bytes
 from omnitts.device.fake import FakeGraphBackend, GraphRuleError, graph_rules, no_host_sync
 from omnitts.engine import Engine, EngineConfig
@@ -30,8 +31,16 @@ def drive(engine, tts, greedy, frames, on_step=None):
     """Add one request per frame budget, step to the end; returns ({tag: codes}, spans run)."""
     for i, (prompt, max_frames) in enumerate(zip(prompts(tts, len(frames)), frames)):
         engine.add(prompt, tts.default_params(greedy, max_frames=max_frames, seed=20 + i), tag=i)
-    spans, run = [], engine.steps.run
-    engine.steps.run = lambda batch, span: (spans.append((batch, span)), run(batch, span))[1]
+    spans, make = [], engine._steps
+
+    def recording(plan):  # the frame steps of every plan log the (batch, span) they are asked for
+        steps = make(plan)
+        if not getattr(steps, "recording", False):
+            run, steps.recording = steps.run, True
+            steps.run = lambda batch, span: (spans.append((batch, span)), run(batch, span))[1]
+        return steps
+
+    engine._steps = recording
     done = {}
     while engine.has_work():
         if on_step:
@@ -50,18 +59,20 @@ def test_graphs_equal_eager_in_every_batch_and_span_bucket(cv, greedy):
     backend = FakeGraphBackend()
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=4, max_positions=positions, span_buckets=span_buckets),
                     backend=backend)
-    assert engine.steps.sizes == [1, 2, 4] and engine.steps.spans == [*span_buckets, positions]
-    assert len(engine.steps.graphs) == 3 * 3 == len(backend.captured)
+    steps = engine.steps_for([cv.default_params(greedy, max_frames=1, seed=20)])  # the plan these requests share
+    assert steps.sizes == [1, 2, 4] and steps.spans == [*span_buckets, positions]
+    assert len(steps.graphs) == 3 * 3 == len(backend.captured)
     graphed, _ = drive(engine, cv, greedy, frames)
-    used = [key for key, graph in engine.steps.graphs.items() if graph.replays]
-    assert {size for size, _ in used} == {1, 2, 4} and {span for _, span in used} == set(engine.steps.spans)
+    assert len(backend.captured) == 9  # no other plan was needed
+    used = [key for key, graph in steps.graphs.items() if graph.replays]
+    assert {size for size, _ in used} == {1, 2, 4} and {span for _, span in used} == set(steps.spans)
     for i in eager:
         np.testing.assert_array_equal(graphed[i], eager[i], err_msg=f"request {i}")
 
 
 def test_a_short_batch_reads_a_sixteenth_of_the_kv_of_a_full_one(cv):
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=4096), backend=FakeGraphBackend())
-    steps = engine.steps
+    steps = engine.steps_for([cv.default_params(True, max_frames=1)])
     assert steps.spans == [256, 512, 1024, 2048, 4096] and len(steps.graphs) == 2 * 5
     assert steps.bucket(2, 100) == (2, 256) and steps.bucket(1, 257) == (1, 512) and steps.bucket(2, 4096) == (2, 4096)
     read = []
@@ -112,12 +123,13 @@ def test_the_fake_catches_host_data_and_python_values_that_change_between_replay
 def test_one_replay_per_step_and_no_host_sync_outside_collect(cv):
     backend = FakeGraphBackend()
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=3, max_positions=256), backend=backend)
-    assert all(len(graph.trace) > 100 for graph in backend.captured)  # the real frame was traced
+    engine.steps_for([cv.default_params(True, max_frames=1)])  # capture the greedy plan's graphs up front
+    assert backend.captured and all(len(graph.trace) > 100 for graph in backend.captured)  # the real frame
     frame = engine.runner.frame
 
-    def only_in_graphs(batch, span):
+    def only_in_graphs(*args):
         assert any(graph.active for graph in backend.captured), "runner.frame ran eagerly in graph mode"
-        return frame(batch, span)
+        return frame(*args)
 
     engine.runner.frame = only_in_graphs
     real_numpy, collect = torch.Tensor.numpy, engine._collect
@@ -153,9 +165,11 @@ def test_the_eager_frame_obeys_graph_rules_at_several_batch_sizes(cv):
         engine.add(prompt, cv.default_params(i % 2 == 0, max_frames=4, seed=i))
     engine._admit()
     for batch in (1, 2, 3):
-        span = max(engine.cache_lengths(engine.scheduler.running[:batch])) + 1
+        running = engine.scheduler.running[:batch]
+        span = max(engine.cache_lengths(running)) + 1
+        plan = sampling.FramePlan.of([seq.params for seq in running], *engine.vocabs)
         with graph_rules():
-            engine.runner.frame(batch, span)
+            engine.runner.frame(batch, span, plan)
     with pytest.raises(GraphRuleError, match="tensor from host data"), graph_rules():
         torch.tensor([1, 2])
 

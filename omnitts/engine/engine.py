@@ -150,8 +150,7 @@ class Engine:
             span = max(self.cache_lengths(running)) + 1  # positions this frame attends to
             for seq in running:
                 seq.launched += 1
-            plan = sampling.FramePlan.of([seq.params for seq in running], *self.vocabs)
-            self._steps(plan).run(len(running), span)
+            self.steps_for([seq.params for seq in running]).run(len(running), span)
             launched = (self.backend.to_host(self.state.codes[: len(running)]), running)
         finished = self._collect(self.pending) if self.pending is not None else []
         self.pending = launched
@@ -179,6 +178,10 @@ class Engine:
             state.params.set(row, seq.params)
             state.load_text(row, seq.prompt.trailing.to(state.trailing.dtype), seq.prompt.pad.to(state.trailing.dtype))
         self.runner.prefill(new[0].slot, [seq.prompt.embeds for seq in new])
+
+    def steps_for(self, params: list[SamplingParams]):
+        """The frame steps a batch of requests with these parameters runs (see `_steps`)."""
+        return self._steps(sampling.FramePlan.of(params, *self.vocabs))
 
     def _steps(self, plan: sampling.FramePlan):
         """The frame steps for `plan`, made (graphs captured) the first time a batch needs it.

@@ -1,0 +1,75 @@
+"""What bfloat16 (and float16) language models cost in quality against float32, on the same weights.
+
+For each test checkpoint and text, greedy codes and audio are generated in float32 and in the
+other dtype (the codec always runs in float32). Reported per dtype:
+  - codes agreement: share of frames whose 16 codes equal the float32 frame at the same index;
+  - first divergence: frames generated before the first differing frame (autoregression then
+    follows another path, so later frames differ by construction);
+  - waveform SNR (dB) of the other dtype's audio against the float32 audio over the whole clip.
+    (Before the first divergence the audio is bitwise equal: the codec is causal and float32.)
+
+    python scripts/dtype_quality.py [--presets tiny-0.6b,tiny-1.7b] [--frames 48] [--texts 6]
+
+Random weights stand in for real ones (none exist here): greedy margins are decisive by
+construction (see omnitts.testing.checkpoint), so agreement on real checkpoints may differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+TEXTS = ["Hello there, and welcome to the show.", "The quick brown fox jumps over the lazy dog.",
+         "Seven bright stars shine above quiet rivers.", "Numbers like 2024 and 3.14 are read aloud.",
+         "A calm evening under distant mountains.", "Short line."]
+
+
+def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
+    n = min(len(reference), len(other))
+    if n == 0:
+        return float("nan")
+    noise = np.sum((reference[:n] - other[:n]) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(reference[:n] ** 2) / noise))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", default="tiny-0.6b,tiny-1.7b")
+    parser.add_argument("--dtypes", default="bfloat16")
+    parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--texts", type=int, default=len(TEXTS))
+    args = parser.parse_args(argv)
+
+    import omnitts
+    from omnitts.testing.checkpoint import build_checkpoint
+
+    print("| checkpoint | dtype | codes agreement | frames before first divergence (mean) | waveform SNR (dB, median) |")
+    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in args.presets.split(","):
+            folder = build_checkpoint(Path(tmp) / preset, kind="custom_voice", preset=preset, dtype="bfloat16")
+            runs = {}
+            for dtype in ["float32"] + args.dtypes.split(","):
+                tts = omnitts.load(folder, dtype=dtype)
+                runs[dtype] = [tts.synthesize(t, speaker="ryan", language="english", greedy=True, max_frames=args.frames)
+                               for t in TEXTS[: args.texts]]
+            for dtype in args.dtypes.split(","):
+                agree, first, whole = [], [], []
+                for ref, other in zip(runs["float32"], runs[dtype]):
+                    n = min(ref.frames, other.frames)
+                    same = (ref.codes[:n] == other.codes[:n]).all(axis=1)
+                    agree.append(same.mean())
+                    k = int(np.argmin(same)) if not same.all() else n
+                    first.append(k)
+                    whole.append(snr_db(ref.samples, other.samples))
+                print(f"| {preset} | {dtype} | {100 * np.mean(agree):.1f}% | {np.mean(first):.1f} of {args.frames} | "
+                      f"{np.median(whole):.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
