@@ -8,7 +8,8 @@ verbatim copy of the previous implementation (each row's torch.Generator filling
 
     python scripts/bench_sampling.py [--batches 1 8 64] [--reps 300] [--threads 2] [--top-p 1.0]
 
-Prints milliseconds per frame (median over --reps frames, after a warm-up) for each batch size,
+Prints milliseconds per frame (median and minimum over --reps frames, after a warm-up; before and
+after alternate, so other load on the machine skews both alike) for each batch size,
 sampled (the official defaults: top_k 50, top_p 1.0, temperature 0.9) and greedy.
 """
 
@@ -67,15 +68,18 @@ def new_frame(talker, predictor, rows: RowParams, frame, plan: sampling.FramePla
                         rows.sub_top_p, keys, g, plan.predictor)
 
 
-def timed(fn, reps: int) -> float:
+def timed(before, after, reps: int) -> tuple[list[float], list[float]]:
+    """Milliseconds per call of each, alternating the two so that load from other processes hits both alike."""
     for _ in range(max(3, reps // 20)):
-        fn()
-    times = []
+        before()
+        after()
+    times = ([], [])
     for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        for fn, out in ((before, times[0]), (after, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 def main() -> None:
@@ -88,8 +92,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     suppress = sampling.talker_mask(TALKER_VOCAB, EOS)
-    print(f"ms per frame (median of {args.reps}), {args.threads} threads, top_p {args.top_p}")
-    print(f"{'batch':>5} {'mode':>7} {'before':>8} {'after':>8} {'speed-up':>8}")
+    print(f"ms per frame, median (min) of {args.reps}, {args.threads} threads, top_p {args.top_p}")
+    print(f"{'batch':>5} {'mode':>7} {'before':>17} {'after':>15} {'speed-up':>8}")
     for batch in args.batches:
         talker = (3 * torch.randn(batch, TALKER_VOCAB, generator=gen)).masked_fill(suppress, float("-inf"))
         predictor = [3 * torch.randn(batch, PREDICTOR_VOCAB, generator=gen) for _ in range(GROUPS - 1)]
@@ -102,10 +106,12 @@ def main() -> None:
             noise = torch.ones(batch, TALKER_VOCAB + (GROUPS - 1) * PREDICTOR_VOCAB)
             plan = sampling.FramePlan.of(params, TALKER_VOCAB, PREDICTOR_VOCAB)
             with torch.inference_mode():
-                before = timed(lambda: old_frame(talker, predictor, rows, generators, noise), args.reps)
-                after = timed(lambda: new_frame(talker, predictor, rows, frame, plan), args.reps)
+                before, after = timed(lambda: old_frame(talker, predictor, rows, generators, noise),
+                                      lambda: new_frame(talker, predictor, rows, frame, plan), args.reps)
+            b, a = statistics.median(before), statistics.median(after)
             mode = "greedy" if greedy else "sampled"
-            print(f"{batch:>5} {mode:>7} {before:>8.3f} {after:>8.3f} {before / after:>7.1f}x")
+            print(f"{batch:>5} {mode:>7} {b:>8.3f} ({min(before):>6.3f}) {a:>7.3f} ({min(after):>5.3f}) {b / a:>7.1f}x",
+                  flush=True)
 
 
 if __name__ == "__main__":
