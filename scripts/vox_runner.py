@@ -1,4 +1,4 @@
-"""RECONSTRUCTION (see HELPER-CONFLICT.md at the repository root): time vox-tts inside its own venv.
+"""Time vox-tts inside its own venv (run by scripts/bench.py --peers).
 
     .cache/vox-venv/bin/python scripts/vox_runner.py spec.json [out.json]     (no out.json: stdout)
 
