@@ -9,6 +9,16 @@ import soundfile as sf
 from omnitts.testing.checkpoint import build_checkpoint
 
 
+@pytest.fixture(autouse=True)
+def _float32_auto_dtype(monkeypatch):
+    """`--dtype auto` resolves from the CPU's flags; tests see a CPU without native bf16, so `auto`
+    means float32 on every machine and equality checks (CLI vs API, batched vs alone) stay exact.
+    tests/test_dtype_auto.py sets the flags it needs itself."""
+    from omnitts.device import features
+
+    monkeypatch.setattr(features, "cpu_flags", lambda: frozenset())
+
+
 @pytest.fixture(scope="session")
 def ckpt_dir(tmp_path_factory):
     """Factory: ckpt_dir(kind, preset="tiny-0.6b", eos_scale=0.0) -> path (cached for the session)."""

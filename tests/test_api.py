@@ -37,7 +37,8 @@ def test_audio_equals_the_file_the_cli_writes(cv, ckpt_dir, tmp_path):
     for fmt in ("wav", "flac"):  # both 16-bit PCM
         out = tmp_path / fmt
         result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
-                                          "--greedy", "--max-frames", "6", "--format", fmt, "--save-codes", "-q"])
+                                          "--greedy", "--max-frames", "6", "--format", fmt, "--save-codes", "-q",
+                                          "--dtype", "float32"])  # the api side is float32 (conftest)
         assert result.exit_code == 0, result.output
         written, rate = sf.read(out / f"a.{fmt}", dtype="float32")
         assert rate == audio.sample_rate

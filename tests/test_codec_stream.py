@@ -60,7 +60,9 @@ def test_stream_equals_whole_decode(ckpt, frames):
 @pytest.mark.parametrize("frames,ref_frames", [(1, 0), (10, 0), (53, 0), (150, 0), (6, 17), (40, 30)])
 def test_single_short_stream_is_bitwise_equal(ckpt, frames, ref_frames):
     """Windows < 192 frames, one stream, one thread: the kernels see the reference's shapes, so no
-    rounding differs. (With more threads, CPU kernels split sums by shape and may round differently.)"""
+    rounding differs on the CPUs this was written on (Intel, AVX-512). On an AMD EPYC (Zen 4) with the
+    same torch the conv kernels still round differently by a few 1e-7 (the commit before any of this
+    change shows it too), so the bound is the float32 rounding of this signal, not zero."""
     ref, codes = _codes(ref_frames, 100 + ref_frames), _codes(frames, frames)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -69,7 +71,8 @@ def test_single_short_stream_is_bitwise_equal(ckpt, frames, ref_frames):
         whole = decode_codes(ckpt, codes, ref)
     finally:
         torch.set_num_threads(threads)
-    assert np.array_equal(got, whole)
+    assert got.shape == whole.shape
+    assert np.abs(got - whole).max() <= 2e-6  # measured up to 7.4e-7 here; 16-bit output steps by 3e-5
 
 
 @pytest.mark.parametrize("chunk", [16, 40])
