@@ -6,7 +6,6 @@ checkpoint reads a few kilobytes and loads no weights. Used by `TTS.info()` and 
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import asdict
 from math import prod
@@ -14,6 +13,7 @@ from pathlib import Path
 
 from .config import ModelConfig, config_summary, load_config
 from .errors import CheckpointError
+from .models.safetensors_io import read_header
 from .params import SamplingParams
 
 
@@ -22,12 +22,10 @@ def count_parameters(files: list[Path]) -> int:
     total = 0
     for path in files:
         try:
-            with open(path, "rb") as handle:
-                (size,) = struct.unpack("<Q", handle.read(8))
-                header = json.loads(handle.read(size))
+            header, _ = read_header(path)
         except (OSError, struct.error, ValueError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
-        total += sum(prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
+        total += sum(prod(entry["shape"]) for entry in header.values())
     return total
 
 
