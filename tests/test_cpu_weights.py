@@ -65,3 +65,36 @@ def test_text_embedding_stays_in_its_stored_dtype(ckpt_dir, tmp_path):
     widened = talker.model.text_embedding.weight[ids].float()
     expected = talker.text_projection(widened)
     assert torch.equal(talker.embed_text(ids), expected) and talker.embed_text(ids).dtype == torch.float32
+
+
+@needs_pack
+def test_packed_transposed_conv_matches_conv_transpose():
+    from omnitts.device.cpu_weights import PackedConvTranspose1d, pack_transposed_convs
+
+    torch.manual_seed(0)
+    conv = nn.ConvTranspose1d(48, 24, 10, stride=5)
+    packed = PackedConvTranspose1d(conv)
+    assert (packed.in_channels, packed.out_channels, packed.stride) == (48, 24, (5,))
+    for shape in [(1, 48, 1), (3, 48, 7), (2, 48, 40)]:
+        x = torch.randn(shape)
+        got, want = packed(x), conv(x)
+        assert got.shape == want.shape and got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    model = nn.Sequential(nn.ConvTranspose1d(8, 8, 4, stride=2), nn.Conv1d(8, 8, 3))
+    assert pack_transposed_convs(model) == 1 and isinstance(model[0], PackedConvTranspose1d)
+
+
+@needs_pack
+def test_loaded_codec_has_packed_transposed_convs(ckpt_dir, monkeypatch):
+    from omnitts.device.cpu_weights import PackedConvTranspose1d
+
+    folder = ckpt_dir("custom_voice")
+    packed = omnitts.load(folder, dtype="float32").ckpt.codec
+    assert any(isinstance(m, PackedConvTranspose1d) for m in packed.modules())
+    assert not any(type(m) is nn.ConvTranspose1d for m in packed.modules())
+    monkeypatch.setenv("OMNITTS_PACK", "0")
+    plain = omnitts.load(folder, dtype="float32").ckpt.codec
+    assert not any(isinstance(m, PackedConvTranspose1d) for m in plain.modules())
+    codes = torch.randint(0, 2048, (1, 16, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(packed(codes), plain(codes), rtol=0, atol=1e-5)

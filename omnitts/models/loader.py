@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
-from ..device.cpu_weights import can_pack, pack_linears
+from ..device.cpu_weights import can_pack, pack_linears, pack_transposed_convs
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..tokenizer import TextTokenizer
@@ -161,6 +161,8 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
     load_strict(codec, codec_files, "decoder.", torch.float32, dev)
+    if dev.type == "cpu":
+        pack_transposed_convs(codec)
     encoder = None
     if cfg.model_type == "base":
         encoder = CodecEncoder(cfg.codec)
