@@ -336,7 +336,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise OmniTTSError("device cuda: no CUDA device is visible to torch (use --device cpu)")
     elif device not in ("cpu", "cuda"):
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
-    ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer)
+    ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer,
+                           max_batch=max_batch)
     return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets,
                codec_chunk_frames=codec_chunk_frames, span_buckets=span_buckets,
                max_prefill_tokens=max_prefill_tokens)

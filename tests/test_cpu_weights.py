@@ -13,15 +13,16 @@ needs_pack = pytest.mark.skipif(not can_pack(torch.float32), reason="oneDNN not 
 
 
 @needs_pack
+@pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_linear_matches_linear(dtype):
+def test_packed_linear_matches_linear(dtype, batch):
     if not can_pack(dtype):
         pytest.skip(f"{dtype} packing unsupported here")
     torch.manual_seed(0)
     linear = nn.Linear(96, 160, bias=True).to(dtype)
-    packed = PackedLinear(linear)
+    packed = PackedLinear(linear, batch=batch)  # laid out for batch-1 calls, or for batches
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for shape in [(1, 96), (7, 96), (2, 3, 96)]:
+    for shape in [(1, 96), (7, 96), (2, 3, 96), (40, 96)]:
         x = torch.randn(shape).to(dtype)
         assert packed(x).shape == linear(x).shape and packed(x).dtype == dtype
         torch.testing.assert_close(packed(x).float(), linear(x).float(), rtol=tol, atol=tol)

@@ -5,8 +5,10 @@ so a frame is bound by how fast a matrix-vector product reads its weights. torch
 linear in float32 calls a GEMM that streams a plain row-major weight at roughly half this
 machine's read bandwidth; oneDNN's inner-product kernel over a weight reordered into its blocked
 layout reads it about 1.6x faster in float32 and 1.3x faster in bfloat16, and stays ahead up to
-batch 64 in float32 (measured on an AVX-512 EPYC, see README "Speed"). The reorder is a one-time
-copy, so `pack_linears` swaps each `nn.Linear` for a `PackedLinear` holding only the packed weight.
+batch 64 in float32 (measured on an AVX-512 EPYC, see README "Speed"). The layout depends on the
+batch it is tuned for (`layout_batch`): engines of more than one row get the batch-32 one. The
+reorder is a one-time copy, so `pack_linears` swaps each `nn.Linear` for a `PackedLinear` holding
+only the packed weight.
 
 The codec's transposed convolutions get the same treatment (`pack_transposed_convs`): torch's
 `conv_transpose1d` reorders its weight into oneDNN's layout on every call (75 MB for the 0.6B
@@ -40,11 +42,11 @@ def can_pack(dtype: torch.dtype) -> bool:
 class PackedLinear(nn.Module):
     """`nn.Linear` whose weight lives in oneDNN's blocked layout (same shape, dtype and results)."""
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None, batch: int = 1):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach().to(dtype or linear.weight.dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # 1: the layout tuned for GEMV
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
         self.weight = nn.Parameter(packed, requires_grad=False)
         self.bias = linear.bias
 
@@ -55,14 +57,25 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
 
 
-def pack_linears(module: nn.Module, dtype: torch.dtype | None = None) -> int:
+def layout_batch(batch: int) -> int:
+    """The batch size oneDNN lays a packed weight out for, given the most rows a call will have.
+
+    Measured on an AVX-512 EPYC (0.6B engine step, float32): the batch-1 layout gives 398 ms at
+    batch 1 but 686 ms at batch 8; the batch-32 layout gives 450 ms and 462 ms, and 958 ms instead
+    of 1082 at batch 32 (bfloat16: within noise at batch 1, ~10% faster at 8). So batch-1 engines
+    get the batch-1 layout and every other engine the batch-32 one.
+    """
+    return 1 if batch <= 1 else 32
+
+
+def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1) -> int:
     """Replace every `nn.Linear` under `module` by a `PackedLinear` (weights converted to `dtype`
-    first, one at a time), in place; returns how many."""
+    first, one at a time; laid out for calls of up to `batch` rows), in place; returns how many."""
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child, dtype))
+                setattr(parent, name, PackedLinear(child, dtype, batch))
                 count += 1
     return count
 

@@ -133,9 +133,11 @@ def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
 
 
-def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False) -> Checkpoint:
+def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
+                    max_batch: int = 1) -> Checkpoint:
     """Load checkpoint directory `path`. `dtype` applies to the LMs (`auto`: see device/features.py);
-    codec and speaker encoder stay float32."""
+    codec and speaker encoder stay float32. `max_batch`: the most rows an engine step will have (CPU
+    weights are laid out for it, see `cpu_weights.layout_batch`)."""
     path = Path(path).expanduser()
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
@@ -156,7 +158,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     load_strict(model.talker, weights, "talker.", lm_dtype, dev,
                 keep_stored=("model.text_embedding.weight",) + (linears if packing else ()))
     if packing:
-        pack_linears(model.talker, lm_dtype)
+        pack_linears(model.talker, lm_dtype, max_batch)
     if model.speaker_encoder is not None:
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
