@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from .device import get_backend
 from .engine import Engine, plan
 from .errors import OmniTTSError
 from .join import StreamJoiner
@@ -122,7 +123,9 @@ class Pipeline:
         self.stop = stop or (lambda: False)
         self.engine: Engine | None = None
         self.engines_built = 0
-        self.streams = CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch) if stream_decode else None
+        tile = get_backend(tts.ckpt.device.type).codec_tile_frames
+        self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch, tile_frames=tile)
+                        if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
 
     # -- the loop ---------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class AcceleratorBackend(Backend):
     """Graphs captured after a warm-up on a side stream; all buckets share one memory pool."""
 
     supports_graphs = True
+    codec_tile_frames = None
 
     @property
     def api(self):

@@ -115,6 +115,10 @@ class Backend:
 
     name = "cpu"
     supports_graphs = False
+    # Streamed codec decode: frames (over all rows) per time slice of the late upsampling layers,
+    # sized so a slice's activations stay in a CPU core's caches (see models/codec_stream.py);
+    # None = one slice per call (devices run a whole chunk in parallel).
+    codec_tile_frames: int | None = 8
 
     def __init__(self, eager: bool = False):
         self.eager = eager or os.environ.get("OMNITTS_EAGER") == "1" or not self.supports_graphs

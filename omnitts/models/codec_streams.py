@@ -68,10 +68,11 @@ class CodecStreams:
     """
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
-                 window_frames: int = 300, left_context: int = 25):
+                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = 8):
+        """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`)."""
         assert 0 < left_context <= window_frames
         # RoPE positions reach the window length plus a padded last call (< 2 chunks + HOLD).
-        self.codec = StreamingCodec(codec, window_frames + left_context + 2 * chunk_frames + HOLD)
+        self.codec = StreamingCodec(codec, window_frames + left_context + 2 * chunk_frames + HOLD, tile_frames)
         self.chunk, self.window_frames, self.left_context = chunk_frames, window_frames, left_context
         self.spf = self.codec.samples_per_frame
         self.state = self.codec.new_state(max_streams)
