@@ -38,25 +38,25 @@ class EagerSteps:
         self.runner.frame(batch, span)
 
 
+def _ladder(limit: int, first: int, given=None) -> list[int]:
+    """`given` (default first, 2 x first, 4 x first, ...) below `limit`, sorted and unique, then `limit`."""
+    if given is None:
+        given, size = [], first
+        while size < limit:
+            given.append(size)
+            size *= 2
+    return sorted({int(s) for s in given if 0 < s < limit}) + [limit]
+
+
 def buckets(max_batch: int, sizes=None) -> list[int]:
     """Batch sizes that get a graph: `sizes` (default 1, 2, 4, ...) below max_batch, and max_batch itself."""
-    if sizes is None:
-        sizes, size = [], 1
-        while size < max_batch:
-            sizes.append(size)
-            size *= 2
-    return sorted({int(s) for s in sizes if 0 < s < max_batch}) + [max_batch]
+    return _ladder(max_batch, 1, sizes)
 
 
 def span_buckets(max_positions: int, spans=None) -> list[int]:
     """Attention spans that get a graph: `spans` (default 256, 512, 1024, ...) below max_positions,
     and max_positions itself (the cache capacity; no frame attends further)."""
-    if spans is None:
-        spans, span = [], 256
-        while span < max_positions:
-            spans.append(span)
-            span *= 2
-    return sorted({int(s) for s in spans if 0 < s < max_positions}) + [max_positions]
+    return _ladder(max_positions, 256, spans)
 
 
 def frame_kv_bytes(cache, batch: int, span: int) -> int:
