@@ -71,11 +71,16 @@ def layout_batch(batch: int) -> int:
 def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1) -> int:
     """Replace every `nn.Linear` under `module` by a `PackedLinear` (weights converted to `dtype`
     first, one at a time; laid out for calls of up to `batch` rows), in place; returns how many."""
+    return _swap(module, lambda m: type(m) is nn.Linear, lambda m: PackedLinear(m, dtype, batch))
+
+
+def _swap(module: nn.Module, wanted, make) -> int:
+    """Replace every submodule `m` of `module` with `wanted(m)` by `make(m)`, in place; returns how many."""
     count = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, PackedLinear(child, dtype, batch))
+            if wanted(child):
+                setattr(parent, name, make(child))
                 count += 1
     return count
 
@@ -114,10 +119,5 @@ def pack_transposed_convs(module: nn.Module) -> int:
     returns how many (0 where packing is off or unavailable)."""
     if not can_pack(torch.float32):
         return 0
-    count = 0
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.ConvTranspose1d and child.weight.dtype == torch.float32:
-                setattr(parent, name, PackedConvTranspose1d(child))
-                count += 1
-    return count
+    return _swap(module, lambda m: type(m) is nn.ConvTranspose1d and m.weight.dtype == torch.float32,
+                 PackedConvTranspose1d)
