@@ -16,28 +16,26 @@ REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx51
                   "amx_int8")
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU feature flags the kernel reports (Linux /proc/cpuinfo); empty where unknown."""
+def _cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The value of the first /proc/cpuinfo line whose name starts with one of `keys` (None if unknown)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith("model name"):
+                if line.startswith(keys):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags the kernel reports (Linux /proc/cpuinfo); empty where unknown."""
+    return frozenset((_cpuinfo(("flags", "Features")) or "").split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo(("model name",)) or platform.processor() or platform.machine()
 
 
 def native_bf16(flags: frozenset[str] | None = None) -> bool:
