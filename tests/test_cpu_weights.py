@@ -99,3 +99,50 @@ def test_loaded_codec_has_packed_transposed_convs(ckpt_dir, monkeypatch):
     codes = torch.randint(0, 2048, (1, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(packed(codes), plain(codes), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float32_attention_is_sdpa_widened(dtype):
+    """float32 inputs: exactly torch's sdpa; bfloat16: sdpa over the widened inputs, cast back."""
+    from omnitts.models.layers import float32_attention, sdpa_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 5, 16, generator=g).to(dtype)
+    k, v = (torch.randn(3, 2, 9, 16, generator=g).to(dtype) for _ in range(2))  # grouped: 2 K/V heads
+    mask = torch.rand(3, 1, 5, 9, generator=g) > 0.3
+    mask[..., 0] = True
+    for m, causal in ((mask, False), (None, True), (None, False)):
+        kk, vv = (k, v) if not causal else (k[:, :, :5], v[:, :, :5])
+        out = float32_attention(q, kk, vv, m, causal)
+        assert out.dtype == dtype
+        wide = sdpa_attention(q.float(), kk.float(), vv.float(), m, causal).to(dtype)
+        assert torch.equal(out, wide)
+        torch.testing.assert_close(out.float(), sdpa_attention(q, kk, vv, m, causal).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
+    """On the CPU a bfloat16 talker and predictor attend in float32 and the engine's talker K/V cache is
+    float32; the batched engine still equals the one-request slow path. float32 models are untouched."""
+    from omnitts.engine import Engine, EngineConfig
+    from omnitts.models.layers import DecoderStack, float32_attention, sdpa_attention
+    from omnitts.reference import generate_codes
+    from omnitts.request import Request
+
+    tts = tts_factory("custom_voice", dtype="bfloat16")
+    stacks = [m for m in tts.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
+    assert len(stacks) == 2 and all(s.attend is float32_attention for s in stacks)
+    assert tts.ckpt.cache_dtype == torch.float32 and tts.ckpt.dtype == torch.bfloat16
+    engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
+    assert all(t.dtype == torch.float32 for t in engine.cache.tensors())
+    jobs = [(Request("Wide attention.", speaker="ryan"), tts.default_params(True, max_frames=8)),
+            (Request("A second, longer request here.", speaker="vivian"), tts.default_params(True, max_frames=10))]
+    seqs = [engine.add(tts.prompts.build(req, None), params, tag=i) for i, (req, params) in enumerate(jobs)]
+    done = {seq.tag: seq for seq in engine.run()}
+    assert len(done) == len(seqs)
+    for i, (req, params) in enumerate(jobs):
+        slow = generate_codes(tts.ckpt, tts.prompts.build(req, None), params).codes.numpy()
+        assert (done[i].codes() == slow).all(), f"request {i}"
+
+    f32 = tts_factory("custom_voice")
+    assert all(m.attend is sdpa_attention for m in f32.ckpt.model.talker.modules() if isinstance(m, DecoderStack))
+    assert f32.ckpt.kv_dtype is None and f32.ckpt.cache_dtype == torch.float32

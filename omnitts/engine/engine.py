@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from .. import sampling
 from ..device import Backend, get_backend
 from ..errors import RequestError
@@ -75,7 +77,7 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
     slots are reduced until it fits `kv_budget_bytes`. Raises RequestError if not even one fits.
     """
     t = ckpt.config.talker
-    itemsize = ckpt.model.talker.codec_head.weight.element_size()
+    itemsize = torch.empty((), dtype=ckpt.cache_dtype).element_size()
     positions = -(-positions // 64) * 64  # round up: fewer distinct shapes, a little headroom
     per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * positions * itemsize
     slots = min(max_num_seqs, kv_budget_bytes // per_slot)
@@ -101,7 +103,7 @@ class Engine:
         self.eos = tcfg.codec_eos_token_id
         self.state = SlotState(config.max_num_seqs, cfg, config.max_text_tokens, dtype, ckpt.device)
         self.cache = SlotCache(tcfg.num_hidden_layers, config.max_num_seqs, tcfg.num_key_value_heads,
-                               config.max_positions, tcfg.head_dim, dtype, ckpt.device)
+                               config.max_positions, tcfg.head_dim, ckpt.cache_dtype, ckpt.device)
         self.backend = backend or get_backend(config.device, eager=config.eager)
         attend = self.backend.predictor_attention()
         static = None if attend is None else predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)

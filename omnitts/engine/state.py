@@ -42,8 +42,9 @@ class SlotCache:
             self.v[layer][self._rows, :, : v.shape[2]] = v
             return k, v
         rows = torch.arange(k.shape[0], device=k.device)
-        self.k[layer][rows, :, self._positions] = k[:, :, 0]
-        self.v[layer][rows, :, self._positions] = v[:, :, 0]
+        dtype = self.k[layer].dtype  # the cache may be kept wider than the model (see `__init__`)
+        self.k[layer][rows, :, self._positions] = k[:, :, 0].to(dtype)
+        self.v[layer][rows, :, self._positions] = v[:, :, 0].to(dtype)
         return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
 
     def tensors(self) -> list[torch.Tensor]:

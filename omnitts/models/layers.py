@@ -4,7 +4,8 @@ Pure tensor code with checkpoint parameter names (`q_proj`, `input_layernorm`, .
 its key/value history from a cache the caller owns (`KVCache` grows, `StaticKVCache` has a fixed
 shape, the engine's slot cache is preallocated), and its kernel is a plain function argument
 (`attend`, default `sdpa_attention`), so a device backend can swap the kernel without the model
-knowing about devices.
+knowing about devices. A `DecoderStack` keeps its default kernel in `attend` (the CPU loader sets
+`float32_attention` there for bfloat16 models, see device/cpu_weights.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def sdpa_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Te
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+def float32_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """`sdpa_attention` computed in float32 and cast back to q's dtype (identical for float32 inputs).
+
+    For bfloat16 models on CPUs: torch's bfloat16 CPU attention kernel runs 3-4x slower than its
+    float32 one at decode shapes (one query per row, a few to a few hundred keys), more than the
+    cost of widening the K/V views, and float32 scores are also the more accurate.
+    """
+    if q.dtype == torch.float32:
+        return sdpa_attention(q, k, v, mask, causal)
+    return sdpa_attention(q.float(), k.float(), v.float(), mask, causal).to(q.dtype)
 
 
 class KVCache:
@@ -203,11 +216,13 @@ class DecoderStack(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attend = sdpa_attention  # the kernel when a call names none
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
-                mask: torch.Tensor | None = None, attend=sdpa_attention) -> torch.Tensor:
+                mask: torch.Tensor | None = None, attend=None) -> torch.Tensor:
         """x (B, T, H) at `positions` (B, T). Without `mask`, attention is causal over cache + x.
-        `attend` is the attention kernel of every layer (see `sdpa_attention`)."""
+        `attend` is the attention kernel of every layer (see `sdpa_attention`; default `self.attend`)."""
+        attend = attend or self.attend
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         causal = mask is None and (cache is None or cache.length == 0)
         assert mask is not None or causal or x.shape[1] == 1, "several new positions after a cache need a mask"

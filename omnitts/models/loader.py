@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
-from ..device.cpu_weights import can_pack, pack_linears, pack_transposed_convs
+from ..device.cpu_weights import can_pack, pack_linears, pack_transposed_convs, use_float32_attention
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..tokenizer import TextTokenizer
@@ -56,6 +56,12 @@ class Checkpoint:
     tokenizer: TextTokenizer
     device: torch.device
     dtype: torch.dtype
+    kv_dtype: torch.dtype | None = None  # the talker K/V cache's, when wider than `dtype` (CPU bfloat16)
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype an engine keeps the talker K/V cache in."""
+        return self.kv_dtype or self.dtype
 
 
 def safetensors_files(folder: Path, stem: str = "model") -> list[Path]:
@@ -159,6 +165,12 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
                 keep_stored=("model.text_embedding.weight",) + (linears if packing else ()))
     if packing:
         pack_linears(model.talker, lm_dtype, max_batch)
+    # bfloat16 on the CPU attends in float32 (torch's bfloat16 CPU kernel is the slow one), so the
+    # engine keeps the talker's K/V in float32 too: no per-step widening of the whole history.
+    kv_dtype = None
+    if dev.type == "cpu" and lm_dtype != torch.float32:
+        use_float32_attention(model.talker)
+        kv_dtype = torch.float32
     if model.speaker_encoder is not None:
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
@@ -173,7 +185,8 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     for module in (model, codec, encoder):
         if module is not None:
             module.eval().requires_grad_(False)
-    return Checkpoint(path, cfg, model, codec, encoder, TextTokenizer(path, official_tokenizer), dev, lm_dtype)
+    return Checkpoint(path, cfg, model, codec, encoder, TextTokenizer(path, official_tokenizer), dev, lm_dtype,
+                      kv_dtype)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig, TalkerConfig
-from .layers import DecoderStack, sdpa_attention
+from .layers import DecoderStack
 
 
 class TextProjection(nn.Module):
@@ -67,7 +67,7 @@ class CodePredictor(nn.Module):
         return self.model.codec_embedding[group - 1](codes)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, mask=None,
-                attend=sdpa_attention) -> torch.Tensor:
+                attend=None) -> torch.Tensor:
         """x (B, T, talker_hidden) -> last-layer hidden (B, T, predictor_hidden)."""
         return self.model(self.small_to_mtp_projection(x), positions, cache, mask, attend)
 
