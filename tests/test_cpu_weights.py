@@ -39,6 +39,28 @@ def test_pack_linears_widens_one_at_a_time():
 
 
 @needs_pack
+def test_widening_reuses_one_buffer_and_packs_stay_independent():
+    """Weights widened in one shared buffer: each packed linear keeps its own weight."""
+    from omnitts.device.cpu_weights import Widener
+
+    torch.manual_seed(0)
+    widen = Widener()
+    linears = [nn.Linear(32, 48), nn.Linear(64, 16)]
+    for m in linears:  # as the loader leaves them: weight in its stored bfloat16, bias float32
+        m.weight.data = m.weight.data.bfloat16()
+    packed = [PackedLinear(m, torch.float32, widen=widen) for m in linears]
+    assert list(widen.buffers) == [torch.float32] and widen.buffers[torch.float32].numel() == 48 * 32  # the larger one
+    for linear, pack in zip(linears, packed):  # the second widening overwrote the first's temporary
+        wide = nn.Linear(linear.in_features, linear.out_features).to(torch.float32)
+        wide.load_state_dict({k: v.float() for k, v in linear.state_dict().items()})
+        assert pack.weight.dtype == torch.float32
+        x = torch.randn(3, linear.in_features)
+        torch.testing.assert_close(pack(x), wide(x), rtol=1e-5, atol=1e-5)
+    same = torch.randn(4, 4)
+    assert widen(same, torch.float32) is same  # nothing to widen: the weight itself
+
+
+@needs_pack
 def test_loaded_cpu_model_is_packed_and_equals_unpacked(ckpt_dir, monkeypatch):
     """Greedy codes of the packed model equal those of plain nn.Linear layers (OMNITTS_PACK=0)."""
     folder = ckpt_dir("custom_voice")
