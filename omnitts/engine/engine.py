@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import torch
-
 from .. import sampling
 from ..device import Backend, get_backend
 from ..errors import RequestError
@@ -77,7 +75,7 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
     slots are reduced until it fits `kv_budget_bytes`. Raises RequestError if not even one fits.
     """
     t = ckpt.config.talker
-    itemsize = torch.empty((), dtype=ckpt.cache_dtype).element_size()
+    itemsize = ckpt.cache_dtype.itemsize
     positions = -(-positions // 64) * 64  # round up: fewer distinct shapes, a little headroom
     per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * positions * itemsize
     slots = min(max_num_seqs, kv_budget_bytes // per_slot)

@@ -42,7 +42,7 @@ class SlotCache:
             self.v[layer][self._rows, :, : v.shape[2]] = v
             return k, v
         rows = torch.arange(k.shape[0], device=k.device)
-        dtype = self.k[layer].dtype  # the cache may be kept wider than the model (see `__init__`)
+        dtype = self.k[layer].dtype  # may be wider than the model's (`Checkpoint.cache_dtype`)
         self.k[layer][rows, :, self._positions] = k[:, :, 0].to(dtype)
         self.v[layer][rows, :, self._positions] = v[:, :, 0].to(dtype)
         return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
