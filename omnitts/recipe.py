@@ -2,6 +2,7 @@
 
     device = "cuda"
     dtype = "bfloat16"
+    codec_dtype = "float32"
     max_batch = 32
     graph_buckets = [1, 2, 4, 8, 16, 32]
     span_buckets = [256, 512, 1024, 2048, 4096]
@@ -27,6 +28,9 @@ from .errors import OmniTTSError
 
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The codec decoder runs in float32 unless asked: bfloat16 about halves its time on CPUs with native
+# bf16 but costs quality (README "Dtypes"); the official package decodes in the model's dtype.
+CODEC_DTYPES = ("float32", "bfloat16")
 
 
 class RecipeError(OmniTTSError):
@@ -39,7 +43,8 @@ class Recipe:
 
     Attributes:
         device: cpu | cuda | npu.
-        dtype: auto | float32 | bfloat16 | float16 (language models; the codec stays float32).
+        dtype: auto | float32 | bfloat16 | float16 (language models).
+        codec_dtype: float32 | bfloat16 (the codec decoder; bfloat16 is faster and lossier).
         max_batch: requests decoded together at most (>= 1).
         eager: never capture device graphs.
         graph_buckets: batch sizes that get a captured graph, e.g. [1, 2, 4, 8] (max_batch always does).
@@ -53,6 +58,7 @@ class Recipe:
 
     device: str | None = None
     dtype: str | None = None
+    codec_dtype: str | None = None
     max_batch: int | None = None
     eager: bool | None = None
     graph_buckets: list[int] | None = None
@@ -64,7 +70,7 @@ class Recipe:
 
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
-        for name, kind in (("device", str), ("dtype", str), ("max_batch", int), ("eager", bool),
+        for name, kind in (("device", str), ("dtype", str), ("codec_dtype", str), ("max_batch", int), ("eager", bool),
                            ("codec_chunk_frames", int), ("max_prefill_tokens", int), ("graph_buckets", list),
                            ("span_buckets", list), ("env", dict)):
             value = getattr(self, name)
@@ -74,6 +80,8 @@ class Recipe:
             raise RecipeError(f"{where}: device: {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise RecipeError(f"{where}: dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.codec_dtype is not None and self.codec_dtype not in CODEC_DTYPES:
+            raise RecipeError(f"{where}: codec_dtype: {self.codec_dtype!r} is not one of {', '.join(CODEC_DTYPES)}")
         for name in ("max_batch", "codec_chunk_frames", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -92,8 +100,8 @@ class Recipe:
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
-        names = ("device", "dtype", "max_batch", "eager", "graph_buckets", "span_buckets", "max_prefill_tokens",
-                 "codec_chunk_frames")
+        names = ("device", "dtype", "codec_dtype", "max_batch", "eager", "graph_buckets", "span_buckets",
+                 "max_prefill_tokens", "codec_chunk_frames")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 

@@ -18,7 +18,9 @@ greedy, in float32 and in the auto dtype (bfloat16 where the CPU has native bf16
                are linear in frames, so they are measured on a sample after a warm-up (--official-sample
                items at the two --sample-frames budgets; one batch at both) and extrapolated;
                whole process = the runner's own start-up + the extrapolated pass;
-             vox (--peers): the first --vox-items items at once, whole process and after load.
+             vox (--peers): the first --vox-items items at once, whole process and after load;
+             --codec-bf16: for bfloat16, omnitts also with `--codec-dtype bfloat16` (batch 1 and the
+               manifest), the official package's own bfloat16 setting (its codec runs in the model dtype).
              × realtime = seconds of audio (only the requested frames) per wall-clock second.
 
     python scripts/bench.py [--peers] [--json results.json]     # the full benchmark (see README)
@@ -59,6 +61,8 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--vox-venv", type=Path, default=lib.ROOT / ".cache" / "vox-venv")
     parser.add_argument("--dtypes", default="float32,auto", help="float32, bfloat16 and/or auto")
     parser.add_argument("--manifest-dtypes", help="dtypes of the omnitts manifest runs (default: --dtypes)")
+    parser.add_argument("--codec-bf16", action="store_true",
+                        help="bfloat16: also run omnitts with a bfloat16 codec (batch 1 and the manifest)")
     parser.add_argument("--preset", help="checkpoint shapes (0.6b; --quick: tiny-0.6b)")
     parser.add_argument("--items", type=int, help="manifest lines (64)")
     parser.add_argument("--min-frames", type=int, help="shortest item's frame budget (20)")
@@ -137,6 +141,9 @@ def main(argv=None) -> int:
                                 for dt in ("float32", "bfloat16") for size in args.mm_sizes}
     phase("machine", started)
 
+    def codec_bf16(dtype: str) -> bool:
+        return args.codec_bf16 and dtype == "bfloat16"
+
     text0 = items[0]["text"]
     for label, dtype in dtypes.items():
         r = results["dtypes"][label] = {"dtype": dtype}
@@ -153,6 +160,12 @@ def main(argv=None) -> int:
             if max_batch == 1:
                 r["frame_bytes"] = lib.frame_bytes(tts)
                 r["omnitts_batch1"] = lib.omnitts_batch1(tts, text0, args.sample_frames, args.warm_frames)
+                if codec_bf16(dtype):
+                    del tts
+                    gc.collect()
+                    tts = omnitts.load(ckpt, dtype=dtype, max_batch=1, codec_dtype="bfloat16")
+                    r["omnitts_batch1_codec_bf16"] = lib.omnitts_batch1(tts, text0, args.sample_frames,
+                                                                        args.warm_frames)
             for batch in batches:
                 seconds = lib.omnitts_steps(tts, batch, [it["text"] for it in items], args.warm_frames,
                                             args.step_frames)
@@ -187,6 +200,14 @@ def main(argv=None) -> int:
                 r["omnitts_manifest"][batch] = lib.omnitts_synth(
                     manifest, ckpt, args.work / f"synth-{dtype}-{batch}", batch, dtype, items)
                 phase(f"{label}: omnitts synth, max batch {batch}", started)
+            if codec_bf16(dtype):
+                r["omnitts_manifest_codec_bf16"] = {}
+                for batch in args.batches:
+                    started = time.time()
+                    r["omnitts_manifest_codec_bf16"][batch] = lib.omnitts_synth(
+                        manifest, ckpt, args.work / f"synth-{dtype}-codec-bf16-{batch}", batch, dtype, items,
+                        codec_dtype="bfloat16")
+                    phase(f"{label}: omnitts synth, bfloat16 codec, max batch {batch}", started)
     except KeyboardInterrupt:
         lib.say("interrupted: the report below has the manifest runs that finished")
         results["interrupted"] = True
@@ -213,7 +234,12 @@ def report(results: dict, args) -> str:
         one_batch = f"extrapolated from 1 batch of {off['static_batch']} at {f1} and {f2} frames"
         ours, vox_ms = b1["ms_per_frame"], vox and vox["ms_per_frame"]
         rows = [[f"batch 1, ms per frame (generation + decode, {f1}→{f2} frames, warm)", off["ms_per_frame"],
-                 ours, vox_ms, lib.times(ours, off["ms_per_frame"], True), lib.times(ours, vox_ms, True)],
+                 ours, vox_ms, lib.times(ours, off["ms_per_frame"], True), lib.times(ours, vox_ms, True)]]
+        if "omnitts_batch1_codec_bf16" in r:
+            half = r["omnitts_batch1_codec_bf16"]["ms_per_frame"]
+            rows.append(["batch 1, ms per frame, omnitts with a bfloat16 codec", off["ms_per_frame"], half, vox_ms,
+                         lib.times(half, off["ms_per_frame"], True), lib.times(half, vox_ms, True)])
+        rows += [
                 ["batch 1, ms per engine step (generation only)", None, r["omnitts_steps"][1]["ms_per_step"], None,
                  "", ""],
                 ["start-up to first frame, s", None, r["first_frame"]["total"], None, "", ""]]
@@ -225,21 +251,23 @@ def report(results: dict, args) -> str:
             if vox:
                 rows.append([f"vox: {vox['items']} items at once, × realtime, {what}", None, None,
                              vox[f"rtf_{kind}"], "", ""])
-            for batch, run in r.get("omnitts_manifest", {}).items():
-                rtf = audio / (run["after_load"] if kind == "steady" else run["whole"])
-                vs_off = (f"{lib.times(rtf, audio / off['one_by_one'][kind], False)} one-by-one, "
-                          f"{lib.times(rtf, audio / off['static'][kind], False)} static")
-                rows.append([f"omnitts max batch {batch}, × realtime, {what}", None, rtf, None, vs_off,
-                             lib.times(rtf, vox and vox[f"rtf_{kind}"], False)])
+            for key, codec in (("omnitts_manifest", ""), ("omnitts_manifest_codec_bf16", ", bfloat16 codec")):
+                for batch, run in r.get(key, {}).items():
+                    rtf = audio / (run["after_load"] if kind == "steady" else run["whole"])
+                    vs_off = (f"{lib.times(rtf, audio / off['one_by_one'][kind], False)} one-by-one, "
+                              f"{lib.times(rtf, audio / off['static'][kind], False)} static")
+                    rows.append([f"omnitts max batch {batch}{codec}, × realtime, {what}", None, rtf, None, vs_off,
+                                 lib.times(rtf, vox and vox[f"rtf_{kind}"], False)])
         out += [f"### {label}", "", lib.table(["measurement", "official", "omnitts", "vox", "omnitts vs official",
                                                 "omnitts vs vox"], rows), ""]
     out += ["Steady state: official = its per-case walls after load; omnitts manifest = the `omnitts synth` "
             "process after its checkpoint load returned; batch 1 = warm, in process. Whole process = start "
             "to exit (official: its runner's start-up + the extrapolated pass). omnitts vs vox compares the "
             "manifest's × realtime with vox's on its first items (a sample of the same mix).", ""]
-    out += ["### Start-up to first frame (s, warm page cache)", "",
+    out += ["### Start-up to first frame (s, warm page cache; the fastest of the probes)", "",
             lib.table(["dtype", "python start", "imports", "load", "first frame", "total"],
-                      [[label, f["python_start"], f["imports"], f["load"], f["first_frame"], f["total"]]
+                      [[label, f["python_start"], f["imports"], f["load"], f["first_frame"],
+                        f"{f['total']:.2f} (of {', '.join(f'{t:.2f}' for t in f.get('totals', [f['total']]))})"]
                        for label, f in ((lb, r["first_frame"]) for lb, r in results["dtypes"].items())]), ""]
     bw = m["bandwidth"]
     rows = []

@@ -86,3 +86,13 @@ def test_bfloat16_keeps_codec_float32(ckpt_dir):
     assert tts.ckpt.codec.pre_conv.conv.weight.dtype == torch.float32
     result = tts.synthesize("Half precision still speaks.", speaker="ryan", greedy=True, max_frames=6)
     assert result.frames == 6 and result.audio.dtype.name == "float32"
+
+
+def test_codec_dtype_is_asked_for_and_checked(ckpt_dir):
+    tts = omnitts.load(ckpt_dir("custom_voice"), dtype="float32", codec_dtype="bfloat16")
+    assert tts.ckpt.model.talker.codec_head.weight.dtype == torch.float32
+    assert {p.dtype for p in tts.ckpt.codec.parameters()} == {torch.bfloat16}
+    result = tts.synthesize("A lighter codec.", speaker="ryan", greedy=True, max_frames=6)
+    assert result.frames == 6 and result.audio.dtype.name == "float32" and result.audio.std() > 0
+    with pytest.raises(CheckpointError, match="codec dtype 'float16' is not one of float32, bfloat16"):
+        omnitts.load(ckpt_dir("custom_voice"), codec_dtype="float16")

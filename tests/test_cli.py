@@ -146,3 +146,11 @@ def test_flac_and_ogg_outputs(ckpt_dir, tmp_path):
     bad = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "m"),
                               "--format", "mp3"])
     assert bad.exit_code == 2 and "--format 'mp3': choose wav, flac or ogg" in bad.output
+
+
+def test_bad_codec_dtype_stops_before_loading(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Hi.", "speaker": "ryan"}])
+    bad = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+                              "--codec-dtype", "float16"])
+    assert bad.exit_code == 2 and "--codec-dtype 'float16': choose float32 or bfloat16" in bad.output
+    assert not (tmp_path / "o").exists()

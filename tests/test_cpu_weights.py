@@ -108,6 +108,20 @@ def test_packed_transposed_conv_matches_conv_transpose():
 
 
 @needs_pack
+@pytest.mark.skipif(not can_pack(torch.bfloat16), reason="no native bfloat16 on this CPU")
+def test_packed_transposed_conv_in_bfloat16_is_torchs_own_kernel():
+    """A bfloat16 codec's transposed convs pack too, in bfloat16: the kernel torch calls, so bitwise."""
+    from omnitts.device.cpu_weights import PackedConvTranspose1d
+
+    torch.manual_seed(0)
+    conv = nn.ConvTranspose1d(48, 24, 8, stride=4).to(torch.bfloat16)
+    packed = PackedConvTranspose1d(conv)
+    assert packed.weight.dtype == torch.bfloat16
+    x = torch.randn(2, 48, 30).to(torch.bfloat16)
+    assert torch.equal(packed(x), conv(x))
+
+
+@needs_pack
 def test_loaded_codec_has_packed_transposed_convs(ckpt_dir, monkeypatch):
     from omnitts.device.cpu_weights import PackedConvTranspose1d
 

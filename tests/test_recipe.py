@@ -49,6 +49,7 @@ def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
     ('eager = "yes"', "eager: expected true or false, got a string"),
     ('device = "tpu"', "device: 'tpu' is not one of cpu, cuda, npu"),
     ('dtype = "int8"', "dtype: 'int8' is not one of auto, float32, bfloat16, float16"),
+    ('codec_dtype = "float16"', "codec_dtype: 'float16' is not one of float32, bfloat16"),
     ("graph_buckets = 8", "graph_buckets: expected a list, got an integer"),
     ("graph_buckets = [4, 2]", "graph_buckets: list each size once, in increasing order"),
     ("graph_buckets = [0, 2]", "graph_buckets: expected a list of batch sizes >= 1"),
@@ -103,18 +104,19 @@ def _synth(ckpt_dir, tmp_path, *extra):
 
 
 def test_flags_override_the_recipe_which_overrides_defaults(ckpt_dir, tmp_path, recorded_load):
-    recipe = _recipe(tmp_path, 'device = "cpu"\nmax_batch = 2\neager = true\ngraph_buckets = [1, 2]\n')
-    _synth(ckpt_dir, tmp_path, "--recipe", str(recipe), "--max-batch", "3", "--no-eager")
+    recipe = _recipe(tmp_path, 'device = "cpu"\nmax_batch = 2\neager = true\ngraph_buckets = [1, 2]\n'
+                               'codec_dtype = "bfloat16"\n')
+    _synth(ckpt_dir, tmp_path, "--recipe", str(recipe), "--max-batch", "3", "--no-eager", "--codec-dtype", "float32")
     _synth(ckpt_dir, tmp_path, "--recipe", str(recipe))
     _synth(ckpt_dir, tmp_path)
     _synth(ckpt_dir, tmp_path, "--max-batch", "5")
-    picked = [{k: kwargs.get(k) for k in ("device", "dtype", "max_batch", "eager", "graph_buckets")}
-              for kwargs, _ in recorded_load]
-    assert picked == [
-        dict(device="cpu", dtype="auto", max_batch=3, eager=False, graph_buckets=[1, 2]),  # flags win
-        dict(device="cpu", dtype="auto", max_batch=2, eager=True, graph_buckets=[1, 2]),  # the recipe
-        dict(device="cpu", dtype="auto", max_batch=8, eager=False, graph_buckets=None),  # built-in defaults
-        dict(device="cpu", dtype="auto", max_batch=5, eager=False, graph_buckets=None),
+    names = ("device", "dtype", "codec_dtype", "max_batch", "eager", "graph_buckets")
+    picked = [{k: kwargs.get(k) for k in names} for kwargs, _ in recorded_load]
+    assert picked == [  # flags win, then the recipe, then the built-in defaults
+        dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=3, eager=False, graph_buckets=[1, 2]),
+        dict(device="cpu", dtype="auto", codec_dtype="bfloat16", max_batch=2, eager=True, graph_buckets=[1, 2]),
+        dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False, graph_buckets=None),
+        dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=5, eager=False, graph_buckets=None),
     ]
 
 

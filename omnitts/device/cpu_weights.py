@@ -134,7 +134,7 @@ class PackedConvTranspose1d(nn.Module):
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.stride = conv.kernel_size, conv.stride
         # Viewed as a 2-D convolution over a height of 1, the form oneDNN's kernels take.
-        weight = conv.weight.detach().float()[:, :, None, :]
+        weight = conv.weight.detach()[:, :, None, :]
         packed = torch.ops.mkldnn._reorder_convolution_transpose_weight(
             weight, [0, 0], [0, 0], [1, self.stride[0]], [1, 1], 1, None)
         self.weight = nn.Parameter(packed, requires_grad=False)
@@ -152,9 +152,6 @@ class PackedConvTranspose1d(nn.Module):
 
 
 def pack_transposed_convs(module: nn.Module) -> int:
-    """Replace every float32 `nn.ConvTranspose1d` under `module` by a `PackedConvTranspose1d`, in place;
-    returns how many (0 where packing is off or unavailable)."""
-    if not can_pack(torch.float32):
-        return 0
-    return _swap(module, lambda m: type(m) is nn.ConvTranspose1d and m.weight.dtype == torch.float32,
-                 PackedConvTranspose1d)
+    """Replace every `nn.ConvTranspose1d` under `module` whose dtype packs (`can_pack`) by a
+    `PackedConvTranspose1d`, in place; returns how many (0 where packing is off or unavailable)."""
+    return _swap(module, lambda m: type(m) is nn.ConvTranspose1d and can_pack(m.weight.dtype), PackedConvTranspose1d)

@@ -2,7 +2,8 @@
 
 RVQ decode -> causal conv -> sliding-window causal transformer -> 2x (transposed conv + ConvNeXt)
 -> causal conv -> 4 upsampling blocks (SnakeBeta, transposed conv, dilated residual units) -> waveform.
-Everything is causal, which is what makes exact streaming decode possible later. Runs in float32.
+Everything is causal, which is what makes exact streaming decode possible later. Runs in float32 by
+default, or in bfloat16 when loaded so (`load_checkpoint(codec_dtype=...)`).
 Parameter names follow `speech_tokenizer/model.safetensors` (under its `decoder.` prefix).
 """
 

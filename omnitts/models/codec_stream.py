@@ -72,27 +72,32 @@ class StreamingCodec:
         # cos/sin differently from the reference's single vectorised pass).
         pieces = [rope_cos_sin(torch.arange(i, min(i + 256, max_window_frames))[None], cfg.head_dim,
                                cfg.rope_theta, torch.float32) for i in range(0, max_window_frames, 256)]
-        self.cos = torch.cat([c[0] for c, _ in pieces])
-        self.sin = torch.cat([s[0] for _, s in pieces])
+        # (Cast to the codec's dtype the way the whole decode's own rope_cos_sin(..., x.dtype) casts.)
+        self.cos = torch.cat([c[0] for c, _ in pieces]).to(self.dtype)
+        self.sin = torch.cat([s[0] for _, s in pieces]).to(self.dtype)
 
     @property
     def device(self):
         return self.codec.pre_conv.conv.weight.device
 
+    @property
+    def dtype(self):
+        return self.codec.pre_conv.conv.weight.dtype
+
     def new_state(self, batch: int) -> dict[str, torch.Tensor]:
         """Zero state for `batch` fresh streams (batch is dim 0 of every tensor)."""
-        dev, state = self.device, {}
+        state, like = {}, dict(device=self.device, dtype=self.dtype)
         for module, name in self.names.items():
             if isinstance(module, CausalConv) and module.span > 1:
                 assert module.stride == 1, "the codec decoder's convs all have stride 1"
-                state[name] = torch.zeros(batch, module.conv.in_channels, module.span - 1, device=dev)
+                state[name] = torch.zeros(batch, module.conv.in_channels, module.span - 1, **like)
             elif isinstance(module, CausalTransConv) and module.trim > 0:
                 keep = math.ceil(module.trim / module.conv.stride[0])
-                state[name] = torch.zeros(batch, module.conv.in_channels, keep, device=dev)
+                state[name] = torch.zeros(batch, module.conv.in_channels, keep, **like)
         cfg = self.codec.cfg
         shape = (batch, cfg.num_hidden_layers, cfg.num_key_value_heads, self.kv_slots, cfg.head_dim)
-        state["keys"] = torch.zeros(shape, device=dev)
-        state["values"] = torch.zeros(shape, device=dev)
+        state["keys"] = torch.zeros(shape, **like)
+        state["values"] = torch.zeros(shape, **like)
         return state
 
     # -- one chunk ---------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from torch import nn
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import can_pack, pack_linears, pack_transposed_convs, use_float32_attention
 from ..device.features import resolve_dtype
+from ..recipe import CODEC_DTYPES
 from ..errors import CheckpointError
 from ..tokenizer import TextTokenizer
 from .codec import CodecDecoder
@@ -140,14 +141,17 @@ def _more(names: list[str]) -> str:
 
 
 def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
-                    max_batch: int = 1) -> Checkpoint:
+                    max_batch: int = 1, codec_dtype: str = "float32") -> Checkpoint:
     """Load checkpoint directory `path`. `dtype` applies to the LMs (`auto`: see device/features.py);
-    codec and speaker encoder stay float32. `max_batch`: the most rows an engine step will have (CPU
-    weights are laid out for it, see `cpu_weights.layout_batch`)."""
+    `codec_dtype` (float32 or bfloat16) to the codec decoder; the speaker encoder and the codec's
+    encoder stay float32. `max_batch`: the most rows an engine step will have (CPU weights are laid
+    out for it, see `cpu_weights.layout_batch`)."""
     path = Path(path).expanduser()
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    if codec_dtype not in CODEC_DTYPES:
+        raise CheckpointError(f"codec dtype {codec_dtype!r} is not one of {', '.join(CODEC_DTYPES)}")
     cfg = load_config(path)
     dev = torch.device(device)
     lm_dtype = DTYPES[dtype]
@@ -174,7 +178,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     if model.speaker_encoder is not None:
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
-    load_strict(codec, codec_files, "decoder.", torch.float32, dev)
+    load_strict(codec, codec_files, "decoder.", DTYPES[codec_dtype], dev)
     if dev.type == "cpu":
         pack_transposed_convs(codec)
     encoder = None
