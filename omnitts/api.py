@@ -323,7 +323,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
             generation continues, batched across requests).
         codec_dtype: float32 (default) or bfloat16 for the codec decoder. bfloat16 halves the
             decode's time on CPUs with native bf16 and is what the official package does in
-            bfloat16, but costs audio quality (about 20 dB SNR against float32, README "Dtypes").
+            bfloat16, but costs audio quality (about 20 dB SNR against float32, README "Speed (CPU)").
 
     Returns:
         A `TTS` ready to `synthesize`, `stream` and describe itself with `info`.

@@ -19,7 +19,7 @@ Greedy = Annotated[bool, typer.Option("--greedy", help="Argmax decoding in talke
 MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, help="Frame budget per item (12.5 frames/s).")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for items without their own.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (language models). auto: bfloat16 on cuda/npu and on CPUs with native bf16 (AVX512-BF16/AMX), else float32. [default: auto]", show_default=False)]
-CodecDtype = Annotated[Optional[str], typer.Option("--codec-dtype", help="float32 | bfloat16 for the codec decoder: bfloat16 about halves its time on CPUs with native bf16 (what the official package does in bfloat16) but costs quality, about 20 dB SNR against float32 (README Dtypes). [default: float32]", show_default=False)]
+CodecDtype = Annotated[Optional[str], typer.Option("--codec-dtype", help="float32 | bfloat16 for the codec decoder: bfloat16 about halves its time on CPUs with native bf16 (what the official package does in bfloat16) but costs quality, about 20 dB SNR against float32 (README: Speed). [default: float32]", show_default=False)]
 Device = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | npu (npu needs torch_npu and CANN). [default: cpu]", show_default=False)]
 MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Requests decoded together (continuous batching). [default: 8]", show_default=False)]
 Eager = Annotated[Optional[bool], typer.Option("--eager/--no-eager", help="No graph capture on cuda/npu (also OMNITTS_EAGER=1). [default: no-eager]", show_default=False)]
@@ -390,8 +390,8 @@ def demo(
     manifest = out / "demo.jsonl"
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
     synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype=None, codec_dtype=None,
-          device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None, eager=None, strict=False,
-          retry_failed=False, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None,
+          device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None, eager=None,
+          strict=False, retry_failed=False, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None,
           split_chars=None, column=None, id_column=None, text_column=None, recipe=None)
 
 

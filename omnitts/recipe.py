@@ -29,7 +29,7 @@ from .errors import OmniTTSError
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The codec decoder runs in float32 unless asked: bfloat16 about halves its time on CPUs with native
-# bf16 but costs quality (README "Dtypes"); the official package decodes in the model's dtype.
+# bf16 but costs quality (README "Speed (CPU)"); the official package decodes in the model's dtype.
 CODEC_DTYPES = ("float32", "bfloat16")
 
 

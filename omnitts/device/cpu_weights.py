@@ -13,7 +13,8 @@ only the packed weight.
 The codec's transposed convolutions get the same treatment (`pack_transposed_convs`): torch's
 `conv_transpose1d` reorders its weight into oneDNN's layout on every call (75 MB for the 0.6B
 codec's first upsampling block), which at streaming chunk sizes costs more than the arithmetic.
-There the kernel is the one torch calls anyway, so results are unchanged (bitwise, measured).
+There the kernel is the one torch calls anyway, so results are unchanged (bitwise, measured), in
+float32 and, for a codec loaded in bfloat16, in bfloat16.
 
 bfloat16 models also get their attention computed in float32 (`use_float32_attention`): torch's
 bfloat16 CPU attention kernel is the slow one there (see models/layers.float32_attention).
@@ -154,4 +155,7 @@ class PackedConvTranspose1d(nn.Module):
 def pack_transposed_convs(module: nn.Module) -> int:
     """Replace every `nn.ConvTranspose1d` under `module` whose dtype packs (`can_pack`) by a
     `PackedConvTranspose1d`, in place; returns how many (0 where packing is off or unavailable)."""
-    return _swap(module, lambda m: type(m) is nn.ConvTranspose1d and can_pack(m.weight.dtype), PackedConvTranspose1d)
+    def wanted(m):
+        return type(m) is nn.ConvTranspose1d and can_pack(m.weight.dtype)
+
+    return _swap(module, wanted, PackedConvTranspose1d)

@@ -24,8 +24,8 @@ from torch import nn
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import can_pack, pack_linears, pack_transposed_convs, use_float32_attention
 from ..device.features import resolve_dtype
-from ..recipe import CODEC_DTYPES
 from ..errors import CheckpointError
+from ..recipe import CODEC_DTYPES
 from ..tokenizer import TextTokenizer
 from .codec import CodecDecoder
 from .codec_encoder import CodecEncoder
