@@ -70,18 +70,16 @@ class Recipe:
 
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
-        for name, kind in (("device", str), ("dtype", str), ("codec_dtype", str), ("max_batch", int), ("eager", bool),
-                           ("codec_chunk_frames", int), ("max_prefill_tokens", int), ("graph_buckets", list),
-                           ("span_buckets", list), ("env", dict)):
+        for name, kind in (("device", str), ("dtype", str), ("codec_dtype", str), ("max_batch", int),
+                           ("eager", bool), ("codec_chunk_frames", int), ("max_prefill_tokens", int),
+                           ("graph_buckets", list), ("span_buckets", list), ("env", dict)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
                 raise RecipeError(f"{where}: {name}: expected {_type_name(kind)}, got {_type_name(type(value))}")
-        if self.device is not None and self.device not in DEVICES:
-            raise RecipeError(f"{where}: device: {self.device!r} is not one of {', '.join(DEVICES)}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise RecipeError(f"{where}: dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.codec_dtype is not None and self.codec_dtype not in CODEC_DTYPES:
-            raise RecipeError(f"{where}: codec_dtype: {self.codec_dtype!r} is not one of {', '.join(CODEC_DTYPES)}")
+        for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("codec_dtype", CODEC_DTYPES)):
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise RecipeError(f"{where}: {name}: {value!r} is not one of {', '.join(choices)}")
         for name in ("max_batch", "codec_chunk_frames", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

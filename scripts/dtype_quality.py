@@ -38,6 +38,12 @@ def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(reference[:n] ** 2) / noise))
 
 
+def split_setting(setting: str) -> tuple[str, str]:
+    """"bfloat16" -> ("bfloat16", "float32"); "bfloat16/bfloat16" -> LM dtype, codec dtype."""
+    dtype, _, codec_dtype = setting.partition("/")
+    return dtype, codec_dtype or "float32"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default="tiny-0.6b,tiny-1.7b")
@@ -58,8 +64,8 @@ def main(argv=None) -> int:
             folder = build_checkpoint(Path(tmp) / preset, kind="custom_voice", preset=preset, dtype="bfloat16")
             runs = {}
             for setting in ["float32"] + args.dtypes.split(","):
-                dtype, _, codec_dtype = setting.partition("/")
-                tts = omnitts.load(folder, dtype=dtype, codec_dtype=codec_dtype or "float32")
+                dtype, codec_dtype = split_setting(setting)
+                tts = omnitts.load(folder, dtype=dtype, codec_dtype=codec_dtype)
                 runs[setting] = [tts.synthesize(t, speaker="ryan", language="english", greedy=True,
                                                 max_frames=args.frames)
                                for t in TEXTS[: args.texts]]
@@ -72,10 +78,9 @@ def main(argv=None) -> int:
                     k = int(np.argmin(same)) if not same.all() else n
                     first.append(k)
                     whole.append(snr_db(ref.samples, other.samples))
-                dtype, _, codec_dtype = setting.partition("/")
-                print(f"| {preset} | {dtype} | {codec_dtype or 'float32'} | {100 * np.mean(agree):.1f}% | "
-                      f"{np.mean(first):.1f} of {args.frames} | "
-                      f"{np.median(whole):.1f} |", flush=True)
+                dtype, codec_dtype = split_setting(setting)
+                print(f"| {preset} | {dtype} | {codec_dtype} | {100 * np.mean(agree):.1f}% | "
+                      f"{np.mean(first):.1f} of {args.frames} | {np.median(whole):.1f} |", flush=True)
     return 0
 
 
