@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import sampling
-from .models.layers import KVCache, StaticKVCache
+from .models.layers import FrameKVCache, KVCache, StaticKVCache
 from .params import RowParams, SamplingParams, fresh_seed
 from .prompt import Prompt
 
@@ -79,29 +79,27 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
 
 
 def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: sampling.Plan,
-                      margins: list | None = None, static: StaticKVCache | None = None) -> torch.Tensor:
+                      margins: list | None = None, frame_cache: FrameKVCache | StaticKVCache | None = None
+                      ) -> torch.Tensor:
     """Codebooks 1..G-1 of one frame for every row, each step conditioned on the frame's earlier codes.
 
     past_hidden (B, D) is the talker's last hidden state, c0 (B,) codebook 0, `rows` the rows'
     sub-talker parameters, `keys` the frame's noise keys (`sampling.frame_keys`; None when `plan`, the
     host-known sub-talker plan, samples nothing). The engine's frame calls this same function, so the
     fast and slow paths cannot drift apart. `margins` (slow path only) collects greedy margins, which
-    costs a host sync per step. `static` (see `predictor_cache`) replaces the growing frame-local
-    K/V cache with a fixed-shape one and its kernel: every step then attends over all G positions
-    under a mask, so graph replays need no per-step parameters (the NPU path).
+    costs a host sync per step. `frame_cache` replaces the growing frame-local K/V cache with a
+    preallocated one, reused frame after frame: a `FrameKVCache` (`predictor_frame_cache`: same results, no
+    allocation per step; the CPU and CUDA engines) or a fixed-shape `StaticKVCache` with its kernel
+    (`predictor_cache`: every step attends over all G positions under a mask, so graph replays need no
+    per-step parameters; the NPU path).
     """
     predictor = talker.code_predictor
     groups = predictor.cfg.num_code_groups
     batch, dev = c0.shape[0], c0.device
-    if static is None:
-        cache, attend = KVCache(predictor.cfg.num_hidden_layers), None
-    else:
-        cache, attend = static.start(batch), static.attend
+    cache = KVCache(predictor.cfg.num_hidden_layers) if frame_cache is None else frame_cache.start(batch)
 
-    def forward(x, positions):  # without a static cache: causal prefill, then one position per step
-        if attend is None:
-            return predictor(x, positions, cache)
-        return predictor(x, positions, cache, cache.mask(x.shape[1]), attend)
+    def forward(x, positions):  # causal prefill, then one position per step (masks: the static cache's)
+        return predictor(x, positions, cache, cache.mask(x.shape[1]), cache.attend)
 
     x = torch.stack([past_hidden, talker.embed_codec(c0)], dim=1)  # (B, 2, D)
     hidden = forward(x, torch.arange(2, device=dev).expand(batch, 2))
@@ -117,6 +115,15 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: samp
             step = torch.full((batch, 1), group + 1, device=dev)
             hidden = forward(predictor.embed(group, code)[:, None], step)
     return torch.stack(codes, dim=-1)
+
+
+def predictor_frame_cache(talker, rows: int, dtype: torch.dtype | None = None) -> FrameKVCache:
+    """A preallocated frame-local K/V cache for the code predictor: rows x G positions per layer, in
+    `dtype` (default the predictor's; wider when its attention widens, see `Checkpoint.cache_dtype`)."""
+    cfg = talker.code_predictor.cfg
+    weight = talker.code_predictor.lm_head[0].weight
+    return FrameKVCache(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.num_code_groups, cfg.head_dim,
+                        dtype or weight.dtype, weight.device)
 
 
 def predictor_cache(talker, rows: int, attend=None) -> StaticKVCache:

@@ -170,6 +170,8 @@ def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
     assert tts.ckpt.cache_dtype == torch.float32 and tts.ckpt.dtype == torch.bfloat16
     engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
     assert all(t.dtype == torch.float32 for t in engine.cache.tensors())
+    frame = engine.runner.predictor_cache  # the predictor's frame K/V: widened once, on write
+    assert all(t.dtype == torch.float32 for t in frame.k + frame.v)
     jobs = [(Request("Wide attention.", speaker="ryan"), tts.default_params(True, max_frames=8)),
             (Request("A second, longer request here.", speaker="vivian"), tts.default_params(True, max_frames=10))]
     seqs = [engine.add(tts.prompts.build(req, None), params, tag=i) for i, (req, params) in enumerate(jobs)]

@@ -1,4 +1,5 @@
-"""The code predictor's fixed-shape frame cache (the NPU path) against today's growing cache.
+"""The code predictor's preallocated frame caches (fixed-shape: the NPU path; prefix: CPU and CUDA)
+against the growing cache of the slow path.
 
 The fixed-shape variant attends over all G positions under a mask, in pure torch (sdpa) and through
 `torch_npu.npu_fusion_attention`; the NPU call runs here against a stub torch_npu that checks the
@@ -21,9 +22,9 @@ from omnitts.device.fake import FakeGraphBackend
 from omnitts.device.npu import FusionAttention
 from omnitts.engine import Engine, EngineConfig
 from omnitts.errors import OmniTTSError
-from omnitts.models.layers import StaticKVCache, sdpa_attention
+from omnitts.models.layers import FrameKVCache, StaticKVCache, sdpa_attention
 from omnitts.params import RowParams, SamplingParams
-from omnitts.reference import predict_residuals, predictor_cache
+from omnitts.reference import predict_residuals, predictor_cache, predictor_frame_cache
 from omnitts.request import Request
 from omnitts.sampling import Plan
 
@@ -58,7 +59,7 @@ def test_fixed_shape_predictor_equals_growing_cache(tts_factory, monkeypatch, pr
     static = predictor_cache(talker, rows=8)
     assert static.capacity == talker.code_predictor.cfg.num_code_groups
     for _ in range(2):  # a second frame reuses the buffers: nothing may leak from the first
-        fixed_codes, fixed_hiddens = traced_predictor(talker, monkeypatch, static=static)
+        fixed_codes, fixed_hiddens = traced_predictor(talker, monkeypatch, frame_cache=static)
         torch.testing.assert_close(fixed_codes, codes, rtol=0, atol=0)
         assert len(fixed_hiddens) == len(hiddens) == talker.code_predictor.cfg.num_code_groups - 1
         worst = max((a[:, -1] - b[:, -1]).abs().max().item() for a, b in zip(fixed_hiddens, hiddens))
@@ -162,7 +163,22 @@ def test_npu_backend_selects_the_fused_kernel_and_cpu_keeps_todays_path(cv, stub
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=64), backend=backend)
     chosen = engine.runner.predictor_cache.attend
     assert isinstance(chosen, FusionAttention) and chosen.op == stub_npu.npu_fusion_attention
-    assert Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=64)).runner.predictor_cache is None
+    cpu = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=64)).runner.predictor_cache
+    assert isinstance(cpu, FrameKVCache) and cpu.attend is None  # preallocated, torch's kernel
+
+
+@pytest.mark.parametrize("preset", ["tiny-0.6b", "tiny-1.7b"])
+def test_preallocated_frame_cache_equals_growing_cache_exactly(tts_factory, monkeypatch, preset):
+    """The CPU/CUDA engines' frame cache: the same keys attended in the same order, so bitwise the
+    growing cache's codes and hidden states, frame after frame in the same buffers."""
+    talker = tts_factory("custom_voice", preset).ckpt.model.talker
+    codes, hiddens = traced_predictor(talker, monkeypatch)
+    cache = predictor_frame_cache(talker, rows=8)
+    for _ in range(2):
+        again, again_hiddens = traced_predictor(talker, monkeypatch, frame_cache=cache)
+        assert torch.equal(again, codes)
+        assert all(torch.equal(a, b) for a, b in zip(again_hiddens, hiddens))
+        assert cache.length == cache.capacity  # [hidden, c0] then c1..c14: every slot, c15 never fed back
 
 
 class _ImportRecorder(importlib.abc.MetaPathFinder):

@@ -46,16 +46,25 @@ def can_pack(dtype: torch.dtype) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """`nn.Linear` whose weight lives in oneDNN's blocked layout (same shape, dtype and results)."""
+    """`nn.Linear` whose weight lives in oneDNN's blocked layout (same shape, dtype and results).
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None, batch: int = 1,
+    Given several linears of one input size, it is their concatenation (outputs side by side), the
+    packing counterpart of `layers.concat_linears`: the parts are widened straight into one buffer.
+    """
+
+    def __init__(self, linear: nn.Linear | list[nn.Linear], dtype: torch.dtype | None = None, batch: int = 1,
                  widen: "Widener | None" = None):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = (widen or Widener())(linear.weight.detach(), dtype or linear.weight.dtype)
+        parts = linear if isinstance(linear, list) else [linear]
+        self.in_features = parts[0].in_features
+        self.out_features = sum(m.out_features for m in parts)
+        weight = (widen or Widener())([m.weight.detach() for m in parts], dtype or parts[0].weight.dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
         self.weight = nn.Parameter(packed, requires_grad=False)
-        self.bias = linear.bias
+        biases = [m.bias for m in parts]
+        assert all(b is None for b in biases) or all(b is not None for b in biases), "mixed biases"
+        self.bias = biases[0] if len(parts) == 1 or biases[0] is None else nn.Parameter(
+            torch.cat([b.detach() for b in biases]), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
@@ -75,15 +84,18 @@ def layout_batch(batch: int) -> int:
     return 1 if batch <= 1 else 32
 
 
-def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1) -> int:
+def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1,
+                 widen: "Widener | None" = None) -> int:
     """Replace every `nn.Linear` under `module` by a `PackedLinear` (weights converted to `dtype`
-    first, one at a time; laid out for calls of up to `batch` rows), in place; returns how many."""
-    widen = Widener()
+    first, one at a time, in `widen`'s buffer; laid out for calls of up to `batch` rows), in place;
+    returns how many."""
+    widen = widen or Widener()
     return _swap(module, lambda m: type(m) is nn.Linear, lambda m: PackedLinear(m, dtype, batch, widen))
 
 
 class Widener:
-    """Converts weights to the packing dtype in one reused buffer (`__call__(weight, dtype)`).
+    """Converts weights to the packing dtype in one reused buffer (`__call__(weights, dtype)`: one
+    weight, or several of one width stacked by rows).
 
     The reorder copies what it reads, so the converted weight is only a temporary; a fresh one per
     weight would fault in new pages every time (measured on a 4 KiB-page VM: widening the 0.6B
@@ -92,13 +104,22 @@ class Widener:
     def __init__(self):
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
 
-    def __call__(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if weight.dtype == dtype:
-            return weight
+    def __call__(self, weights: torch.Tensor | list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(weights, torch.Tensor):
+            weights = [weights]
+        if len(weights) == 1 and weights[0].dtype == dtype:
+            return weights[0]
+        rows = sum(w.shape[0] for w in weights)
+        numel = rows * weights[0].shape[1]
         buffer = self.buffers.get(dtype)
-        if buffer is None or buffer.numel() < weight.numel():
-            buffer = self.buffers[dtype] = torch.empty(weight.numel(), dtype=dtype)
-        return buffer[: weight.numel()].view(weight.shape).copy_(weight)
+        if buffer is None or buffer.numel() < numel:
+            buffer = self.buffers[dtype] = torch.empty(numel, dtype=dtype)
+        out = buffer[:numel].view(rows, weights[0].shape[1])
+        start = 0
+        for w in weights:
+            out[start : start + w.shape[0]].copy_(w)
+            start += w.shape[0]
+        return out
 
 
 def use_float32_attention(module: nn.Module) -> int:

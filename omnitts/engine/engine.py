@@ -32,7 +32,7 @@ from ..device import Backend, get_backend
 from ..errors import RequestError
 from ..params import SamplingParams, fresh_seed
 from ..prompt import Prompt
-from ..reference import predictor_cache
+from ..reference import predictor_cache, predictor_frame_cache
 from .runner import ModelRunner
 from .scheduler import Scheduler, Sequence
 from .state import SlotCache, SlotState, move_row
@@ -103,9 +103,14 @@ class Engine:
         self.cache = SlotCache(tcfg.num_hidden_layers, config.max_num_seqs, tcfg.num_key_value_heads,
                                config.max_positions, tcfg.head_dim, ckpt.cache_dtype, ckpt.device)
         self.backend = backend or get_backend(config.device, eager=config.eager)
+        # The code predictor's frame cache: preallocated (reused every frame), fixed-shape with the
+        # backend's kernel where it has one (NPU).
         attend = self.backend.predictor_attention()
-        static = None if attend is None else predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
-        self.runner = ModelRunner(ckpt, self.state, self.cache, static)
+        if attend is None:
+            predictor = predictor_frame_cache(ckpt.model.talker, config.max_num_seqs, ckpt.cache_dtype)
+        else:
+            predictor = predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
+        self.runner = ModelRunner(ckpt, self.state, self.cache, predictor)
         self.steps: dict[sampling.FramePlan, object] = {}  # frame steps per plan (see `_steps`)
         self.scheduler = Scheduler(config.max_num_seqs)
         self.pending = None  # (host copy of the last launched frame, the sequences of its rows)

@@ -14,15 +14,16 @@ from __future__ import annotations
 import torch
 
 from .. import sampling
-from ..models.layers import StaticKVCache
+from ..models.layers import FrameKVCache, StaticKVCache
 from ..reference import predict_residuals
 from .state import SlotCache, SlotState
 
 
 class ModelRunner:
-    def __init__(self, ckpt, state: SlotState, cache: SlotCache, predictor_cache: StaticKVCache | None = None):
+    def __init__(self, ckpt, state: SlotState, cache: SlotCache,
+                 predictor_cache: FrameKVCache | StaticKVCache | None = None):
         self.ckpt = ckpt
-        self.predictor_cache = predictor_cache  # fixed-shape frame cache + kernel (NPU), or None: growing
+        self.predictor_cache = predictor_cache  # the predictor's frame cache (None: a growing one per frame)
         self.talker = ckpt.model.talker
         self.state = state
         self.cache = cache
@@ -68,7 +69,7 @@ class ModelRunner:
         c0 = sampling.choose(logits, p.do_sample[rows], p.temperature[rows], p.top_k[rows], p.top_p[rows],
                              keys, 0, plan.talker)
         codes = predict_residuals(talker, s.hidden[rows], c0, p.select(rows), keys, plan.predictor,
-                                  static=self.predictor_cache)  # (B, 16)
+                                  frame_cache=self.predictor_cache)  # (B, 16)
         s.codes[rows] = codes
         s.seen[rows].scatter_(1, c0[:, None], True)  # (one_hot would check values: a host sync)
         # Trailing text token k joins frame k's embedding; past the text, the stored tts_pad does.

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .codec import CausalConv, CausalTransConv, CodecDecoder, ConvNeXtBlock, ResidualUnit, SnakeBeta, UpsampleBlock
-from .layers import apply_rope, rope_cos_sin
+from .layers import rope_cos_sin
 
 # Decoder layers from this index on (the 2nd upsampling block onwards) run in time slices, see `step`.
 TILED_FROM = 2
@@ -201,11 +201,7 @@ class StreamingCodec:
     def _attention(self, attn, x, cos, sin, st, layer, slot, width, mask, kv_len):
         """Attention.forward's arithmetic, against the row's K/V slots; rows grouped by `kv_len`."""
         b, n, _ = x.shape
-        q = attn.q_proj(x).view(b, n, attn.heads, attn.head_dim)
-        k = attn.k_proj(x).view(b, n, attn.kv_heads, attn.head_dim)
-        v = attn.v_proj(x).view(b, n, attn.kv_heads, attn.head_dim).transpose(1, 2)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
+        q, k, v = attn.project(x, cos, sin)
         keys = F.pad(st["keys"][:, layer], (0, 0, 0, width - self.kv_slots))
         values = F.pad(st["values"][:, layer], (0, 0, 0, width - self.kv_slots))
         idx = slot[:, None, :, None].expand(b, attn.kv_heads, n, attn.head_dim)

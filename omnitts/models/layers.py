@@ -26,28 +26,36 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        scale = x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        x = (x * scale).to(dtype)
+        # In place where the product keeps x's dtype: the same values as `weight * x`, one buffer fewer.
+        return x.mul_(self.weight) if self.weight.dtype == dtype else self.weight * x
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin tables for rotary embedding at integer `positions` (any shape) -> (*positions.shape, head_dim).
+    """Rotary tables at integer `positions` (any shape) -> cos, signed sin, each (*positions.shape, head_dim).
 
-    Computed in float32 whatever the model dtype, then cast, like the reference.
+    Computed in float32 whatever the model dtype, then cast, like the reference. The sin table comes
+    with its first half negated, the form `apply_rope` takes (see there).
     """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
     inv_freq = 1.0 / (theta**exponent)
     freqs = positions.float().unsqueeze(-1) * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sin = emb.sin()
+    half = head_dim // 2
+    return emb.cos().to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x` (B, H, T, D) by cos/sin (B, T, D)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotate `x` (B, H, T, D) by `rope_cos_sin`'s tables (B, T, D).
+
+    The reference computes x * cos + cat(-x2, x1) * sin; here the sign lives in the table, so the
+    rotation is a plain roll: roll(x) * signed_sin + x * cos, the same products and sum (IEEE
+    negation is exact), bitwise equal, in fewer kernels.
+    """
+    out = torch.roll(x, x.shape[-1] // 2, -1).mul_(sin.unsqueeze(1))
+    return out.add_(x * cos.unsqueeze(1))
 
 
 def sdpa_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
@@ -79,6 +87,8 @@ class KVCache:
     engine uses preallocated per-slot caches with the same interface.
     """
 
+    attend = None  # no kernel of its own: the stack's default
+
     def __init__(self, num_layers: int):
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
@@ -87,6 +97,10 @@ class KVCache:
     def length(self) -> int:
         return 0 if self.keys[0] is None else self.keys[0].shape[2]
 
+    def mask(self, new: int) -> None:
+        """No mask: a forward of several positions on an empty cache is causal, later ones see it all."""
+        return None
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Add k, v (B, Hkv, T, D) for `layer`; return the whole history."""
         if self.keys[layer] is not None:
@@ -94,6 +108,47 @@ class KVCache:
             v = torch.cat((self.values[layer], v), dim=2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
+
+
+class FrameKVCache:
+    """`KVCache`'s behaviour without its allocations, for short sequences restarted often (the code
+    predictor's frame): `rows` x `capacity` positions per layer, allocated once.
+
+    `start(batch)` rewinds rows 0..batch-1 to position 0; `update` writes the new keys in place and
+    returns the filled prefix (no mask needed, nothing stale is visible). `dtype` may be wider than
+    the model's: bfloat16 models whose attention runs in float32 (`float32_attention`) then widen
+    each key once, on write, instead of the whole history at every step. Same results as `KVCache`
+    (the same values attended in the same order).
+    """
+
+    attend = None
+
+    def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device):
+        shape = (rows, kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.capacity = capacity
+        self.length = 0
+        self._batch = 0
+
+    def start(self, batch: int) -> "FrameKVCache":
+        assert batch <= self.k[0].shape[0], f"batch {batch} exceeds the cache's {self.k[0].shape[0]} rows"
+        self.length, self._batch = 0, batch
+        return self
+
+    def mask(self, new: int) -> None:
+        return None
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v (B, Hkv, T, D) at the next T positions; return positions 0..end of rows 0..B-1."""
+        end = self.length + k.shape[2]
+        assert end <= self.capacity, f"{end} positions exceed the frame cache's capacity {self.capacity}"
+        rows = slice(0, self._batch)
+        self.k[layer][rows, :, self.length : end] = k
+        self.v[layer][rows, :, self.length : end] = v
+        if layer == len(self.k) - 1:
+            self.length = end
+        return self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]
 
 
 class StaticKVCache:
@@ -145,7 +200,12 @@ class StaticKVCache:
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with optional per-head q/k RMSNorm (Qwen3) and rotary positions."""
+    """Grouped-query self-attention with optional per-head q/k RMSNorm (Qwen3) and rotary positions.
+
+    Built with the checkpoint's separate projections and norms; `fuse()` (the loader calls it, see
+    `fuse_projections`) merges them into one `qkv_proj` and one `qk_norm` over the q and k heads
+    together, which computes the same values in a third of the kernel calls.
+    """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float,
                  qk_norm: bool = True, bias: bool = False):
@@ -160,19 +220,45 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(head_dim, eps)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_proj = self.qk_norm = None  # set by `fuse`
+
+    def fuse(self, concat=None) -> None:
+        """Replace q/k/v_proj by `qkv_proj = concat([q, k, v])` (default `concat_linears`) and the q/k
+        norms by one norm whose weight is each head's own. Same outputs; not undone."""
+        if self.qkv_proj is not None:
+            return
+        self.qkv_proj = (concat or concat_linears)([self.q_proj, self.k_proj, self.v_proj])
+        self.q_proj = self.k_proj = self.v_proj = None
+        if self.q_norm is not None:
+            d = self.head_dim
+            weight = torch.cat((self.q_norm.weight.detach().expand(self.heads, d),
+                                self.k_norm.weight.detach().expand(self.kv_heads, d)))
+            self.qk_norm = RMSNorm(d, self.q_norm.eps)
+            self.qk_norm.weight = nn.Parameter(weight, requires_grad=False)
+            self.q_norm = self.k_norm = None
+
+    def project(self, x: torch.Tensor, cos, sin):
+        """x (B, T, hidden) -> q (B, H, T, D), k and v (B, Hkv, T, D): projected, normed, rotated."""
+        b, t, _ = x.shape
+        h, hk, d = self.heads, self.kv_heads, self.head_dim
+        if self.qkv_proj is not None:
+            qk, v = self.qkv_proj(x).view(b, t, h + 2 * hk, d).split((h + hk, hk), dim=2)
+            if self.qk_norm is not None:
+                qk = self.qk_norm(qk)
+        else:  # unfused (a module used as built, not loaded)
+            q, k = self.q_proj(x).view(b, t, h, d), self.k_proj(x).view(b, t, hk, d)
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            qk, v = torch.cat((q, k), dim=2), self.v_proj(x).view(b, t, hk, d)
+        qk = apply_rope(qk.transpose(1, 2), cos, sin)
+        return qk[:, :h], qk[:, h:], v.transpose(1, 2)
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0,
                 mask: torch.Tensor | None = None, causal: bool = False, attend=sdpa_attention):
         """x (B, T, hidden) -> (B, T, hidden). `mask` is boolean (B|1, 1, T, S), True = attend;
         `attend(q, k, v, mask, causal)` is the kernel (see `sdpa_attention`)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
+        q, k, v = self.project(x, cos, sin)
         if cache is not None:
             k, v = cache.update(layer, k, v)
         out = attend(q, k, v, mask, causal and mask is None and t > 1)
@@ -180,16 +266,49 @@ class Attention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); `fuse()` merges gate and up into `gate_up_proj`."""
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = None  # set by `fuse`
+
+    def fuse(self, concat=None) -> None:
+        """Replace gate/up_proj by `gate_up_proj = concat([gate, up])` (default `concat_linears`)."""
+        if self.gate_up_proj is None:
+            self.gate_up_proj = (concat or concat_linears)([self.gate_proj, self.up_proj])
+            self.gate_proj = self.up_proj = None
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate).mul_(up))
+
+
+def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
+    """One `nn.Linear` whose outputs are those of `linears` side by side (weights stacked by rows)."""
+    weight = torch.cat([m.weight.detach() for m in linears])
+    biases = [m.bias for m in linears]
+    assert all(b is None for b in biases) or all(b is not None for b in biases), "mixed biases"
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None,
+                      device="meta", dtype=weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if biases[0] is not None:
+        fused.bias = nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
+    return fused
+
+
+def fuse_projections(module: nn.Module, concat=None) -> int:
+    """`fuse()` every `Attention` and `GatedMLP` under `module` (linears merged by `concat`, default
+    `concat_linears`; the CPU loader packs them for oneDNN as it merges); returns how many."""
+    blocks = [m for m in module.modules() if isinstance(m, (Attention, GatedMLP))]
+    for block in blocks:
+        block.fuse(concat)
+    return len(blocks)
 
 
 class DecoderLayer(nn.Module):

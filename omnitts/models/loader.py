@@ -22,13 +22,15 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
-from ..device.cpu_weights import can_pack, pack_linears, pack_transposed_convs, use_float32_attention
+from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_linears, pack_transposed_convs,
+                                  use_float32_attention)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
 from ..tokenizer import TextTokenizer
 from .codec import CodecDecoder
 from .codec_encoder import CodecEncoder
+from .layers import fuse_projections
 from .safetensors_io import MappedFile
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
@@ -167,8 +169,13 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     linears = tuple(f"{name}.weight" for name, m in model.talker.named_modules() if type(m) is nn.Linear)
     load_strict(model.talker, weights, "talker.", lm_dtype, dev,
                 keep_stored=("model.text_embedding.weight",) + (linears if packing else ()))
+    # q/k/v and gate/up projections merged: fewer, larger matrix products and one q/k norm and rotation.
     if packing:
-        pack_linears(model.talker, lm_dtype, max_batch)
+        widen = Widener()
+        fuse_projections(model.talker, lambda parts: PackedLinear(parts, lm_dtype, max_batch, widen))
+        pack_linears(model.talker, lm_dtype, max_batch, widen)
+    else:
+        fuse_projections(model.talker)
     # bfloat16 on the CPU attends in float32 (torch's bfloat16 CPU kernel is the slow one), so the
     # engine keeps the talker's K/V in float32 too: no per-step widening of the whole history.
     kv_dtype = None
@@ -179,6 +186,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
     load_strict(codec, codec_files, "decoder.", DTYPES[codec_dtype], dev)
+    fuse_projections(codec)
     if dev.type == "cpu":
         pack_transposed_convs(codec)
     encoder = None
