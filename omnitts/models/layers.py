@@ -141,17 +141,21 @@ class FrameKVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, Hkv, T, D) at the next T positions; return positions 0..end of rows 0..B-1."""
-        end = self.length + k.shape[2]
-        assert end <= self.capacity, f"{end} positions exceed the frame cache's capacity {self.capacity}"
-        rows = slice(0, self._batch)
-        self.k[layer][rows, :, self.length : end] = k
-        self.v[layer][rows, :, self.length : end] = v
+        end = self._write(layer, k, v)
+        return self.k[layer][: self._batch, :, :end], self.v[layer][: self._batch, :, :end]
+
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> int:
+        """k, v into rows 0..B-1 at the next positions (which advance after the last layer); returns their end."""
+        start, end = self.length, self.length + k.shape[2]
+        assert end <= self.capacity, f"{end} positions exceed the cache's capacity {self.capacity}"
+        self.k[layer][: self._batch, :, start:end] = k
+        self.v[layer][: self._batch, :, start:end] = v
         if layer == len(self.k) - 1:
             self.length = end
-        return self.k[layer][rows, :, :end], self.v[layer][rows, :, :end]
+        return end
 
 
-class StaticKVCache:
+class StaticKVCache(FrameKVCache):
     """Fixed-shape per-layer key/value buffers of `capacity` positions for up to `rows` rows.
 
     For short loops replayed as device graphs (the code predictor's frame: positions 0..G-1). The
@@ -165,22 +169,16 @@ class StaticKVCache:
 
     def __init__(self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype, device,
                  attend=sdpa_attention):
-        shape = (rows, kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.capacity = capacity
+        super().__init__(layers, rows, kv_heads, capacity, head_dim, dtype, device)
         self.attend = attend
         keys = torch.arange(capacity, device=device)
         self._causal = keys[None, :] <= keys[:, None]  # (capacity, capacity): query row p sees keys <= p
-        self.length = 0
-        self._batch = 0
 
     def start(self, batch: int) -> "StaticKVCache":
         """Begin a new sequence chunk for rows 0..batch-1 (stale keys cleared: masked garbage could be NaN)."""
-        assert batch <= self.k[0].shape[0], f"batch {batch} exceeds the cache's {self.k[0].shape[0]} rows"
+        super().start(batch)
         for buffer in self.k + self.v:
             buffer[:batch].zero_()
-        self.length, self._batch = 0, batch
         return self
 
     def mask(self, new: int) -> torch.Tensor:
@@ -189,14 +187,8 @@ class StaticKVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, Hkv, T, D) at the next T positions; return the full (B, Hkv, capacity, D) buffers."""
-        end = self.length + k.shape[2]
-        assert end <= self.capacity, f"{end} positions exceed the static cache's capacity {self.capacity}"
-        rows = slice(0, self._batch)
-        self.k[layer][rows, :, self.length : end] = k
-        self.v[layer][rows, :, self.length : end] = v
-        if layer == len(self.k) - 1:
-            self.length = end
-        return self.k[layer][rows], self.v[layer][rows]
+        self._write(layer, k, v)
+        return self.k[layer][: self._batch], self.v[layer][: self._batch]
 
 
 class Attention(nn.Module):
