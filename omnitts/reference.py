@@ -117,13 +117,14 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: samp
     return torch.stack(codes, dim=-1)
 
 
-def predictor_frame_cache(talker, rows: int, dtype: torch.dtype | None = None) -> FrameKVCache:
+def predictor_frame_cache(talker, rows: int) -> FrameKVCache:
     """A preallocated frame-local K/V cache for the code predictor: rows x G positions per layer, in
-    `dtype` (default the predictor's; wider when its attention widens, see `Checkpoint.cache_dtype`)."""
+    the predictor's K/V dtype (`DecoderStack.kv_dtype`: float32 where its attention widens)."""
     cfg = talker.code_predictor.cfg
     weight = talker.code_predictor.lm_head[0].weight
+    dtype = talker.code_predictor.model.kv_dtype or weight.dtype
     return FrameKVCache(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.num_code_groups, cfg.head_dim,
-                        dtype or weight.dtype, weight.device)
+                        dtype, weight.device)
 
 
 def predictor_cache(talker, rows: int, attend=None) -> StaticKVCache:

@@ -166,7 +166,7 @@ def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
 
     tts = tts_factory("custom_voice", dtype="bfloat16")
     stacks = [m for m in tts.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
-    assert len(stacks) == 2 and all(s.attend is float32_attention for s in stacks)
+    assert len(stacks) == 2 and all(s.attend is float32_attention and s.kv_dtype == torch.float32 for s in stacks)
     assert tts.ckpt.cache_dtype == torch.float32 and tts.ckpt.dtype == torch.bfloat16
     engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
     assert all(t.dtype == torch.float32 for t in engine.cache.tensors())
@@ -182,5 +182,6 @@ def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
         assert (done[i].codes() == slow).all(), f"request {i}"
 
     f32 = tts_factory("custom_voice")
-    assert all(m.attend is sdpa_attention for m in f32.ckpt.model.talker.modules() if isinstance(m, DecoderStack))
-    assert f32.ckpt.kv_dtype is None and f32.ckpt.cache_dtype == torch.float32
+    f32_stacks = [m for m in f32.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
+    assert all(m.attend is sdpa_attention and m.kv_dtype is None for m in f32_stacks)
+    assert f32.ckpt.cache_dtype == torch.float32

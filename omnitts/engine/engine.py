@@ -107,7 +107,7 @@ class Engine:
         # backend's kernel where it has one (NPU).
         attend = self.backend.predictor_attention()
         if attend is None:
-            predictor = predictor_frame_cache(ckpt.model.talker, config.max_num_seqs, ckpt.cache_dtype)
+            predictor = predictor_frame_cache(ckpt.model.talker, config.max_num_seqs)
         else:
             predictor = predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
         self.runner = ModelRunner(ckpt, self.state, self.cache, predictor)

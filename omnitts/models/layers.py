@@ -328,6 +328,9 @@ class DecoderStack(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attend = sdpa_attention  # the kernel when a call names none
+        # The dtype callers keep this stack's K/V history in, when wider than the model's (set together
+        # with a widening kernel, see device/cpu_weights.use_float32_attention); None: the model's.
+        self.kv_dtype: torch.dtype | None = None
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
                 mask: torch.Tensor | None = None, attend=None) -> torch.Tensor:

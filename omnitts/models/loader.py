@@ -59,12 +59,11 @@ class Checkpoint:
     tokenizer: TextTokenizer
     device: torch.device
     dtype: torch.dtype
-    kv_dtype: torch.dtype | None = None  # the talker K/V cache's, when wider than `dtype` (CPU bfloat16)
 
     @property
     def cache_dtype(self) -> torch.dtype:
-        """The dtype an engine keeps the talker K/V cache in."""
-        return self.kv_dtype or self.dtype
+        """The dtype an engine keeps the talker K/V cache in (wider than `dtype` for bfloat16 on the CPU)."""
+        return self.model.talker.model.kv_dtype or self.dtype
 
 
 def safetensors_files(folder: Path, stem: str = "model") -> list[Path]:
@@ -177,11 +176,9 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     else:
         fuse_projections(model.talker)
     # bfloat16 on the CPU attends in float32 (torch's bfloat16 CPU kernel is the slow one), so the
-    # engine keeps the talker's K/V in float32 too: no per-step widening of the whole history.
-    kv_dtype = None
+    # engine keeps the K/V history in float32 too: no per-step widening of the whole history.
     if dev.type == "cpu" and lm_dtype != torch.float32:
         use_float32_attention(model.talker)
-        kv_dtype = torch.float32
     if model.speaker_encoder is not None:
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
@@ -197,8 +194,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     for module in (model, codec, encoder):
         if module is not None:
             module.eval().requires_grad_(False)
-    return Checkpoint(path, cfg, model, codec, encoder, TextTokenizer(path, official_tokenizer), dev, lm_dtype,
-                      kv_dtype)
+    return Checkpoint(path, cfg, model, codec, encoder, TextTokenizer(path, official_tokenizer), dev, lm_dtype)
 
 
 @contextlib.contextmanager
