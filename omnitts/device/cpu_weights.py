@@ -31,7 +31,7 @@ import os
 import torch
 from torch import nn
 
-from ..models.layers import DecoderStack, float32_attention
+from ..models.layers import DecoderStack, concat_biases, float32_attention
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -61,10 +61,7 @@ class PackedLinear(nn.Module):
         weight = (widen or Widener())([m.weight.detach() for m in parts], dtype or parts[0].weight.dtype)
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
         self.weight = nn.Parameter(packed, requires_grad=False)
-        biases = [m.bias for m in parts]
-        assert all(b is None for b in biases) or all(b is not None for b in biases), "mixed biases"
-        self.bias = biases[0] if len(parts) == 1 or biases[0] is None else nn.Parameter(
-            torch.cat([b.detach() for b in biases]), requires_grad=False)
+        self.bias = concat_biases(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")

@@ -284,14 +284,19 @@ class GatedMLP(nn.Module):
 def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
     """One `nn.Linear` whose outputs are those of `linears` side by side (weights stacked by rows)."""
     weight = torch.cat([m.weight.detach() for m in linears])
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta", dtype=weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    fused.bias = concat_biases(linears)
+    return fused
+
+
+def concat_biases(linears: list[nn.Linear]) -> nn.Parameter | None:
+    """The biases of `linears` side by side (one linear: its own); None where they have none (all or none must)."""
     biases = [m.bias for m in linears]
     assert all(b is None for b in biases) or all(b is not None for b in biases), "mixed biases"
-    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=biases[0] is not None,
-                      device="meta", dtype=weight.dtype)
-    fused.weight = nn.Parameter(weight, requires_grad=False)
-    if biases[0] is not None:
-        fused.bias = nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
-    return fused
+    if len(biases) == 1 or biases[0] is None:
+        return biases[0]
+    return nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
 
 
 def fuse_projections(module: nn.Module, concat=None) -> int:
