@@ -98,11 +98,14 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: samp
     batch, dev = c0.shape[0], c0.device
     cache = KVCache(predictor.cfg.num_hidden_layers) if frame_cache is None else frame_cache.start(batch)
 
-    def forward(x, positions):  # causal prefill, then one position per step (masks: the static cache's)
-        return predictor(x, positions, cache, cache.mask(x.shape[1]), cache.attend)
-
     x = torch.stack([past_hidden, talker.embed_codec(c0)], dim=1)  # (B, 2, D)
-    hidden = forward(x, torch.arange(2, device=dev).expand(batch, 2))
+    table = predictor.model.rope_table(groups, x.dtype, dev)  # positions 0..G-1, made once
+
+    def forward(x, start):  # causal prefill, then one position per step (masks: the static cache's)
+        rope = table.span(start, start + x.shape[1], batch)
+        return predictor(x, None, cache, cache.mask(x.shape[1]), cache.attend, rope)
+
+    hidden = forward(x, 0)
     codes = [c0]
     for group in range(1, groups):
         logits = predictor.logits(group, hidden)[:, -1].float()  # heads on every position, as officially
@@ -112,8 +115,7 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: samp
                                keys, group, plan)
         codes.append(code)
         if group < groups - 1:
-            step = torch.full((batch, 1), group + 1, device=dev)
-            hidden = forward(predictor.embed(group, code)[:, None], step)
+            hidden = forward(predictor.embed(group, code)[:, None], group + 1)
     return torch.stack(codes, dim=-1)
 
 

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnitts.device.cpu_weights import PackedLinear, Widener, can_pack
-from omnitts.models.layers import (Attention, DecoderStack, GatedMLP, KVCache, RMSNorm, apply_rope, concat_linears,
-                                   fuse_projections, rope_cos_sin)
+from omnitts.models.layers import (Attention, DecoderStack, GatedMLP, KVCache, RMSNorm, RopeTable, apply_rope,
+                                   concat_linears, fuse_projections, rope_cos_sin)
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -46,6 +46,40 @@ def test_rope_with_signed_table_is_bitwise_the_reference(dtype):
     assert torch.equal(apply_rope(x, cos, sin), reference_rope(x, positions, 128, 1e6, dtype))
     view = torch.randn(2, 20, 9, 128).to(dtype).transpose(1, 2)[:, 3:]  # a strided head slice, as in `project`
     assert torch.equal(apply_rope(view, cos, sin), reference_rope(view, positions, 128, 1e6, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_table_is_bitwise_the_tables_computed_at_the_positions(dtype):
+    # 700 positions: three pieces, the last one partial; the engine's talker gathers, its predictor slices.
+    table = RopeTable(700, 128, 1e6, dtype)
+    assert len(table) == 700 and table.cos.dtype == dtype
+    positions = torch.tensor([[0], [255], [256], [511], [699], [3]])  # (B, 1): a decode frame's rows
+    cos, sin = table.at(positions)
+    direct = rope_cos_sin(positions, 128, 1e6, dtype)
+    assert cos.shape == (6, 1, 128) and torch.equal(cos, direct[0]) and torch.equal(sin, direct[1])
+    cos, sin = table.span(2, 5, batch=3)
+    direct = rope_cos_sin(torch.arange(2, 5).expand(3, 3), 128, 1e6, dtype)
+    assert cos.shape == (3, 3, 128) and torch.equal(cos, direct[0]) and torch.equal(sin, direct[1])
+    assert all(torch.equal(a, b) for a, b in zip(RopeTable(700, 128, 1e6, dtype).at(torch.arange(700)),
+                                                  rope_cos_sin(torch.arange(700), 128, 1e6, dtype)))
+
+
+def test_stack_takes_the_callers_rope_tables_and_keeps_one_table():
+    from omnitts.config import DecoderConfig
+
+    torch.manual_seed(0)
+    cfg = DecoderConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4, vocab_size=16,
+                        num_code_groups=4, attention_bias=False)
+    stack = DecoderStack(cfg)
+    x, positions = torch.randn(2, 5, 32), torch.arange(3, 8).expand(2, 5)
+    table = stack.rope_table(10, torch.float32, torch.device("cpu"))
+    assert stack.rope_table(6, torch.float32, torch.device("cpu")) is table  # shorter: the same table
+    assert len(stack.rope_table(12, torch.float32, torch.device("cpu"))) == 12  # longer: a new one
+    table = stack.rope_table(12, torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        assert torch.equal(stack(x, None, rope=table.span(3, 8, 2)), stack(x, positions))
+        assert torch.equal(stack(x, None, rope=table.at(positions)), stack(x, positions))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -30,6 +30,11 @@ class ModelRunner:
         tcfg = ckpt.config.talker
         self.eos = tcfg.codec_eos_token_id
         self.suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, ckpt.device)
+        # Rotary tables made now, outside any graph capture: the talker's for every cache position
+        # (gathered per frame), the code predictor's for its G positions (views per step).
+        dtype = state.hidden.dtype
+        self.rope = self.talker.model.rope_table(cache.capacity, dtype, ckpt.device)
+        self.talker.code_predictor.model.rope_table(tcfg.num_code_groups, dtype, ckpt.device)
 
     @torch.inference_mode()
     def prefill(self, start: int, prompts: list[torch.Tensor]) -> None:
@@ -81,7 +86,7 @@ class ModelRunner:
         keys = torch.arange(span, device=c0.device)
         mask = (keys[None, :] <= positions[:, None])[:, None, None]  # (B, 1, 1, span)
         self.cache.decode(batch, positions, span)
-        hidden = talker(x, positions[:, None], self.cache, mask)[:, 0]
+        hidden = talker(x, None, self.cache, mask, rope=self.rope.at(positions[:, None]))[:, 0]
         s.lengths[rows] = positions + 1
         s.hidden[rows] = hidden
         s.logits[rows] = talker.logits(hidden).float()

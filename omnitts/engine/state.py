@@ -28,6 +28,7 @@ class SlotCache:
         self.length = 1  # never "empty": callers always pass explicit masks
         self._rows = slice(0, 0)
         self._positions = None
+        self._row_index = None
         self._span = 0
 
     def prefill(self, start: int, count: int) -> None:
@@ -35,14 +36,14 @@ class SlotCache:
 
     def decode(self, batch: int, positions: torch.Tensor, span: int) -> None:
         self._rows, self._positions, self._span = slice(0, batch), positions, span
+        self._row_index = torch.arange(batch, device=positions.device)  # one per frame, not per layer
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self._positions is None:  # prefill: k, v (count, Hkv, T, D)
             self.k[layer][self._rows, :, : k.shape[2]] = k
             self.v[layer][self._rows, :, : v.shape[2]] = v
             return k, v
-        rows = torch.arange(k.shape[0], device=k.device)
-        dtype = self.k[layer].dtype  # may be wider than the model's (`Checkpoint.cache_dtype`)
+        rows, dtype = self._row_index, self.k[layer].dtype  # dtype: may be wider than the model's
         self.k[layer][rows, :, self._positions] = k[:, :, 0].to(dtype)
         self.v[layer][rows, :, self._positions] = v[:, :, 0].to(dtype)
         return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .codec import CausalConv, CausalTransConv, CodecDecoder, ConvNeXtBlock, ResidualUnit, SnakeBeta, UpsampleBlock
-from .layers import rope_cos_sin
+from .layers import RopeTable
 
 # Decoder layers from this index on (the 2nd upsampling block onwards) run in time slices, see `step`.
 TILED_FROM = 2
@@ -67,14 +67,9 @@ class StreamingCodec:
         # Keys kept between calls: positions base..start-1, at most window - 1 + KV_ALIGN - 1 of them.
         self.kv_slots = round_up(self.window - 1 + KV_ALIGN - 1, KV_ALIGN)
         self.names = {m: n for n, m in codec.named_modules()}
-        # RoPE table computed once with the reference's own call, then gathered per row. Built in pieces
-        # of 256 positions so no piece is split across threads (a split's scalar tail could round
-        # cos/sin differently from the reference's single vectorised pass).
-        pieces = [rope_cos_sin(torch.arange(i, min(i + 256, max_window_frames))[None], cfg.head_dim,
-                               cfg.rope_theta, torch.float32) for i in range(0, max_window_frames, 256)]
-        # (Cast to the codec's dtype the way the whole decode's own rope_cos_sin(..., x.dtype) casts.)
-        self.cos = torch.cat([c[0] for c, _ in pieces]).to(self.dtype)
-        self.sin = torch.cat([s[0] for _, s in pieces]).to(self.dtype)
+        # RoPE table computed once, then gathered per row (bitwise the whole decode's own tables).
+        table = RopeTable(max_window_frames, cfg.head_dim, cfg.rope_theta, self.dtype)
+        self.cos, self.sin = table.cos, table.sin
 
     @property
     def device(self):

@@ -47,6 +47,37 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     return emb.cos().to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).to(dtype)
 
 
+class RopeTable:
+    """`rope_cos_sin` at positions 0..length-1, computed once: `at(positions)` gathers rows and
+    `span(start, stop, batch)` gives views of a run of positions, bitwise equal to computing the
+    tables for those positions (each entry is a function of its own position alone).
+
+    Built in pieces of 256 positions so that no piece is split between threads: the elementwise
+    sin/cos then take the same vectorised path as a direct call on a few positions.
+    """
+
+    PIECE = 256
+
+    def __init__(self, length: int, head_dim: int, theta: float, dtype: torch.dtype, device=None):
+        pieces = [rope_cos_sin(torch.arange(i, min(i + self.PIECE, length), device=device), head_dim, theta,
+                               torch.float32) for i in range(0, length, self.PIECE)]
+        # Cast after joining, as `rope_cos_sin(..., dtype)` casts its float32 result.
+        self.cos = torch.cat([c for c, _ in pieces]).to(dtype)
+        self.sin = torch.cat([s for _, s in pieces]).to(dtype)
+
+    def __len__(self) -> int:
+        return self.cos.shape[0]
+
+    def at(self, positions: torch.Tensor):
+        """cos, sin (*positions.shape, D) at integer `positions` (each < len(self))."""
+        return self.cos[positions], self.sin[positions]
+
+    def span(self, start: int, stop: int, batch: int):
+        """cos, sin (batch, stop - start, D) at positions start..stop-1 for every row: views, no copy."""
+        cos, sin = self.cos[start:stop], self.sin[start:stop]
+        return cos.expand(batch, *cos.shape), sin.expand(batch, *sin.shape)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate `x` (B, H, T, D) by `rope_cos_sin`'s tables (B, T, D).
 
@@ -336,13 +367,25 @@ class DecoderStack(nn.Module):
         # The dtype callers keep this stack's K/V history in, when wider than the model's (set together
         # with a widening kernel, see device/cpu_weights.use_float32_attention); None: the model's.
         self.kv_dtype: torch.dtype | None = None
+        self._rope_table: RopeTable | None = None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None,
-                mask: torch.Tensor | None = None, attend=None) -> torch.Tensor:
+    def rope_table(self, length: int, dtype: torch.dtype, device) -> RopeTable:
+        """This stack's rotary tables for positions 0..length-1 (at least), made once and kept."""
+        table = self._rope_table
+        if table is None or len(table) < length or table.cos.dtype != dtype or table.cos.device != device:
+            table = self._rope_table = RopeTable(length, self.cfg.head_dim, self.cfg.rope_theta, dtype, device)
+        return table
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None, cache: KVCache | None = None,
+                mask: torch.Tensor | None = None, attend=None, rope=None) -> torch.Tensor:
         """x (B, T, H) at `positions` (B, T). Without `mask`, attention is causal over cache + x.
-        `attend` is the attention kernel of every layer (see `sdpa_attention`; default `self.attend`)."""
+        `attend` is the attention kernel of every layer (see `sdpa_attention`; default `self.attend`).
+        `rope`: the rotary tables (cos, sin) at `positions`, when the caller has them (a `RopeTable`'s);
+        `positions` is then not read."""
         attend = attend or self.attend
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        if rope is None:
+            rope = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = rope
         causal = mask is None and (cache is None or cache.length == 0)
         assert mask is not None or causal or x.shape[1] == 1, "several new positions after a cache need a mask"
         for i, layer in enumerate(self.layers):

@@ -66,10 +66,10 @@ class CodePredictor(nn.Module):
         """Embedding of codebook `group` (1..G-1) codes, in talker hidden size."""
         return self.model.codec_embedding[group - 1](codes)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, mask=None,
-                attend=None) -> torch.Tensor:
-        """x (B, T, talker_hidden) -> last-layer hidden (B, T, predictor_hidden)."""
-        return self.model(self.small_to_mtp_projection(x), positions, cache, mask, attend)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None, cache=None, mask=None,
+                attend=None, rope=None) -> torch.Tensor:
+        """x (B, T, talker_hidden) -> last-layer hidden (B, T, predictor_hidden). `rope`: see `DecoderStack`."""
+        return self.model(self.small_to_mtp_projection(x), positions, cache, mask, attend, rope)
 
     def logits(self, group: int, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of codebook `group` (1..G-1) from predictor hidden states."""
@@ -106,9 +106,10 @@ class Talker(nn.Module):
         # One reduction over the stacked parts, in the reference's order (bitwise-equal sums).
         return torch.stack(parts, dim=-2).sum(-2)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None, mask=None) -> torch.Tensor:
-        """x (B, T, hidden) -> final hidden states (B, T, hidden)."""
-        return self.model(x, positions, cache, mask)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None, cache=None, mask=None,
+                rope=None) -> torch.Tensor:
+        """x (B, T, hidden) -> final hidden states (B, T, hidden). `rope`: see `DecoderStack`."""
+        return self.model(x, positions, cache, mask, rope=rope)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.codec_head(hidden)
