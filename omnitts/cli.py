@@ -39,6 +39,13 @@ ManifestArg = Annotated[Path, typer.Argument(help="Manifest: JSONL (one {id, tex
 Loudness = Annotated[Optional[float], typer.Option("--loudness", min=-70.0, max=0.0, help="Normalize each output to this integrated loudness in LUFS (EBU R128; e.g. -23 or -16), peaks limited to -1 dBFS.")]
 
 
+def _check_device(device: str) -> None:
+    from .recipe import DEVICES
+
+    if device not in DEVICES:
+        _fail(f"--device {device!r}: choose {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+
+
 def _fail(message: str, code: int = 2):
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -112,8 +119,7 @@ def synth(
     except OmniTTSError as exc:
         _fail(str(exc))
     device = engine["device"]
-    if device not in ("cpu", "cuda", "npu"):
-        _fail(f"--device {device!r}: choose cpu, cuda or npu")
+    _check_device(device)
     from .recipe import CODEC_DTYPES
 
     if engine["codec_dtype"] not in CODEC_DTYPES:
@@ -453,8 +459,7 @@ def voice_clone(
     if not x_vector_only and not (ref_text or "").strip():
         _fail("--ref-text is required for in-context cloning; give the reference transcript, "
               "or use --x-vector-only")
-    if device not in ("cpu", "cuda", "npu"):
-        _fail(f"--device {device!r}: choose cpu, cuda or npu")
+    _check_device(device)
     try:
         cfg = load_config(model)
         if cfg.model_type != "base":
