@@ -123,8 +123,13 @@ class _CudaSyncErrors:
 
 
 def throughput(tts, device: str, concurrency: int, frames: int, positions: int) -> dict:
-    started = time.perf_counter()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     eng = engine(tts, device, False, concurrency, positions, checked=False)  # CPU: time the fake unchecked
+    synchronize(device)
+    started = time.perf_counter()
+    eng.steps_for([tts.default_params(True)])  # graphs are captured when a plan is first needed
+    synchronize(device)
     capture = time.perf_counter() - started
     codes(tts, eng, concurrency, 2)  # warm-up: prefill and every path once
     add_requests(tts, eng, concurrency, frames)
@@ -133,12 +138,15 @@ def throughput(tts, device: str, concurrency: int, frames: int, positions: int) 
     produced = sum(len(seq.frames) for seq in eng.run())
     synchronize(device)
     wall = time.perf_counter() - started
-    return {"concurrency": concurrency, "capture_s": round(capture, 3), "steps": eng.steps_run - steps,
+    peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None
+    return {"concurrency": concurrency, "capture_s": round(capture, 3), "peak_gib": peak,
+            "steps": eng.steps_run - steps,
             "steps_per_s": round((eng.steps_run - steps) / wall, 2), "frames_per_s": round(produced / wall, 2),
             "audio_s_per_s": round(produced * FRAME_SECONDS / wall, 3), "wall_s": round(wall, 3)}
 
 
 def official(python: Path, ckpt: Path, device: str, dtype: str, frames: int, work: Path) -> dict:
+    """The official package, one request at a time (its cost is linear in frames: a shorter run is fair)."""
     spec, out = work / "official.json", work / "official"
     cases = [{"name": f"c{i}", "mode": "custom_voice", "text": f"Request number {i} reads a short sentence aloud.",
               "speaker": SPEAKERS[i % len(SPEAKERS)], "language": "auto", "max_new_tokens": frames + 1}
@@ -161,6 +169,7 @@ def main(argv=None) -> int:
     parser.add_argument("--frames", type=int, default=None, help="frames per request (default 128; cpu: 6)")
     parser.add_argument("--sync-steps", type=int, default=None, help="steady-state steps checked (default 8; cpu: 3)")
     parser.add_argument("--official-python", type=Path, help="python of a venv with qwen-tts (scripts/reference_env.py)")
+    parser.add_argument("--official-frames", type=int, default=32, help="frames per official request (default 32)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     cpu = args.device == "cpu"
@@ -192,9 +201,10 @@ def main(argv=None) -> int:
             row = throughput(tts, args.device, c, frames, positions)
             report["omnitts"].append(row)
             print(f"omnitts  concurrency {c:3d}: {row['frames_per_s']:9.1f} frames/s  {row['steps_per_s']:7.1f} steps/s  "
-                  f"{row['audio_s_per_s']:8.2f} audio s/s  (graphs captured in {row['capture_s']} s)")
+                  f"{row['audio_s_per_s']:8.2f} audio s/s  (graphs captured in {row['capture_s']} s"
+                  + (f"; peak {row['peak_gib']} GiB)" if row["peak_gib"] is not None else ")"))
         if args.official_python:
-            report["official"] = official(args.official_python, ckpt, args.device, dtype, frames, work)
+            report["official"] = official(args.official_python, ckpt, args.device, dtype, args.official_frames, work)
             row = report["official"]
             print(f"official concurrency   1: {row['frames_per_s']:9.1f} frames/s  "
                   f"{row['audio_s_per_s']:8.2f} audio s/s  ({row['note']})")

@@ -7,8 +7,13 @@ greedy decoding on the same inputs, and compares: codes must be identical, wavef
 Also checks that `official_tokenizer=True` reproduces the official token ids on tricky text.
 
     python scripts/parity.py [--work .cache/parity] [--frames 48]
+    python scripts/parity.py --device cuda --venv VENV     # both packages on a GPU, graphs included
 
 Prints a table (case, frames, identical?, max |Δ|, min greedy margin) and exits 1 on any mismatch.
+With `--engine` (the default off the CPU) each case also runs through the batching engine (device
+graphs on cuda/npu, then eagerly), alone and with its checkpoint's other cases in one batch, and
+those codes must equal the official ones too. Off the CPU, TF32 is turned off in both processes
+(NVIDIA_TF32_OVERRIDE=0): float32 parity means float32 arithmetic.
 """
 
 from __future__ import annotations
@@ -105,16 +110,17 @@ def build_inputs(work: Path) -> dict[str, Path]:
     return paths
 
 
-def run_reference(python: Path, paths: dict, frames: int, work: Path) -> Path:
+def run_reference(python: Path, paths: dict, frames: int, work: Path, device: str = "cpu") -> Path:
     """Run the official package over every case (one runner call per checkpoint)."""
-    out = work / "reference"
+    out = work / f"reference-{device}"
     out.mkdir(parents=True, exist_ok=True)
     for ckpt in CHECKPOINTS:
         cases = [_official_case(c, frames, paths) for c in CASES if c["ckpt"] == ckpt]
         if ckpt == "cv-0.6b":
             cases.append({"name": "tokenize", "mode": "tokenize", "texts": TOKENIZE_TEXTS})
         spec = work / f"cases-{ckpt}.json"
-        spec.write_text(json.dumps({"checkpoint": str(paths[ckpt]), "dtype": "float32", "cases": cases}, indent=1))
+        spec.write_text(json.dumps({"checkpoint": str(paths[ckpt]), "dtype": "float32", "device": device,
+                                    "cases": cases}, indent=1))
         subprocess.run([str(python), str(ROOT / "scripts" / "reference_runner.py"), str(spec), str(out)], check=True)
     return out
 
@@ -127,25 +133,38 @@ def _official_case(case: dict, frames: int, paths: dict) -> dict:
     return spec
 
 
-def run_omnitts(case: dict, frames: int, paths: dict):
+def _request(case: dict, paths: dict):
     import omnitts
 
-    tts = omnitts.load(paths[case["ckpt"]], official_tokenizer=True, dtype="float32")
-    request = omnitts.Request(
-        text=case["text"], language=case["language"], speaker=case.get("speaker"), instruct=case.get("instruct"),
+    return omnitts.Request(
+        id=case["name"], text=case["text"], language=case["language"], speaker=case.get("speaker"), instruct=case.get("instruct"),
         ref_audio=paths["ref"] if case["mode"] == "voice_clone" else None, ref_text=case.get("ref_text"),
         x_vector_only=case.get("x_vector_only_mode", False), non_streaming=case.get("non_streaming_mode"))
-    return tts.run_reference(request, tts.default_params(greedy=True, max_frames=frames))
 
 
-def compare(reference: Path, frames: int, paths: dict) -> tuple[list[dict], bool]:
+def _load(paths: dict, ckpt: str, device: str, eager: bool = False):
+    import omnitts
+
+    return omnitts.load(paths[ckpt], official_tokenizer=True, dtype="float32", device=device, eager=eager)
+
+
+def run_omnitts(case: dict, frames: int, paths: dict, device: str = "cpu"):
+    tts = _load(paths, case["ckpt"], device)
+    return tts.run_reference(_request(case, paths), tts.default_params(greedy=True, max_frames=frames))
+
+
+def _same(ref_codes: np.ndarray, codes: np.ndarray) -> bool:
+    return ref_codes.shape == codes.shape and bool((ref_codes == codes).all())
+
+
+def compare(reference: Path, frames: int, paths: dict, device: str = "cpu") -> tuple[list[dict], bool]:
     rows, ok = [], True
     for case in CASES:
         ref = np.load(reference / f"{case['name']}.npz")
         started = time.time()
-        result = run_omnitts(case, frames, paths)
+        result = run_omnitts(case, frames, paths, device)
         ref_codes = ref["codes"]
-        identical = ref_codes.shape == result.codes.shape and bool((ref_codes == result.codes).all())
+        identical = _same(ref_codes, result.codes)
         if ref["wav"].shape == result.audio.shape:
             delta = float(np.abs(ref["wav"] - result.audio).max()) if result.audio.size else 0.0
         else:
@@ -156,6 +175,36 @@ def compare(reference: Path, frames: int, paths: dict) -> tuple[list[dict], bool
                          identical=identical, max_abs_diff=delta,
                          margin=min(result.talker_margin, result.predictor_margin), ok=good,
                          seconds=round(time.time() - started, 2)))
+        print(f"parity: {case['name']} reference path: identical={identical} max|d|={delta:.2e} "
+              f"({rows[-1]['seconds']} s)", flush=True)
+    return rows, ok
+
+
+def compare_engine(reference: Path, frames: int, paths: dict, device: str) -> tuple[list[dict], bool]:
+    """Each checkpoint's cases through the engine (graphs, then eager): one at a time, then all in one
+    batch; every run's codes must equal the official ones, and the audio stay within tolerance."""
+    rows, ok = [], True
+    for ckpt in CHECKPOINTS:
+        cases = [c for c in CASES if c["ckpt"] == ckpt]
+        refs = {c["name"]: np.load(reference / f"{c['name']}.npz") for c in cases}
+        for eager in (False, True) if device != "cpu" else (True,):  # the CPU has no graphs
+            started = time.time()
+            tts = _load(paths, ckpt, device, eager)
+            params = tts.default_params(greedy=True, max_frames=frames)
+            alone = {c["name"]: tts.run(_request(c, paths), params) for c in cases}
+            together = {a.id: a for a in tts.generate([(_request(c, paths), params) for c in cases])}
+            for name, ref in refs.items():
+                for mode, result in (("alone", alone[name]), ("batched", together[name])):
+                    identical = _same(ref["codes"], result.codes)
+                    same_shape = ref["wav"].shape == result.audio.shape
+                    delta = float(np.abs(ref["wav"] - result.audio).max()) if same_shape and result.audio.size else (
+                        0.0 if same_shape else float("inf"))
+                    good = identical and delta <= WAV_TOLERANCE
+                    ok &= good
+                    rows.append(dict(case=name, run=f"{'eager' if eager else 'graphs'} {mode}", identical=identical,
+                                     max_abs_diff=delta, ok=good))
+            print(f"parity: {ckpt} engine {'eager' if eager else 'graphs'}: {len(cases)} cases alone and batched, "
+                  f"{time.time() - started:.1f} s", flush=True)
     return rows, ok
 
 
@@ -179,21 +228,32 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "parity")
     parser.add_argument("--venv", type=Path, default=Path(os.environ.get("OMNITTS_REF_VENV", ROOT / ".cache" / "ref-venv")))
     parser.add_argument("--frames", type=int, default=48)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "npu"], help="where both packages run")
+    parser.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
+                        help="also compare the batching engine (default: on off the CPU)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     python = reference_python(args.venv)
+    if args.device != "cpu":
+        os.environ["NVIDIA_TF32_OVERRIDE"] = "0"  # before CUDA starts here, and inherited by the runner
     args.work.mkdir(parents=True, exist_ok=True)
     paths = build_inputs(args.work)
-    reference = run_reference(python, paths, args.frames, args.work)
-    rows, ok = compare(reference, args.frames, paths)
+    reference = run_reference(python, paths, args.frames, args.work, args.device)
+    rows, ok = compare(reference, args.frames, paths, args.device)
+    engine_rows = []
+    if args.engine if args.engine is not None else args.device != "cpu":
+        engine_rows, engine_ok = compare_engine(reference, args.frames, paths, args.device)
+        ok &= engine_ok
     token_rows, tokens_ok = compare_tokens(reference, paths)
     print(f"{'case':26} {'frames':>6} {'identical':>9} {'max|Δ|':>10} {'min margin':>10}  ok")
     for r in rows:
         print(f"{r['case']:26} {r['frames']:>6} {str(r['identical']):>9} {r['max_abs_diff']:>10.2e} {r['margin']:>10.4f}  {r['ok']}")
+    for r in engine_rows:
+        print(f"{r['case']:26} {r['run']:>15} {str(r['identical']):>9} {r['max_abs_diff']:>10.2e}  {r['ok']}")
     for r in token_rows:
         print(f"tokens identical={r['official_identical']!s:5} native differs={r['native_differs']!s:5}  {r['text']!r}")
     if args.json:
-        args.json.write_text(json.dumps({"cases": rows, "tokens": token_rows}, indent=1, ensure_ascii=False))
+        args.json.write_text(json.dumps({"device": args.device, "cases": rows, "engine": engine_rows, "tokens": token_rows}, indent=1, ensure_ascii=False))
     return 0 if ok and tokens_ok else 1
 
 

@@ -195,3 +195,25 @@ def test_a_burst_of_admissions_is_spread_over_steps_with_the_same_codes(cv):
         assert len(batch) == 1 or sum(batch) <= budget, (step, batch)
     for i in unlimited:
         np.testing.assert_array_equal(spread[i], unlimited[i], err_msg=f"request {i}")
+
+
+def test_bench_device_runs_on_the_cpu_fake(tmp_path):
+    """scripts/bench_device.py (what a GPU session runs first) works end to end on the CPU fake:
+    graph and eager codes agree, no host sync in steady steps, a throughput row per concurrency."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_device.py"
+    spec = importlib.util.spec_from_file_location("bench_device", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "report.json"
+    code = module.main(["--device", "cpu", "--preset", "tiny-0.6b", "--concurrency", "1,2", "--frames", "3",
+                        "--sync-steps", "2", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0
+    assert report["graph_equals_eager"] is True
+    assert report["host_syncs"].startswith("0 host syncs in 2 steps")
+    assert [row["concurrency"] for row in report["omnitts"]] == [1, 2]
+    assert all(row["frames_per_s"] > 0 and row["steps"] > 0 for row in report["omnitts"])
