@@ -12,6 +12,7 @@ match the official package's token ids (parity checks).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -91,12 +92,10 @@ def _load_cached(ckpt: Path) -> str:
     if (cached / "tokenizer.json").is_file():
         _LOADED[key] = (cached / "tokenizer.json").read_text(encoding="utf-8")
         return _LOADED[key]
-    from transformers import AutoTokenizer
-
     try:
         # fix_mistral_regex=False: keep the checkpoint's own regex, and silence transformers' warning
         # about it (TextTokenizer applies the official swap itself when asked to).
-        tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True, fix_mistral_regex=False)
+        tok = _tokenizer_class(ckpt).from_pretrained(str(ckpt), local_files_only=True, fix_mistral_regex=False)
     except Exception as exc:  # transformers raises many types here; the file is what matters
         raise CheckpointError(f"{ckpt}: cannot load the text tokenizer ({type(exc).__name__}: {exc})") from None
     text = tok.backend_tokenizer.to_str()
@@ -108,3 +107,23 @@ def _load_cached(ckpt: Path) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
     _LOADED[key] = text
     return text
+
+
+# What AutoTokenizer resolves these checkpoints' `tokenizer_class` to, imported directly: importing
+# AutoTokenizer pulls in transformers' generation stack and scikit-learn (about 3 of its 6 s here).
+_QWEN2 = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+
+
+def _tokenizer_class(ckpt: Path):
+    """The fast tokenizer class for the checkpoint: Qwen2's for the published ones, else AutoTokenizer."""
+    try:
+        name = json.loads((ckpt / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        name = None  # no or odd config: let AutoTokenizer decide (and report)
+    if name in _QWEN2:
+        from transformers.models.qwen2.tokenization_qwen2_fast import Qwen2TokenizerFast
+
+        return Qwen2TokenizerFast
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer

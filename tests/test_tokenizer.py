@@ -36,6 +36,27 @@ def test_native_ids_equal_a_fresh_transformers_load(folder, tmp_path, monkeypatc
         assert first.encode(text) == cached.encode(text) == expected
 
 
+def test_first_conversion_skips_the_generation_stack(folder, tmp_path):
+    """A first load (empty cache) converts through Qwen2's own class: the same tokenizer.json as
+    AutoTokenizer's, without importing transformers' generation stack or scikit-learn."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from omnitts.tokenizer import TextTokenizer\n"
+        f"TextTokenizer({str(folder)!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('sklearn', 'transformers.generation')))))\n"
+    )
+    env = {**__import__("os").environ, "OMNITTS_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    converted = next(tmp_path.glob("tokenizers/*/tokenizer.json")).read_text(encoding="utf-8")
+    auto = AutoTokenizer.from_pretrained(str(folder), fix_mistral_regex=False).backend_tokenizer.to_str()
+    assert json.loads(converted) == json.loads(auto)
+
+
 def test_prompt_wrappers_keep_role_and_tail_tokens_separate(folder):
     tok = TextTokenizer(folder)
     head = tok.encode("<|im_start|>assistant\n")
