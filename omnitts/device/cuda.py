@@ -1,6 +1,7 @@
 """NVIDIA GPUs: whole-frame CUDA graphs, pinned host buffers and events for deferred copies.
 
-Not yet run on real hardware in this project (no GPU on our machines).
+Run on an H100 (torch 2.11, README "On a GPU"): codes identical to the official package on the GPU,
+graphs against eager frames, alone and batched; no host syncs in steady-state steps.
 """
 
 from __future__ import annotations
