@@ -187,3 +187,14 @@ def test_fuse_projections_fuses_every_block_once():
     assert fuse_projections(stack) == 4 and fuse_projections(stack) == 4  # a second call changes nothing
     assert not any(n.endswith(("q_proj.weight", "gate_proj.weight")) for n, _ in stack.named_parameters())
     torch.testing.assert_close(stack(x, positions, KVCache(2)), before, rtol=1e-5, atol=1e-5)
+
+
+def test_same_device_reads_a_missing_index_as_any():
+    """`rope_table` keeps its table when asked for "cuda" and holding one on "cuda:0" (no rebuild per call)."""
+    from omnitts.models.layers import same_device
+
+    assert same_device(torch.device("cuda:0"), "cuda")
+    assert same_device(torch.device("cuda:0"), torch.device("cuda:0"))
+    assert not same_device(torch.device("cuda:1"), "cuda:0")
+    assert not same_device(torch.device("cpu"), "cuda")
+    assert same_device(torch.device("cpu"), "cpu")

@@ -67,8 +67,9 @@ class StreamingCodec:
         # Keys kept between calls: positions base..start-1, at most window - 1 + KV_ALIGN - 1 of them.
         self.kv_slots = round_up(self.window - 1 + KV_ALIGN - 1, KV_ALIGN)
         self.names = {m: n for n, m in codec.named_modules()}
-        # RoPE table computed once, then gathered per row (bitwise the whole decode's own tables).
-        table = RopeTable(max_window_frames, cfg.head_dim, cfg.rope_theta, self.dtype)
+        # RoPE table computed once, on the codec's device like the whole decode's own tables (bitwise
+        # equal to them), then gathered per row; `.to` in `_transformer` is a no-op unless the codec moved.
+        table = RopeTable(max_window_frames, cfg.head_dim, cfg.rope_theta, self.dtype, self.device)
         self.cos, self.sin = table.cos, table.sin
 
     @property

@@ -47,6 +47,15 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     return emb.cos().to(dtype), torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).to(dtype)
 
 
+def same_device(have: torch.device, want) -> bool:
+    """Whether a tensor on `have` is on `want`, where `want` may omit the index ("cuda" means the
+    current device, and a tensor made there reports "cuda:0")."""
+    want = torch.device(want)
+    if have.type != want.type:
+        return False
+    return want.index is None or have.index is None or have.index == want.index
+
+
 class RopeTable:
     """`rope_cos_sin` at positions 0..length-1, computed once: `at(positions)` gathers rows and
     `span(start, stop, batch)` gives views of a run of positions, bitwise equal to computing the
@@ -372,7 +381,8 @@ class DecoderStack(nn.Module):
     def rope_table(self, length: int, dtype: torch.dtype, device) -> RopeTable:
         """This stack's rotary tables for positions 0..length-1 (at least), made once and kept."""
         table = self._rope_table
-        if table is None or len(table) < length or table.cos.dtype != dtype or table.cos.device != device:
+        if (table is None or len(table) < length or table.cos.dtype != dtype
+                or not same_device(table.cos.device, device)):
             table = self._rope_table = RopeTable(length, self.cfg.head_dim, self.cfg.rope_theta, dtype, device)
         return table
 
