@@ -2,13 +2,15 @@
 # Everything a GPU session should run, in one call (about 9 minutes on an H100):
 #
 #   OFFICIAL_PYTHON=.cache/ref-venv/bin/python OUT=device-out bash scripts/device_check.sh [cuda]
+#   QUICK=1 ... bash scripts/device_check.sh cpu    # the script itself, on tiny shapes (CPU fake, ~3 min)
 #
 # 1. graph vs eager codes and host syncs on a tiny checkpoint (float32);
 # 2. `omnitts synth` on the CPU and on the device, float32 greedy: codes must be identical;
 # 3. parity with the official package on the device (float32, TF32 off; the engine's graphs and
 #    eager frames, alone and batched, included): scripts/parity.py --device;
 # 4. throughput at concurrency 1/8/32/64, 0.6B and 1.7B shapes, bfloat16, and the official package;
-# 5. a whole `omnitts synth` process on 64 items (0.6B, 100 frames), timed, then again under cProfile;
+# 5. a whole `omnitts synth` process on 64 items (0.6B, 100 frames), timed at max batch 64 and 8, then
+#    again under cProfile;
 # 6. the first-call cost of attention on new shapes per sdpa backend (scripts/sdpa_first_calls.py).
 # Logs and JSON land in $OUT. OFFICIAL_PYTHON: a python with qwen-tts 0.1.1 (scripts/reference_env.py
 # builds one on the CPU; on a GPU machine install its pins next to a CUDA torch).
@@ -18,6 +20,11 @@ OUT=${OUT:-device-out}
 OFFICIAL=${OFFICIAL_PYTHON:-.cache/ref-venv/bin/python}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+if [ -n "${QUICK:-}" ]; then
+    PRESETS="tiny-0.6b tiny-1.7b"; FRAMES=16; CONCURRENCY=1,4; ITEMS=8; SHAPE=tiny-0.6b; ITEM_FRAMES=10
+else
+    PRESETS="0.6b 1.7b"; FRAMES=128; CONCURRENCY=1,8,32,64; ITEMS=64; SHAPE=0.6b; ITEM_FRAMES=100
+fi
 VENV=$(dirname "$(dirname "$OFFICIAL")")
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
 echo "=== 1. tiny checkpoint, float32"
@@ -44,26 +51,27 @@ timeout 420 python3 scripts/parity.py --device "$DEVICE" --venv "$VENV" --work "
     --json "$OUT/parity.json" > "$OUT/parity.log" 2>&1; echo "parity exit $?"
 grep -E "False$" "$OUT/parity.log" | head -20; echo "(rows not ok above, if any)"
 echo "=== 4. throughput"
-for preset in 0.6b 1.7b; do
-    timeout 240 python3 scripts/bench_device.py --device "$DEVICE" --preset $preset --frames 128 \
-        --official-python "$OFFICIAL" --official-frames 24 --json "$OUT/bench-$preset.json" 2>&1 \
+for preset in $PRESETS; do
+    timeout 240 python3 scripts/bench_device.py --device "$DEVICE" --preset $preset --frames $FRAMES \
+        --concurrency $CONCURRENCY --official-python "$OFFICIAL" --official-frames 24 \
+        --json "$OUT/bench-$preset.json" 2>&1 \
         | grep -E "graph vs|host syncs|concurrency"
 done
-echo "=== 5. whole synth process, 64 items"
-python3 -c "from omnitts.testing.checkpoint import build_checkpoint as b; b('$OUT/ck06', kind='custom_voice', preset='0.6b')"
-python3 - "$OUT/m64.jsonl" <<'PY'
+echo "=== 5. whole synth process, $ITEMS items"
+python3 -c "from omnitts.testing.checkpoint import build_checkpoint as b; b('$OUT/ck06', kind='custom_voice', preset='$SHAPE')"
+python3 - "$OUT/m64.jsonl" "$ITEMS" <<'PY'
 import json, sys
 with open(sys.argv[1], "w") as f:
-    for i in range(64):
+    for i in range(int(sys.argv[2])):
         f.write(json.dumps({"id": f"i{i}", "text": f"Line number {i} of the batch manifest, read aloud at an even pace.",
                             "speaker": ["ryan", "vivian", "serena", "aiden"][i % 4]}) + "\n")
 PY
 for mb in 64 8; do
     /usr/bin/time -f "max-batch $mb: %e s wall" timeout 180 python3 -m omnitts synth "$OUT/m64.jsonl" -m "$OUT/ck06" \
-        -o "$OUT/o$mb" --device "$DEVICE" --max-batch $mb --max-frames 100 --greedy -q 2>&1 | grep -E "realtime|wall"
+        -o "$OUT/o$mb" --device "$DEVICE" --max-batch $mb --max-frames $ITEM_FRAMES --greedy -q 2>&1 | grep -E "realtime|wall"
 done
 timeout 180 python3 -m cProfile -o "$OUT/synth.prof" -m omnitts synth "$OUT/m64.jsonl" -m "$OUT/ck06" -o "$OUT/oprof" \
-    --device "$DEVICE" --max-batch 64 --max-frames 100 --greedy -q > /dev/null 2>&1
+    --device "$DEVICE" --max-batch 64 --max-frames $ITEM_FRAMES --greedy -q > /dev/null 2>&1
 python3 -c "import pstats; pstats.Stats('$OUT/synth.prof').sort_stats('tottime').print_stats(15)" | tail -22
 echo "=== 6. attention first calls"
-timeout 60 python3 scripts/sdpa_first_calls.py 2>&1 | grep -v Warn
+if [ "$DEVICE" = cuda ]; then timeout 60 python3 scripts/sdpa_first_calls.py 2>&1 | grep -v Warn; fi
