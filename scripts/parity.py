@@ -157,6 +157,13 @@ def _same(ref_codes: np.ndarray, codes: np.ndarray) -> bool:
     return ref_codes.shape == codes.shape and bool((ref_codes == codes).all())
 
 
+def _max_abs_diff(ref_wav: np.ndarray, wav: np.ndarray) -> float:
+    """Largest sample difference; inf when the lengths differ, 0 for two empty signals."""
+    if ref_wav.shape != wav.shape:
+        return float("inf")
+    return float(np.abs(ref_wav - wav).max()) if wav.size else 0.0
+
+
 def compare(reference: Path, frames: int, paths: dict, device: str = "cpu") -> tuple[list[dict], bool]:
     rows, ok = [], True
     for case in CASES:
@@ -165,10 +172,7 @@ def compare(reference: Path, frames: int, paths: dict, device: str = "cpu") -> t
         result = run_omnitts(case, frames, paths, device)
         ref_codes = ref["codes"]
         identical = _same(ref_codes, result.codes)
-        if ref["wav"].shape == result.audio.shape:
-            delta = float(np.abs(ref["wav"] - result.audio).max()) if result.audio.size else 0.0
-        else:
-            delta = float("inf")
+        delta = _max_abs_diff(ref["wav"], result.audio)
         good = identical and delta <= WAV_TOLERANCE and result.frames >= case.get("min_frames", 40)
         ok &= good
         rows.append(dict(case=case["name"], ckpt=case["ckpt"], frames=result.frames, ref_frames=int(ref_codes.shape[0]),
@@ -196,9 +200,7 @@ def compare_engine(reference: Path, frames: int, paths: dict, device: str) -> tu
             for name, ref in refs.items():
                 for mode, result in (("alone", alone[name]), ("batched", together[name])):
                     identical = _same(ref["codes"], result.codes)
-                    same_shape = ref["wav"].shape == result.audio.shape
-                    delta = float(np.abs(ref["wav"] - result.audio).max()) if same_shape and result.audio.size else (
-                        0.0 if same_shape else float("inf"))
+                    delta = _max_abs_diff(ref["wav"], result.audio)
                     good = identical and delta <= WAV_TOLERANCE
                     ok &= good
                     rows.append(dict(case=name, run=f"{'eager' if eager else 'graphs'} {mode}", identical=identical,

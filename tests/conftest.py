@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -62,3 +65,17 @@ def ref_wav(tmp_path_factory):
     right = 0.25 * np.sin(2 * np.pi * 330 * t)
     sf.write(path, np.stack([left, right], axis=1).astype(np.float32), 22050)
     return path
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script(name)`: scripts/<name>.py imported as a module (the scripts are not a package)."""
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

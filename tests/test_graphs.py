@@ -197,17 +197,12 @@ def test_a_burst_of_admissions_is_spread_over_steps_with_the_same_codes(cv):
         np.testing.assert_array_equal(spread[i], unlimited[i], err_msg=f"request {i}")
 
 
-def test_bench_device_runs_on_the_cpu_fake(tmp_path):
+def test_bench_device_runs_on_the_cpu_fake(tmp_path, load_script):
     """scripts/bench_device.py (what a GPU session runs first) works end to end on the CPU fake:
     graph and eager codes agree, no host sync in steady steps, a throughput row per concurrency."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_device.py"
-    spec = importlib.util.spec_from_file_location("bench_device", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_device")
     out = tmp_path / "report.json"
     code = module.main(["--device", "cpu", "--preset", "tiny-0.6b", "--concurrency", "1,2", "--frames", "3",
                         "--sync-steps", "2", "--json", str(out)])

@@ -7,7 +7,6 @@ skip locally (CI never sets it).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,16 +23,9 @@ pytestmark = [
 ]
 
 
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_greedy_parity_with_official_package(capsys):
+def test_greedy_parity_with_official_package(capsys, load_script):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "reference_env.py")], check=True)
-    parity = _load_script("parity")
+    parity = load_script("parity")
     report = ROOT / ".cache" / "parity" / "report.json"
     code = parity.main(["--json", str(report)])
     table = capsys.readouterr().out

@@ -40,6 +40,7 @@ def test_first_conversion_skips_the_generation_stack(folder, tmp_path):
     """A first load (empty cache) converts through Qwen2's own class: the same tokenizer.json as
     AutoTokenizer's, without importing transformers' generation stack or scikit-learn."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -49,7 +50,7 @@ def test_first_conversion_skips_the_generation_stack(folder, tmp_path):
         f"TextTokenizer({str(folder)!r})\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('sklearn', 'transformers.generation')))))\n"
     )
-    env = {**__import__("os").environ, "OMNITTS_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "OMNITTS_CACHE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
     converted = next(tmp_path.glob("tokenizers/*/tokenizer.json")).read_text(encoding="utf-8")
