@@ -17,6 +17,7 @@ import os
 import shutil
 from pathlib import Path
 
+from .cache import cache_root
 from .errors import CheckpointError
 
 _FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -68,10 +69,6 @@ class TextTokenizer:
         return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("OMNITTS_CACHE_DIR") or Path.home() / ".cache" / "omnitts")
-
-
 def _load_cached(ckpt: Path) -> str:
     """The checkpoint's fast tokenizer as `tokenizer.json` text, converted from vocab.json + merges.txt once.
 
@@ -88,7 +85,7 @@ def _load_cached(ckpt: Path) -> str:
     key = digest.hexdigest()[:24]
     if key in _LOADED:
         return _LOADED[key]
-    cached = _cache_root() / "tokenizers" / key
+    cached = cache_root() / "tokenizers" / key
     if (cached / "tokenizer.json").is_file():
         _LOADED[key] = (cached / "tokenizer.json").read_text(encoding="utf-8")
         return _LOADED[key]

@@ -35,7 +35,7 @@ def test_pack_linears_widens_one_at_a_time():
     model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
     assert pack_linears(model, torch.float32) == 2
     assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
-    assert model[0].weight.dtype == torch.float32 and tuple(model[0].weight.shape) == (8, 8)
+    assert model[0].weight.dtype == torch.float32 and (model[0].out_features, model[0].in_features) == (8, 8)
 
 
 @needs_pack

@@ -1,14 +1,16 @@
-"""CPU weight preparation: the LMs' linear layers pre-packed for oneDNN once, at load time.
+"""CPU weight preparation: the LMs' linear layers pre-packed once, at load time.
 
 At batch 1 every frame streams all talker weights once and all code-predictor weights 15 times,
 so a frame is bound by how fast a matrix-vector product reads its weights. torch's default CPU
 linear in float32 calls a GEMM that streams a plain row-major weight at roughly half this
-machine's read bandwidth; oneDNN's inner-product kernel over a weight reordered into its blocked
-layout reads it about 1.6x faster in float32 and 1.3x faster in bfloat16, and stays ahead up to
-batch 64 in float32 (measured on an AVX-512 EPYC, see README "Speed"). The layout depends on the
-batch it is tuned for (`layout_batch`): engines of more than one row get the batch-32 one. The
-reorder is a one-time copy, so `pack_linears` swaps each `nn.Linear` for a `PackedLinear` holding
-only the packed weight.
+machine's read bandwidth. `PackedLinear` lays the weight out once for a faster kernel: omnitts' own
+(`native.py`, 16-column panels, built on the machine on first use), which reads float32 weights
+about 1.4x faster than oneDNN's packed inner product at batch 1 and stays ahead up to batch 32, in
+float32 and bfloat16; or, where it cannot be built, oneDNN's inner product over a weight reordered
+into its blocked layout (1.6x torch's default in float32, 1.3x in bfloat16). oneDNN's layout depends
+on the batch it is tuned for (`layout_batch`): engines of more than one row get the batch-32 one.
+The reorder is a one-time copy, so `pack_linears` swaps each `nn.Linear` for a `PackedLinear`
+holding only the packed weight.
 
 The codec's transposed convolutions get the same treatment (`pack_transposed_convs`): torch's
 `conv_transpose1d` reorders its weight into oneDNN's layout on every call (75 MB for the 0.6B
@@ -19,9 +21,10 @@ float32 and, for a codec loaded in bfloat16, in bfloat16.
 bfloat16 models also get their attention computed in float32 (`use_float32_attention`): torch's
 bfloat16 CPU attention kernel is the slow one there (see models/layers.float32_attention).
 
-The packed linear kernel sums in another order than the default GEMM, so float32 results differ in the
+Both packed kernels sum in another order than the default GEMM, so float32 results differ in the
 last bits (about 1e-7 relative); greedy codes are unaffected on the parity checkpoints, which the
-parity test proves against the official package. `OMNITTS_PACK=0` turns packing off.
+parity test proves against the official package. `OMNITTS_NATIVE=0` keeps oneDNN; `OMNITTS_PACK=0`
+turns packing off altogether.
 """
 
 from __future__ import annotations
@@ -31,13 +34,21 @@ import os
 import torch
 from torch import nn
 
+from . import native
 from ..models.layers import DecoderStack, concat_biases, float32_attention
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
-    """Whether linear layers of `dtype` are packed on this CPU (oneDNN present, dtype supported)."""
+    """Whether linear layers of `dtype` are packed on this CPU (the native kernel or oneDNN runs it)."""
+    if os.environ.get("OMNITTS_PACK", "1") == "0" or dtype not in PACKED_DTYPES:
+        return False
+    return native.available(dtype) or onednn_packs(dtype)
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed kernels run `dtype` on this CPU (present in torch, dtype supported)."""
     if os.environ.get("OMNITTS_PACK", "1") == "0" or dtype not in PACKED_DTYPES:
         return False
     if not torch.backends.mkldnn.is_available():
@@ -58,16 +69,25 @@ class PackedLinear(nn.Module):
         parts = linear if isinstance(linear, list) else [linear]
         self.in_features = parts[0].in_features
         self.out_features = sum(m.out_features for m in parts)
-        weight = (widen or Widener())([m.weight.detach() for m in parts], dtype or parts[0].weight.dtype)
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
+        dtype = dtype or parts[0].weight.dtype
+        weight = (widen or Widener())([m.weight.detach() for m in parts], dtype)
+        # omnitts' own kernel where it builds on this machine (bfloat16 pairs need an even width).
+        self.native = native.available(dtype) and (dtype == torch.float32 or self.in_features % 2 == 0)
+        if self.native:
+            packed = torch.ops.omnitts.pack_linear(weight, dtype)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
         self.weight = nn.Parameter(packed, requires_grad=False)
         self.bias = concat_biases(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return torch.ops.omnitts.linear(x, self.weight, self.out_features, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed"
+        kernel = "native" if self.native else "oneDNN"
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed for {kernel}"
 
 
 def layout_batch(batch: int) -> int:
@@ -172,9 +192,9 @@ class PackedConvTranspose1d(nn.Module):
 
 
 def pack_transposed_convs(module: nn.Module) -> int:
-    """Replace every `nn.ConvTranspose1d` under `module` whose dtype packs (`can_pack`) by a
+    """Replace every `nn.ConvTranspose1d` under `module` whose dtype oneDNN packs (`onednn_packs`) by a
     `PackedConvTranspose1d`, in place; returns how many (0 where packing is off or unavailable)."""
     def wanted(m):
-        return type(m) is nn.ConvTranspose1d and can_pack(m.weight.dtype)
+        return type(m) is nn.ConvTranspose1d and onednn_packs(m.weight.dtype)
 
     return _swap(module, wanted, PackedConvTranspose1d)

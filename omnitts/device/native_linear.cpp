@@ -1,0 +1,267 @@
+// omnitts' CPU linear kernel: y = x W^T + b for weights packed once into column panels.
+//
+// Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
+// and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
+// where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
+// omnitts::pack_linear and omnitts::linear; threads are torch's own (at::parallel_for).
+//
+// Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
+// the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
+// batch-1 product reads the weight front to back at close to the memory's streaming rate, where a
+// row-major GEMV keeps one stream per row in flight.
+//
+// Every output is one accumulator summed over k in order (one fused multiply-add per k in float32,
+// one pair per step in bfloat16), whatever the number of rows and however the work is tiled or
+// threaded: a row's result does not depend on the batch it is computed in (bitwise).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int kPanel = 16;  // outputs per panel
+
+#if defined(__AVX512F__)
+// Sixteen float32 lanes in one register.
+struct Vec {
+  __m512 v;
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  void fma(const Vec& w, float x) { v = _mm512_fmadd_ps(w.v, _mm512_set1_ps(x), v); }
+  void store(float* out, const float* bias, int n) const {
+    __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
+    __m512 r = bias ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias)) : v;
+    _mm512_mask_storeu_ps(out, mask, r);
+  }
+};
+constexpr int kMaxRows = 6, kMaxPanels = 4;  // 24 accumulators of 32 registers
+#elif defined(__AVX2__) && defined(__FMA__)
+// Sixteen float32 lanes in two registers.
+struct Vec {
+  __m256 lo, hi;
+  static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  void fma(const Vec& w, float x) {
+    __m256 b = _mm256_set1_ps(x);
+    lo = _mm256_fmadd_ps(w.lo, b, lo);
+    hi = _mm256_fmadd_ps(w.hi, b, hi);
+  }
+  void store(float* out, const float* bias, int n) const {
+    alignas(32) float r[kPanel];
+    _mm256_store_ps(r, lo);
+    _mm256_store_ps(r + 8, hi);
+    for (int j = 0; j < std::min(n, kPanel); ++j) out[j] = bias ? r[j] + bias[j] : r[j];
+  }
+};
+constexpr int kMaxRows = 3, kMaxPanels = 2;  // 12 accumulators of 16 registers
+#endif
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define OMNITTS_HAVE_F32 1
+
+// rows x panels outputs of 16: acc[r][p] += W[p][k][:] * x[r][k], k = 0..K-1 in order.
+template <int R, int P>
+void tile_f32(const float* w, int64_t panel_stride, const float* x, int64_t ldx, int64_t K,
+              float* y, int64_t ldy, const float* bias, int64_t n_left) {
+  Vec acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = Vec::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    Vec wv[P];
+    for (int p = 0; p < P; ++p) wv[p] = Vec::load(w + p * panel_stride + k * kPanel);
+    for (int r = 0; r < R; ++r) {
+      float xv = x[r * ldx + k];
+      for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      int64_t n = n_left - (int64_t)p * kPanel;
+      if (n > 0) acc[r][p].store(y + r * ldy + p * kPanel, bias ? bias + p * kPanel : nullptr, (int)std::min<int64_t>(n, kPanel));
+    }
+}
+
+using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, const float*, int64_t);
+
+template <int R, int... P>
+constexpr auto row_of_tiles(std::integer_sequence<int, P...>) {
+  return std::array<TileF32, sizeof...(P)>{&tile_f32<R, P + 1>...};
+}
+template <int... R>
+constexpr auto table_of_tiles(std::integer_sequence<int, R...>) {
+  return std::array<std::array<TileF32, kMaxPanels>, sizeof...(R)>{
+      row_of_tiles<R + 1>(std::make_integer_sequence<int, kMaxPanels>{})...};
+}
+const auto kTilesF32 = table_of_tiles(std::make_integer_sequence<int, kMaxRows>{});
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define OMNITTS_HAVE_BF16 1
+
+// As tile_f32 for bfloat16: each step multiplies a pair of k (VDPBF16PS) into float32 sums; the
+// result is rounded to bfloat16 (nearest even) after the bias is added in float32.
+template <int R, int P>
+void tile_bf16(const uint16_t* w, int64_t panel_stride, const uint16_t* x, int64_t ldx, int64_t K,
+               uint16_t* y, int64_t ldy, const uint16_t* bias, int64_t n_left) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 2) {
+    __m512bh wv[P];
+    for (int p = 0; p < P; ++p) wv[p] = (__m512bh)_mm512_loadu_si512(w + p * panel_stride + k * kPanel);
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * ldx + k, sizeof(pair));
+      __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], wv[p], xv);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      int64_t n = n_left - (int64_t)p * kPanel;
+      if (n <= 0) continue;
+      __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
+      __m512 v = acc[r][p];
+      if (bias) {
+        __m256i b = _mm256_maskz_loadu_epi16(mask, bias + p * kPanel);
+        v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+      }
+      __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
+      _mm256_mask_storeu_epi16(y + r * ldy + p * kPanel, mask, out);
+    }
+}
+
+using TileBF16 = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, uint16_t*, int64_t, const uint16_t*, int64_t);
+
+template <int R, int... P>
+constexpr auto row_of_tiles_bf16(std::integer_sequence<int, P...>) {
+  return std::array<TileBF16, sizeof...(P)>{&tile_bf16<R, P + 1>...};
+}
+template <int... R>
+constexpr auto table_of_tiles_bf16(std::integer_sequence<int, R...>) {
+  return std::array<std::array<TileBF16, kMaxPanels>, sizeof...(R)>{
+      row_of_tiles_bf16<R + 1>(std::make_integer_sequence<int, kMaxPanels>{})...};
+}
+const auto kTilesBF16 = table_of_tiles_bf16(std::make_integer_sequence<int, kMaxRows>{});
+#endif
+
+// Runs `tile(rows, panels, row0, panel0)` over the whole output: groups of up to kMaxPanels panels
+// are shared out between threads; each group walks all rows (its panels stay in cache meanwhile).
+template <typename F>
+void for_each_tile(int64_t M, int64_t panels, F tile) {
+#if defined(OMNITTS_HAVE_F32)
+  int64_t groups = (panels + kMaxPanels - 1) / kMaxPanels;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      int64_t p0 = g * kMaxPanels;
+      int p = (int)std::min<int64_t>(kMaxPanels, panels - p0);
+      for (int64_t m0 = 0; m0 < M; m0 += kMaxRows) tile((int)std::min<int64_t>(kMaxRows, M - m0), p, m0, p0);
+    }
+  });
+#endif
+}
+
+// The packed weight: [panels, K, 16] (float32) or [panels, K/2, 16, 2] (bfloat16), zero-padded to
+// whole panels.
+at::Tensor pack_linear(const at::Tensor& weight, c10::ScalarType dtype) {
+  TORCH_CHECK(weight.dim() == 2, "pack_linear: weight must be 2-D, got ", weight.sizes());
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "pack_linear: float32 or bfloat16 only");
+  int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(dtype == at::kFloat || K % 2 == 0, "pack_linear: bfloat16 needs an even input size, got ", K);
+  int64_t panels = (N + kPanel - 1) / kPanel;
+  at::Tensor w = weight.to(dtype).contiguous();
+  at::Tensor out = at::empty({panels, K * kPanel}, weight.options().dtype(dtype));
+  int64_t elem = w.element_size();
+  const char* src = (const char*)w.data_ptr();
+  char* dst = (char*)out.data_ptr();
+  int64_t group = dtype == at::kFloat ? 1 : 2;  // consecutive k kept together per output
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      char* panel = dst + p * K * kPanel * elem;
+      int64_t rows = std::min<int64_t>(kPanel, N - p * kPanel);
+      if (rows < kPanel) std::memset(panel, 0, K * kPanel * elem);
+      const char* first = src + p * kPanel * K * elem;
+      // Written in order (reading 16 rows side by side): the panel is one sequential stream.
+      for (int64_t k = 0; k < K; k += group)
+        for (int64_t j = 0; j < rows; ++j)
+          std::memcpy(panel + (k * kPanel + j * group) * elem, first + (j * K + k) * elem, group * elem);
+    }
+  });
+  return out;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias) {
+  int64_t K = x.size(-1);
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == K * kPanel, "linear: packed weight does not match input size ", K);
+  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "linear: input is ", x.scalar_type(), ", weight ", packed.scalar_type());
+  int64_t panels = packed.size(0);
+  TORCH_CHECK(out_features <= panels * kPanel && out_features > (panels - 1) * kPanel, "linear: bad out_features");
+  at::Tensor x2 = x.reshape({-1, K}).contiguous();
+  int64_t M = x2.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = out_features;
+  at::Tensor y = at::empty(shape, x.options());
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(x.scalar_type()).contiguous();
+    TORCH_CHECK(b.numel() == out_features, "linear: bias has ", b.numel(), " values for ", out_features, " outputs");
+  }
+  if (M == 0) return y;
+  int64_t stride = K * kPanel;
+  if (x.scalar_type() == at::kFloat) {
+#if defined(OMNITTS_HAVE_F32)
+    const float* w = packed.data_ptr<float>();
+    const float* xp = x2.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
+      kTilesF32[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
+                                 out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
+    });
+    return y;
+#endif
+  } else if (x.scalar_type() == at::kBFloat16) {
+#if defined(OMNITTS_HAVE_BF16)
+    const uint16_t* w = (const uint16_t*)packed.data_ptr();
+    const uint16_t* xp = (const uint16_t*)x2.data_ptr();
+    uint16_t* yp = (uint16_t*)y.data_ptr();
+    const uint16_t* bp = b.defined() ? (const uint16_t*)b.data_ptr() : nullptr;
+    for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
+      kTilesBF16[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
+                                  out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
+    });
+    return y;
+#endif
+  }
+  TORCH_CHECK(false, "linear: no kernel for ", x.scalar_type(), " on this CPU");
+}
+
+// Which dtypes this build has kernels for: bit 0 float32, bit 1 bfloat16.
+int64_t dtypes() {
+  int64_t bits = 0;
+#if defined(OMNITTS_HAVE_F32)
+  bits |= 1;
+#endif
+#if defined(OMNITTS_HAVE_BF16)
+  bits |= 2;
+#endif
+  return bits;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(omnitts, m) {
+  m.def("pack_linear(Tensor weight, ScalarType dtype) -> Tensor", &pack_linear);
+  m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
+  m.def("dtypes() -> int", &dtypes);
+}

@@ -1,0 +1,142 @@
+"""omnitts' native CPU linear kernel: what nn.Linear computes, bitwise independent of the batch,
+built once per source/torch/CPU, and optional (oneDNN takes over where it cannot be built)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from omnitts.device import native
+from omnitts.device.cpu_weights import PackedLinear
+
+needs_f32 = pytest.mark.skipif(not native.available(torch.float32), reason="native kernel not built here")
+
+
+def _kernel(x, linear, dtype):
+    packed = torch.ops.omnitts.pack_linear(linear.weight.detach(), dtype)
+    bias = None if linear.bias is None else linear.bias.detach()
+    return torch.ops.omnitts.linear(x, packed, linear.out_features, bias)
+
+
+@needs_f32
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 40])
+@pytest.mark.parametrize("out_features", [16, 40, 64, 100, 257])  # whole panels, tails, whole and partial groups
+@pytest.mark.parametrize("bias", [True, False])
+def test_float32_matches_a_float64_product(rows, out_features, bias):
+    torch.manual_seed(rows * 1000 + out_features)
+    linear = nn.Linear(67, out_features, bias=bias)  # odd input width: no k tail assumptions
+    x = torch.randn(rows, 67)
+    expected = x.double() @ linear.weight.detach().double().T
+    if bias:
+        expected += linear.bias.detach().double()
+    got = _kernel(x, linear, torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_f32
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
+    """Each output is one sum over k in order, however rows and panels are tiled or threaded."""
+    if not native.available(dtype):
+        pytest.skip(f"no native {dtype} kernel on this CPU")
+    torch.manual_seed(1)
+    linear = nn.Linear(128, 200).to(dtype)
+    packed = torch.ops.omnitts.pack_linear(linear.weight.detach(), dtype)
+    x = torch.randn(23, 128).to(dtype)
+    batched = torch.ops.omnitts.linear(x, packed, 200, linear.bias.detach())
+    for rows in (1, 2, 3, 7, 11):
+        for start in range(0, 23 - rows + 1, 5):
+            part = torch.ops.omnitts.linear(x[start:start + rows], packed, 200, linear.bias.detach())
+            assert torch.equal(part, batched[start:start + rows]), (rows, start)
+
+
+@pytest.mark.skipif(not native.available(torch.bfloat16), reason="no native bfloat16 kernel on this CPU")
+@pytest.mark.parametrize("rows", [1, 4, 9])
+def test_bfloat16_matches_float_arithmetic_rounded_once(rows):
+    """bfloat16 in, float32 sums, bias added in float32, one rounding to bfloat16 at the end."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 72).to(torch.bfloat16)
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    expected = (x.double() @ linear.weight.detach().double().T + linear.bias.detach().double()).float()
+    got = _kernel(x, linear, torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    # exact sums rounded once: within half a bfloat16 step of the float32 value, plus float32 sum noise
+    torch.testing.assert_close(got.float(), expected.bfloat16().float(), rtol=8e-3, atol=1e-4)
+    assert (got.float() - expected).abs().max() <= (expected.abs().max() * 2 ** -8 + 1e-4)
+
+
+@needs_f32
+def test_packed_linear_uses_the_native_kernel_and_falls_back_to_onednn(monkeypatch):
+    torch.manual_seed(2)
+    linear = nn.Linear(48, 80)
+    x = torch.randn(3, 5, 48)
+    fast = PackedLinear(linear)
+    monkeypatch.setattr(native, "available", lambda dtype: False)
+    fallback = PackedLinear(linear)
+    assert fast.native and not fallback.native
+    assert "native" in repr(fast) and "oneDNN" in repr(fallback)
+    torch.testing.assert_close(fast(x), linear(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fallback(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_f32
+def test_the_kernel_refuses_mismatched_inputs():
+    linear = nn.Linear(32, 20)
+    packed = torch.ops.omnitts.pack_linear(linear.weight.detach(), torch.float32)
+    with pytest.raises(RuntimeError, match="does not match input size"):
+        torch.ops.omnitts.linear(torch.randn(2, 31), packed, 20, None)
+    with pytest.raises(RuntimeError, match="input is"):
+        torch.ops.omnitts.linear(torch.randn(2, 32, dtype=torch.float64), packed, 20, None)
+    with pytest.raises(RuntimeError, match="bias has"):
+        torch.ops.omnitts.linear(torch.randn(2, 32), packed, 20, torch.zeros(19))
+    with pytest.raises(RuntimeError, match="even input size"):
+        torch.ops.omnitts.pack_linear(torch.randn(4, 31), torch.bfloat16)
+
+
+def test_the_build_is_keyed_by_source_torch_and_cpu(monkeypatch):
+    key = native._digest()
+    assert key == native._digest()
+    monkeypatch.setattr(native, "_cpu_identity", lambda: "model name: some other CPU\nflags: fpu sse2")
+    assert native._digest() != key
+
+
+def test_a_failed_build_says_why_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    target = tmp_path / "x" / "omnitts_native.so"
+    with pytest.raises(native.BuildError, match="exited 1"):
+        native.build(target)
+    assert list(target.parent.iterdir()) == []  # no half-written library
+
+
+def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tmp_path):
+    """In a fresh process (a process keeps the library it loaded): no kernel, one warning saying why,
+    nothing cached, and packed linears still compute nn.Linear's result through oneDNN."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, warnings, torch\n"
+        "from torch import nn\n"
+        "from omnitts.device import native\n"
+        "from omnitts.device.cpu_weights import PackedLinear\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    have = [native.available(torch.float32), native.available(torch.bfloat16)]\n"
+        "linear = nn.Linear(24, 40)\n"
+        "packed = PackedLinear(linear)\n"
+        "x = torch.randn(3, 24)\n"
+        "print(json.dumps({'have': have, 'warnings': [str(w.message) for w in caught],\n"
+        "                  'native': packed.native, 'close': torch.allclose(packed(x), linear(x), atol=1e-5)}))\n"
+    )
+    for env, warned in (({"CXX": "/nonexistent/g++"}, ["compiler '/nonexistent/g++' not found"]),
+                        ({"OMNITTS_NATIVE": "0"}, [])):
+        run_env = {**os.environ, "OMNITTS_CACHE_DIR": str(tmp_path), **env}
+        done = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True, check=True)
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert got["have"] == [False, False] and not got["native"] and got["close"], got
+        assert len(got["warnings"]) == len(warned) and all(w in m for w, m in zip(warned, got["warnings"])), got
+        assert not list(tmp_path.glob("native/*/*.so"))
