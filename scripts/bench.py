@@ -285,6 +285,7 @@ def report(results: dict, args) -> str:
         ["CPU", m["model"]], ["flags", " ".join(m["flags"]) or "none of interest"],
         ["torch CPU capability", f"{m['torch_capability']} (torch {m['torch']})"],
         ["threads", f"{m['torch_threads']} torch of {m['logical_cpus']} logical CPUs"],
+        ["omnitts linear kernel", ", ".join(f"{k} {v}" for k, v in m.get("linear_kernels", {}).items())],
         ["bandwidth", f"copy {bw['copy_gbs']:.1f} GB/s (read+write), sum {bw['read_gbs']:.1f} GB/s (read), "
                       f"{bw['bytes'] >> 20} MiB"],
         ["matmul peak", ", ".join(f"{k.replace('_', ' ')}^3: {v:.0f}" for k, v in m["matmul_gflops"].items())

@@ -88,7 +88,16 @@ def cpu_info() -> dict:
     have = set(flags.group(1).split()) if flags else set()
     return {"model": model.group(1).strip() if model else "?", "flags": [f for f in CPU_FLAGS if f in have],
             "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__}
+            "torch_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "linear_kernels": linear_kernels()}
+
+
+def linear_kernels() -> dict:
+    """Which kernel omnitts' packed CPU linears use per dtype: its own (native) or oneDNN's."""
+    from omnitts.device import native
+
+    return {name: "native" if native.available(dtype) else "oneDNN"
+            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
 
 
 def resolve_dtype(name: str, flags: list[str]) -> str:

@@ -140,3 +140,48 @@ def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tm
         assert got["have"] == [False, False] and not got["native"] and got["close"], got
         assert len(got["warnings"]) == len(warned) and all(w in m for w, m in zip(warned, got["warnings"])), got
         assert not list(tmp_path.glob("native/*/*.so"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_kernel_matches_the_module(dtype):
+    """One row per call or many, one weight or one per head (the fused q/k norm), strided input."""
+    if not native.available(dtype):
+        pytest.skip(f"no native {dtype} kernel here")
+    from omnitts.models.layers import RMSNorm
+
+    torch.manual_seed(4)
+    norm = RMSNorm(64, 1e-6).to(dtype)
+    for weight, x in ((torch.randn(64), torch.randn(3, 5, 64)),
+                      (torch.randn(64), torch.full((1, 1, 64), 3.0)),  # a single, constant row
+                      (torch.randn(6, 64), torch.randn(2, 3, 10, 64)[:, :, :6])):  # a split view, as q/k
+        norm.weight.data = weight.to(dtype)
+        x = x.to(dtype)
+        norm.kernel = None
+        expected = norm(x)
+        norm.kernel = torch.ops.omnitts.rms_norm
+        got = norm(x)
+        assert got.dtype == dtype and got.shape == x.shape
+        # the sum of squares in another order: the scale may differ in its last bit
+        tol = 1e-6 if dtype == torch.float32 else 8e-3
+        torch.testing.assert_close(got.float(), expected.float(), rtol=tol, atol=tol)
+
+
+def test_native_norms_reach_every_norm_of_a_loaded_model(ckpt_dir):
+    """The loader gives the talker's norms (the fused q/k norms included) the kernel, and the
+    model's output stays what the torch norms give."""
+    if not native.available(torch.float32):
+        pytest.skip("native kernel not built here")
+    import omnitts
+    from omnitts.models.layers import RMSNorm
+
+    tts = omnitts.load(ckpt_dir("custom_voice"), dtype="float32")
+    talker = tts.ckpt.model.talker
+    norms = [m for m in talker.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(m.kernel is not None for m in norms)
+    assert any(m.weight.dim() == 2 for m in norms)  # a fused q/k norm
+    x = torch.randn(2, 7, talker.cfg.hidden_size)
+    positions = torch.arange(7).expand(2, 7)
+    fused = talker.model(x, positions)
+    for m in norms:
+        m.kernel = None
+    torch.testing.assert_close(fused, talker.model(x, positions), rtol=1e-5, atol=1e-5)

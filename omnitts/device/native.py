@@ -1,4 +1,4 @@
-"""omnitts' own CPU linear kernel (`native_linear.cpp`), compiled on first use and cached.
+"""omnitts' own CPU linear kernel (`native_kernels.cpp`), compiled on first use and cached.
 
 Why: at batch 1 a frame is bound by how fast its matrix-vector products read the weights, and at
 small batches by how many multiply-adds each weight byte feeds. oneDNN's packed inner product reads
@@ -36,7 +36,7 @@ import torch
 
 from ..cache import cache_root
 
-SOURCE = Path(__file__).with_name("native_linear.cpp")
+SOURCE = Path(__file__).with_name("native_kernels.cpp")
 _DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
 
 
@@ -76,7 +76,7 @@ def library() -> Path:
 
 
 def build(target: Path) -> None:
-    """Compile `native_linear.cpp` into `target` (atomically: a temporary file renamed into place)."""
+    """Compile `native_kernels.cpp` into `target` (atomically: a temporary file renamed into place)."""
     wanted = os.environ.get("CXX")
     compiler = shutil.which(wanted) if wanted else shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:

@@ -22,8 +22,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        # `kernel(x, weight, eps)`: the same computation fused, where a device layer provides one
+        # (device/cpu_weights.use_native_norms); used for inputs of the weight's dtype.
+        self.kernel = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and x.dtype == self.weight.dtype:
+            return self.kernel(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         scale = x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
@@ -267,6 +272,7 @@ class Attention(nn.Module):
                                 self.k_norm.weight.detach().expand(self.kv_heads, d)))
             self.qk_norm = RMSNorm(d, self.q_norm.eps)
             self.qk_norm.weight = nn.Parameter(weight, requires_grad=False)
+            self.qk_norm.kernel = self.q_norm.kernel
             self.q_norm = self.k_norm = None
 
     def project(self, x: torch.Tensor, cos, sin):

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_linears, pack_transposed_convs,
-                                  use_float32_attention)
+                                  use_float32_attention, use_native_norms)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
@@ -173,6 +173,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         widen = Widener()
         fuse_projections(model.talker, lambda parts: PackedLinear(parts, lm_dtype, max_batch, widen))
         pack_linears(model.talker, lm_dtype, max_batch, widen)
+        use_native_norms(model.talker, lm_dtype)
     else:
         fuse_projections(model.talker)
     # bfloat16 on the CPU attends in float32 (torch's bfloat16 CPU kernel is the slow one), so the

@@ -1,4 +1,4 @@
-// omnitts' CPU linear kernel: y = x W^T + b for weights packed once into column panels.
+// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, and RMSNorm.
 //
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
@@ -13,10 +13,15 @@
 // Every output is one accumulator summed over k in order (one fused multiply-add per k in float32,
 // one pair per step in bfloat16), whatever the number of rows and however the work is tiled or
 // threaded: a row's result does not depend on the batch it is computed in (bitwise).
+//
+// omnitts::rms_norm is models/layers.RMSNorm in one pass instead of six kernels (square, mean, add,
+// rsqrt, scale, weight): the same roundings (x * rsqrt(mean + eps) rounded to x's dtype, then times
+// the weight), the sum of squares in another order.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
 #include <torch/library.h>
 #include <immintrin.h>
 
@@ -24,6 +29,7 @@
 #include <array>
 #include <utility>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 namespace {
@@ -246,6 +252,52 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   TORCH_CHECK(false, "linear: no kernel for ", x.scalar_type(), " on this CPU");
 }
 
+// y = (x * rsqrt(mean(x^2) + eps)) rounded to x's dtype, times weight (rounded again), per row of D.
+// weight is [D] or [G, D]: row r uses weight row r % G (q and k heads normed together, each with
+// its own weight).
+template <typename T>
+void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t D, int64_t G, float eps) {
+  auto to_float = [](T v) { return static_cast<float>(v); };
+  at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * D;
+      const T* wr = w + (r % G) * D;
+      T* yr = y + r * D;
+      float lanes[16] = {0};
+      int64_t d = 0;
+      for (; d + 16 <= D; d += 16)
+        for (int j = 0; j < 16; ++j) { float v = to_float(xr[d + j]); lanes[j] += v * v; }
+      float sum = 0.f;
+      for (int j = 0; j < 16; ++j) sum += lanes[j];
+      for (; d < D; ++d) { float v = to_float(xr[d]); sum += v * v; }
+      float scale = 1.f / std::sqrt(sum / (float)D + eps);
+      for (d = 0; d < D; ++d) {
+        T normed = static_cast<T>(to_float(xr[d]) * scale);
+        yr[d] = static_cast<T>(to_float(normed) * to_float(wr[d]));
+      }
+    }
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "rms_norm: input is ", x.scalar_type(), ", weight ", weight.scalar_type());
+  int64_t D = x.size(-1);
+  TORCH_CHECK(weight.size(-1) == D && weight.numel() % D == 0, "rms_norm: weight ", weight.sizes(), " for rows of ", D);
+  int64_t G = weight.numel() / D;
+  at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  int64_t rows = xc.numel() / D;
+  TORCH_CHECK(rows % G == 0, "rms_norm: ", rows, " rows are not whole groups of ", G);
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (x.scalar_type() == at::kFloat) {
+    rms_norm_rows(xc.data_ptr<float>(), wc.data_ptr<float>(), y.data_ptr<float>(), rows, D, G, (float)eps);
+  } else if (x.scalar_type() == at::kBFloat16) {
+    rms_norm_rows(xc.data_ptr<at::BFloat16>(), wc.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), rows, D, G, (float)eps);
+  } else {
+    TORCH_CHECK(false, "rms_norm: float32 or bfloat16 only, got ", x.scalar_type());
+  }
+  return y;
+}
+
 // Which dtypes this build has kernels for: bit 0 float32, bit 1 bfloat16.
 int64_t dtypes() {
   int64_t bits = 0;
@@ -263,5 +315,6 @@ int64_t dtypes() {
 TORCH_LIBRARY(omnitts, m) {
   m.def("pack_linear(Tensor weight, ScalarType dtype) -> Tensor", &pack_linear);
   m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("dtypes() -> int", &dtypes);
 }
