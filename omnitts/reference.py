@@ -46,7 +46,7 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     eos = tcfg.codec_eos_token_id
 
     cache = KVCache(tcfg.num_hidden_layers)
-    x = prompt.embeds.unsqueeze(0).to(talker.codec_head.weight.dtype)
+    x = prompt.embeds.unsqueeze(0).to(talker.dtype)
     length = x.shape[1]
     hidden = talker(x, torch.arange(length, device=dev)[None], cache)
     logits = talker.logits(hidden)[:, -1].float()  # (1, V)
@@ -124,7 +124,7 @@ def predictor_frame_cache(talker, rows: int) -> FrameKVCache:
     the predictor's K/V dtype (`DecoderStack.kv_dtype`: float32 where its attention widens)."""
     cfg = talker.code_predictor.cfg
     weight = talker.code_predictor.lm_head[0].weight
-    dtype = talker.code_predictor.model.kv_dtype or weight.dtype
+    dtype = talker.code_predictor.model.kv_dtype or talker.dtype
     return FrameKVCache(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.num_code_groups, cfg.head_dim,
                         dtype, weight.device)
 
@@ -139,7 +139,7 @@ def predictor_cache(talker, rows: int, attend=None) -> StaticKVCache:
     weight = talker.code_predictor.lm_head[0].weight
     kwargs = {} if attend is None else {"attend": attend}
     return StaticKVCache(cfg.num_hidden_layers, rows, cfg.num_key_value_heads, cfg.num_code_groups, cfg.head_dim,
-                         weight.dtype, weight.device, **kwargs)
+                         talker.dtype, weight.device, **kwargs)
 
 
 @torch.inference_mode()

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import omnitts
+from omnitts.device import native
 from omnitts.device.cpu_weights import PackedLinear, can_pack, pack_linears
 
 needs_pack = pytest.mark.skipif(not can_pack(torch.float32), reason="oneDNN not available in this torch build")
@@ -31,18 +32,30 @@ def test_packed_linear_matches_linear(dtype, batch):
 
 
 @needs_pack
-def test_pack_linears_widens_one_at_a_time():
+@pytest.mark.parametrize("use_native", [True, False])
+def test_pack_linears_widens_one_at_a_time(use_native, monkeypatch):
+    """oneDNN gets float32 weights; the native kernel keeps bfloat16-stored ones and widens as it reads."""
+    if use_native and not native.available(torch.float32):
+        pytest.skip("native kernel not built here")
+    monkeypatch.setattr(native, "available", native.available if use_native else (lambda dtype: False))
     model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.ReLU(), nn.Sequential(nn.Linear(8, 4)))
+    x = torch.randn(3, 8)
+    wide = nn.Linear(8, 8)
+    wide.load_state_dict({k: v.float() for k, v in model[0].state_dict().items()})
     assert pack_linears(model, torch.float32) == 2
     assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
-    assert model[0].weight.dtype == torch.float32 and (model[0].out_features, model[0].in_features) == (8, 8)
+    assert model[0].native == use_native and (model[0].out_features, model[0].in_features) == (8, 8)
+    assert model[0].weight.dtype == (torch.bfloat16 if use_native else torch.float32)
+    assert model[2][0].weight.dtype == torch.float32  # stored float32: packed as is
+    torch.testing.assert_close(model[0](x), wide(x), rtol=1e-5, atol=1e-5)
 
 
 @needs_pack
-def test_widening_reuses_one_buffer_and_packs_stay_independent():
-    """Weights widened in one shared buffer: each packed linear keeps its own weight."""
+def test_widening_reuses_one_buffer_and_packs_stay_independent(monkeypatch):
+    """Weights widened in one shared buffer (for oneDNN): each packed linear keeps its own weight."""
     from omnitts.device.cpu_weights import Widener
 
+    monkeypatch.setattr(native, "available", lambda dtype: False)
     torch.manual_seed(0)
     widen = Widener()
     linears = [nn.Linear(32, 48), nn.Linear(64, 16)]

@@ -185,3 +185,20 @@ def test_native_norms_reach_every_norm_of_a_loaded_model(ckpt_dir):
     for m in norms:
         m.kernel = None
     torch.testing.assert_close(fused, talker.model(x, positions), rtol=1e-5, atol=1e-5)
+
+
+@needs_f32
+@pytest.mark.parametrize("rows", [1, 3, 8, 33])
+def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows):
+    """float32 compute over bfloat16-stored weights (kept narrow, widened as read) gives exactly what
+    the same kernel gives over the widened float32 weights: widening is exact, the sums the same."""
+    torch.manual_seed(rows)
+    weight = torch.randn(72, 80).bfloat16()
+    bias = torch.randn(72)
+    x = torch.randn(rows, 80)
+    narrow = torch.ops.omnitts.pack_linear(weight, torch.float32)
+    wide = torch.ops.omnitts.pack_linear(weight.float(), torch.float32)
+    assert narrow.dtype == torch.bfloat16 and wide.dtype == torch.float32
+    got = torch.ops.omnitts.linear(x, narrow, 72, bias)
+    assert torch.equal(got, torch.ops.omnitts.linear(x, wide, 72, bias))
+    torch.testing.assert_close(got, x @ weight.float().T + bias, rtol=1e-5, atol=1e-5)

@@ -70,15 +70,21 @@ class PackedLinear(nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(m.out_features for m in parts)
         dtype = dtype or parts[0].weight.dtype
-        weight = (widen or Widener())([m.weight.detach() for m in parts], dtype)
+        weights = [m.weight.detach() for m in parts]
         # omnitts' own kernel where it builds on this machine (bfloat16 pairs need an even width).
         self.native = native.available(dtype) and (dtype == torch.float32 or self.in_features % 2 == 0)
         if self.native:
+            # float32 from bfloat16-stored weights (as published): the kernel widens them as it reads
+            # (exact), so they are kept in bfloat16, half the bytes to read per frame and to pack.
+            narrow = dtype == torch.float32 and all(w.dtype == torch.bfloat16 for w in weights)
+            weight = (widen or Widener())(weights, torch.bfloat16 if narrow else dtype)
             packed = torch.ops.omnitts.pack_linear(weight, dtype)
         else:
+            weight = (widen or Widener())(weights, dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
         self.weight = nn.Parameter(packed, requires_grad=False)
-        self.bias = concat_biases(parts)
+        bias = concat_biases(parts)
+        self.bias = bias if bias is None or bias.dtype == dtype else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:

@@ -42,6 +42,9 @@ struct Vec {
   __m512 v;
   static Vec zero() { return {_mm512_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec load(const uint16_t* p) {  // bfloat16 widened exactly: its bits are a float's top half
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16))};
+  }
   void fma(const Vec& w, float x) { v = _mm512_fmadd_ps(w.v, _mm512_set1_ps(x), v); }
   void store(float* out, const float* bias, int n) const {
     __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
@@ -56,6 +59,12 @@ struct Vec {
   __m256 lo, hi;
   static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Vec load(const uint16_t* p) {  // bfloat16 widened exactly: its bits are a float's top half
+    auto widen = [](const uint16_t* q) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q)), 16));
+    };
+    return {widen(p), widen(p + 8)};
+  }
   void fma(const Vec& w, float x) {
     __m256 b = _mm256_set1_ps(x);
     lo = _mm256_fmadd_ps(w.lo, b, lo);
@@ -75,8 +84,8 @@ constexpr int kMaxRows = 3, kMaxPanels = 2;  // 12 accumulators of 16 registers
 #define OMNITTS_HAVE_F32 1
 
 // rows x panels outputs of 16: acc[r][p] += W[p][k][:] * x[r][k], k = 0..K-1 in order.
-template <int R, int P>
-void tile_f32(const float* w, int64_t panel_stride, const float* x, int64_t ldx, int64_t K,
+template <typename W, int R, int P>
+void tile_f32(const W* w, int64_t panel_stride, const float* x, int64_t ldx, int64_t K,
               float* y, int64_t ldy, const float* bias, int64_t n_left) {
   Vec acc[R][P];
   for (int r = 0; r < R; ++r)
@@ -96,18 +105,21 @@ void tile_f32(const float* w, int64_t panel_stride, const float* x, int64_t ldx,
     }
 }
 
-using TileF32 = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, const float*, int64_t);
+template <typename W>
+using TileF32 = void (*)(const W*, int64_t, const float*, int64_t, int64_t, float*, int64_t, const float*, int64_t);
 
-template <int R, int... P>
+template <typename W, int R, int... P>
 constexpr auto row_of_tiles(std::integer_sequence<int, P...>) {
-  return std::array<TileF32, sizeof...(P)>{&tile_f32<R, P + 1>...};
+  return std::array<TileF32<W>, sizeof...(P)>{&tile_f32<W, R, P + 1>...};
 }
-template <int... R>
+template <typename W, int... R>
 constexpr auto table_of_tiles(std::integer_sequence<int, R...>) {
-  return std::array<std::array<TileF32, kMaxPanels>, sizeof...(R)>{
-      row_of_tiles<R + 1>(std::make_integer_sequence<int, kMaxPanels>{})...};
+  return std::array<std::array<TileF32<W>, kMaxPanels>, sizeof...(R)>{
+      row_of_tiles<W, R + 1>(std::make_integer_sequence<int, kMaxPanels>{})...};
 }
-const auto kTilesF32 = table_of_tiles(std::make_integer_sequence<int, kMaxRows>{});
+// float32 weights, and bfloat16-stored weights computed in float32 (widened as they are read)
+const auto kTilesF32 = table_of_tiles<float>(std::make_integer_sequence<int, kMaxRows>{});
+const auto kTilesF32Narrow = table_of_tiles<uint16_t>(std::make_integer_sequence<int, kMaxRows>{});
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -176,20 +188,24 @@ void for_each_tile(int64_t M, int64_t panels, F tile) {
 #endif
 }
 
-// The packed weight: [panels, K, 16] (float32) or [panels, K/2, 16, 2] (bfloat16), zero-padded to
-// whole panels.
+// The packed weight for computing in `dtype`, zero-padded to whole panels:
+//   float32 from float32:   [panels, K, 16] float32
+//   float32 from bfloat16:  [panels, K, 16] bfloat16, widened to float32 as the kernel reads it (exact:
+//                           the same products as float32 weights, from half the bytes)
+//   bfloat16:               [panels, K/2, 16, 2] bfloat16 (the pairs VDPBF16PS multiplies)
 at::Tensor pack_linear(const at::Tensor& weight, c10::ScalarType dtype) {
   TORCH_CHECK(weight.dim() == 2, "pack_linear: weight must be 2-D, got ", weight.sizes());
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "pack_linear: float32 or bfloat16 only");
   int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(dtype == at::kFloat || K % 2 == 0, "pack_linear: bfloat16 needs an even input size, got ", K);
   int64_t panels = (N + kPanel - 1) / kPanel;
-  at::Tensor w = weight.to(dtype).contiguous();
-  at::Tensor out = at::empty({panels, K * kPanel}, weight.options().dtype(dtype));
+  auto stored = dtype == at::kFloat && weight.scalar_type() == at::kBFloat16 ? at::kBFloat16 : dtype;
+  at::Tensor w = weight.to(stored).contiguous();
+  at::Tensor out = at::empty({panels, K * kPanel}, weight.options().dtype(stored));
   int64_t elem = w.element_size();
   const char* src = (const char*)w.data_ptr();
   char* dst = (char*)out.data_ptr();
-  int64_t group = dtype == at::kFloat ? 1 : 2;  // consecutive k kept together per output
+  int64_t group = dtype == at::kBFloat16 ? 2 : 1;  // consecutive k kept together per output
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       char* panel = dst + p * K * kPanel * elem;
@@ -209,7 +225,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
                   const c10::optional<at::Tensor>& bias) {
   int64_t K = x.size(-1);
   TORCH_CHECK(packed.dim() == 2 && packed.size(1) == K * kPanel, "linear: packed weight does not match input size ", K);
-  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "linear: input is ", x.scalar_type(), ", weight ", packed.scalar_type());
+  bool narrow = x.scalar_type() == at::kFloat && packed.scalar_type() == at::kBFloat16;  // float32 from bfloat16
+  TORCH_CHECK(x.scalar_type() == packed.scalar_type() || narrow, "linear: input is ", x.scalar_type(), ", weight ",
+              packed.scalar_type());
   int64_t panels = packed.size(0);
   TORCH_CHECK(out_features <= panels * kPanel && out_features > (panels - 1) * kPanel, "linear: bad out_features");
   at::Tensor x2 = x.reshape({-1, K}).contiguous();
@@ -226,14 +244,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   int64_t stride = K * kPanel;
   if (x.scalar_type() == at::kFloat) {
 #if defined(OMNITTS_HAVE_F32)
-    const float* w = packed.data_ptr<float>();
     const float* xp = x2.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
-      kTilesF32[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
-                                 out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
-    });
+    auto run = [&](const auto* w, const auto& tiles) {
+      for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
+        tiles[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
+                               out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
+      });
+    };
+    if (narrow)
+      run((const uint16_t*)packed.data_ptr(), kTilesF32Narrow);
+    else
+      run(packed.data_ptr<float>(), kTilesF32);
     return y;
 #endif
   } else if (x.scalar_type() == at::kBFloat16) {

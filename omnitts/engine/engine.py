@@ -96,7 +96,7 @@ class Engine:
         self.config = config = config or EngineConfig()
         cfg = ckpt.config
         tcfg, pcfg = cfg.talker, cfg.predictor
-        dtype = ckpt.model.talker.codec_head.weight.dtype
+        dtype = ckpt.model.talker.dtype
         self.vocabs = (tcfg.vocab_size, pcfg.vocab_size)
         self.eos = tcfg.codec_eos_token_id
         self.state = SlotState(config.max_num_seqs, cfg, config.max_text_tokens, dtype, ckpt.device)

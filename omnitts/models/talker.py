@@ -87,6 +87,12 @@ class Talker(nn.Module):
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(predictor_cfg, cfg.hidden_size)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the talker computes in (its embeddings'; a packed CPU linear may store its weight
+        narrower, see device/cpu_weights.PackedLinear)."""
+        return self.model.codec_embedding.weight.dtype
+
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         """Text token ids (..., T) -> talker-space embeddings (..., T, hidden).
 
