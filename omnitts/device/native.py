@@ -1,11 +1,12 @@
-"""omnitts' own CPU linear kernel (`native_kernels.cpp`), compiled on first use and cached.
+"""omnitts' own CPU kernels (`native_kernels.cpp`: linear layers, RMSNorm), compiled on first use and cached.
 
 Why: at batch 1 a frame is bound by how fast its matrix-vector products read the weights, and at
 small batches by how many multiply-adds each weight byte feeds. oneDNN's packed inner product reads
-float32 weights at about half this kind of machine's streaming rate at batch 1; a kernel over
-16-column panels, one contiguous stream per panel, reads them 1.4x faster and stays ahead up to
-batch 32, in float32 and bfloat16 (measured: see README "Speed"). Every output sums over k in order,
-so a row's result does not depend on its batch.
+float32 weights at about two thirds of this kind of machine's streaming rate at batch 1; a kernel
+over 16-column panels, one contiguous stream per panel, reads them ~1.4x faster and stays ahead up to
+batch 32, in float32 and bfloat16, and computes float32 over bfloat16-stored weights (widened as read,
+exact) from half the bytes (measured: see README "Speed"). Every output sums over k in order, so a
+row's result does not depend on its batch.
 
 The library is built with the machine's own compiler for the machine's own CPU (`-march=native`):
 there is no prebuilt binary to ship for CPUs that differ in AVX-512 / AVX512-BF16. The build takes
@@ -41,7 +42,7 @@ _DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
 
 
 def available(dtype: torch.dtype) -> bool:
-    """Whether the native linear kernel runs `dtype` on this machine (building it on first use)."""
+    """Whether the native kernels run `dtype` on this machine (building them on first use)."""
     bits = _loaded_dtypes()
     return bool(bits & _DTYPE_BITS.get(dtype, 0))
 
@@ -58,13 +59,13 @@ def _loaded_dtypes() -> int:
             torch.ops.load_library(str(library()))
         return int(torch.ops.omnitts.dtypes())
     except (OSError, RuntimeError, subprocess.SubprocessError, BuildError) as error:
-        warnings.warn(f"omnitts: the native CPU kernel is unavailable ({error}); using oneDNN's linear instead",
+        warnings.warn(f"omnitts: the native CPU kernels are unavailable ({error}); using oneDNN and torch instead",
                       RuntimeWarning, stacklevel=3)
         return 0
 
 
 class BuildError(RuntimeError):
-    """The native kernel could not be compiled here."""
+    """The native kernels could not be compiled here."""
 
 
 def library() -> Path:
@@ -93,7 +94,8 @@ def build(target: Path) -> None:
                *(f"-I{p}" for p in include_paths()), str(SOURCE),
                *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu",
                *(f"-Wl,-rpath,{p}" for p in library_paths()), "-o", tmp]
-    print("omnitts: compiling the native CPU kernel for this machine (once, about 10 s)", file=sys.stderr, flush=True)
+    print(f"omnitts: compiling its CPU kernels for this machine (once, about 10 s; kept in {target.parent})",
+          file=sys.stderr, flush=True)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
