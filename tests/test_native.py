@@ -1,5 +1,6 @@
-"""omnitts' native CPU linear kernel: what nn.Linear computes, bitwise independent of the batch,
-built once per source/torch/CPU, and optional (oneDNN takes over where it cannot be built)."""
+"""omnitts' native CPU kernels: the linear computes what nn.Linear does, bitwise independent of the
+batch; RMSNorm what the module does; built once per source/torch/CPU, and optional (oneDNN and torch
+take over where they cannot be built)."""
 
 from __future__ import annotations
 

@@ -40,16 +40,19 @@ from ..models.layers import DecoderStack, RMSNorm, concat_biases, float32_attent
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def _packing_on(dtype: torch.dtype) -> bool:
+    """Packing is not turned off (`OMNITTS_PACK=0`) and `dtype` is one that packs."""
+    return os.environ.get("OMNITTS_PACK", "1") != "0" and dtype in PACKED_DTYPES
+
+
 def can_pack(dtype: torch.dtype) -> bool:
     """Whether linear layers of `dtype` are packed on this CPU (the native kernel or oneDNN runs it)."""
-    if os.environ.get("OMNITTS_PACK", "1") == "0" or dtype not in PACKED_DTYPES:
-        return False
-    return native.available(dtype) or onednn_packs(dtype)
+    return _packing_on(dtype) and (native.available(dtype) or onednn_packs(dtype))
 
 
 def onednn_packs(dtype: torch.dtype) -> bool:
     """Whether oneDNN's packed kernels run `dtype` on this CPU (present in torch, dtype supported)."""
-    if os.environ.get("OMNITTS_PACK", "1") == "0" or dtype not in PACKED_DTYPES:
+    if not _packing_on(dtype):
         return False
     if not torch.backends.mkldnn.is_available():
         return False

@@ -3,7 +3,8 @@
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
 // where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
-// omnitts::pack_linear and omnitts::linear; threads are torch's own (at::parallel_for).
+// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm and omnitts::dtypes (which dtypes this
+// build runs); threads are torch's own (at::parallel_for).
 //
 // Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
 // the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
@@ -37,14 +38,15 @@ namespace {
 constexpr int kPanel = 16;  // outputs per panel
 
 #if defined(__AVX512F__)
+// Sixteen bfloat16 values widened to float32, exactly: a bfloat16's bits are a float's top half.
+inline __m512 widen_bf16(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
+
 // Sixteen float32 lanes in one register.
 struct Vec {
   __m512 v;
   static Vec zero() { return {_mm512_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Vec load(const uint16_t* p) {  // bfloat16 widened exactly: its bits are a float's top half
-    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16))};
-  }
+  static Vec load(const uint16_t* p) { return {widen_bf16(_mm256_loadu_si256((const __m256i*)p))}; }
   void fma(const Vec& w, float x) { v = _mm512_fmadd_ps(w.v, _mm512_set1_ps(x), v); }
   void store(float* out, const float* bias, int n) const {
     __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
@@ -149,10 +151,7 @@ void tile_bf16(const uint16_t* w, int64_t panel_stride, const uint16_t* x, int64
       if (n <= 0) continue;
       __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
       __m512 v = acc[r][p];
-      if (bias) {
-        __m256i b = _mm256_maskz_loadu_epi16(mask, bias + p * kPanel);
-        v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
-      }
+      if (bias) v = _mm512_add_ps(v, widen_bf16(_mm256_maskz_loadu_epi16(mask, bias + p * kPanel)));
       __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
       _mm256_mask_storeu_epi16(y + r * ldy + p * kPanel, mask, out);
     }
@@ -242,34 +241,26 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   }
   if (M == 0) return y;
   int64_t stride = K * kPanel;
+  // One tile table over the whole output: weights w, inputs xp, outputs yp, bias bp (or null).
+  auto run = [&](const auto* w, const auto* xp, auto* yp, const auto* bp, const auto& tiles) {
+    for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
+      tiles[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
+                             out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
+    });
+    return y;
+  };
   if (x.scalar_type() == at::kFloat) {
 #if defined(OMNITTS_HAVE_F32)
-    const float* xp = x2.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    auto run = [&](const auto* w, const auto& tiles) {
-      for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
-        tiles[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
-                               out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
-      });
-    };
     if (narrow)
-      run((const uint16_t*)packed.data_ptr(), kTilesF32Narrow);
-    else
-      run(packed.data_ptr<float>(), kTilesF32);
-    return y;
+      return run((const uint16_t*)packed.data_ptr(), x2.data_ptr<float>(), y.data_ptr<float>(), bp, kTilesF32Narrow);
+    return run(packed.data_ptr<float>(), x2.data_ptr<float>(), y.data_ptr<float>(), bp, kTilesF32);
 #endif
   } else if (x.scalar_type() == at::kBFloat16) {
 #if defined(OMNITTS_HAVE_BF16)
-    const uint16_t* w = (const uint16_t*)packed.data_ptr();
-    const uint16_t* xp = (const uint16_t*)x2.data_ptr();
-    uint16_t* yp = (uint16_t*)y.data_ptr();
     const uint16_t* bp = b.defined() ? (const uint16_t*)b.data_ptr() : nullptr;
-    for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
-      kTilesBF16[rows - 1][p - 1](w + p0 * stride, stride, xp + m0 * K, K, K, yp + m0 * out_features + p0 * kPanel,
-                                  out_features, bp ? bp + p0 * kPanel : nullptr, out_features - p0 * kPanel);
-    });
-    return y;
+    return run((const uint16_t*)packed.data_ptr(), (const uint16_t*)x2.data_ptr(), (uint16_t*)y.data_ptr(), bp,
+               kTilesBF16);
 #endif
   }
   TORCH_CHECK(false, "linear: no kernel for ", x.scalar_type(), " on this CPU");
