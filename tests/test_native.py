@@ -1,5 +1,5 @@
 """omnitts' native CPU kernels: the linear computes what nn.Linear does, bitwise independent of the
-batch; RMSNorm what the module does; built once per source/torch/CPU, and optional (oneDNN and torch
+batch; RMSNorm and (bfloat16) SnakeBeta what the modules do; built once per source/torch/CPU, and optional (oneDNN and torch
 take over where they cannot be built)."""
 
 from __future__ import annotations
@@ -203,3 +203,51 @@ def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows):
     got = torch.ops.omnitts.linear(x, narrow, 72, bias)
     assert torch.equal(got, torch.ops.omnitts.linear(x, wide, 72, bias))
     torch.testing.assert_close(got, x @ weight.float().T + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_snake_kernel_is_bitwise_the_bfloat16_module():
+    """SnakeBeta in bfloat16: contiguous input, a time slice (as the tiled decode passes), lengths off the
+    vector width, channels with their own alpha and beta: bitwise what torch's operations give."""
+    if not native.available(torch.bfloat16):
+        pytest.skip("no native bfloat16 kernel here")
+    from omnitts.models.codec import SnakeBeta
+
+    torch.manual_seed(5)
+    snake = SnakeBeta(12).to(torch.bfloat16).requires_grad_(False)
+    snake.alpha.data.normal_(0, 0.5)
+    snake.beta.data.normal_(0, 0.5)
+    with torch.no_grad():
+        for x in (torch.randn(3, 12, 77) * 4, torch.randn(2, 12, 1) * 4, torch.randn(2, 12, 300)[..., 17:233] * 4,
+                  torch.tensor([0.0, 1e-30, -2.5, 1e4]).repeat(1, 12, 4)):
+            x = x.bfloat16()
+            snake.kernel = None
+            expected = snake(x)
+            snake.kernel = torch.ops.omnitts.snake
+            got = snake(x)
+            assert got.shape == x.shape and got.dtype == torch.bfloat16
+            assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
+        with pytest.raises(RuntimeError, match="bfloat16 only"):
+            torch.ops.omnitts.snake(torch.randn(1, 12, 5), snake.alpha.float(), snake.beta.float())
+        with pytest.raises(RuntimeError, match="12 channels"):
+            torch.ops.omnitts.snake(torch.randn(1, 12, 5).bfloat16(), snake.alpha[:3], snake.beta)
+
+
+def test_native_snakes_reach_a_bfloat16_codec_only(ckpt_dir):
+    """The loader gives a bfloat16 codec's SnakeBeta layers the kernel (decode unchanged, bitwise), and
+    leaves a float32 codec on torch's operations."""
+    if not native.available(torch.bfloat16):
+        pytest.skip("no native bfloat16 kernel here")
+    from omnitts.models.codec import SnakeBeta
+    from omnitts.models.loader import load_checkpoint
+
+    f32 = load_checkpoint(ckpt_dir("custom_voice"), dtype="float32")
+    assert all(m.kernel is None for m in f32.codec.modules() if isinstance(m, SnakeBeta))
+    bf16 = load_checkpoint(ckpt_dir("custom_voice"), dtype="float32", codec_dtype="bfloat16")
+    snakes = [m for m in bf16.codec.modules() if isinstance(m, SnakeBeta)]
+    assert snakes and all(m.kernel is not None for m in snakes)
+    codes = torch.randint(0, bf16.codec.cfg.codebook_size, (2, 16, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        fused = bf16.codec(codes)
+        for m in snakes:
+            m.kernel = None
+        assert torch.equal(fused, bf16.codec(codes))

@@ -38,6 +38,8 @@ import torch
 from ..cache import cache_root
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
+# -ffp-contract=off: a product and a sum written apart stay rounded apart (the kernels copy roundings).
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-ffp-contract=off", "-shared", "-fPIC", "-w")
 _DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
 
 
@@ -89,7 +91,7 @@ def build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    command = [compiler, "-O3", "-march=native", "-fopenmp", "-std=c++20", "-shared", "-fPIC", "-w",
+    command = [compiler, *FLAGS,
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                *(f"-I{p}" for p in include_paths()), str(SOURCE),
                *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu",
@@ -107,8 +109,9 @@ def build(target: Path) -> None:
 
 
 def _digest() -> str:
-    """What the build depends on: the source, torch, the compiler's target (the CPU's model and flags)."""
+    """What the build depends on: the source and flags, torch, the compiler's target (the CPU's model and flags)."""
     h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join(FLAGS).encode())
     h.update(torch.__version__.encode())
     h.update(os.environ.get("CXX", "").encode())
     h.update(_cpu_identity().encode())

@@ -18,6 +18,12 @@
 // omnitts::rms_norm is models/layers.RMSNorm in one pass instead of six kernels (square, mean, add,
 // rsqrt, scale, weight): the same roundings (x * rsqrt(mean + eps) rounded to x's dtype, then times
 // the weight), the sum of squares in another order.
+//
+// omnitts::snake is models/codec.SnakeBeta in bfloat16, x + inv_beta * sin(x * alpha)^2 per channel, in
+// one pass instead of five: each operation rounded to bfloat16 as torch's would be, and the sine torch's
+// own (SLEEF's 1-ulp sine, which torch's vectorised bfloat16 sin calls): bitwise torch's result.
+//
+// Built with -ffp-contract=off: a product and a sum written apart are rounded apart (never fused).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -25,6 +31,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <sleef.h>
 
 #include <algorithm>
 #include <array>
@@ -54,7 +61,7 @@ struct Vec {
     _mm512_mask_storeu_ps(out, mask, r);
   }
 };
-constexpr int kMaxRows = 6, kMaxPanels = 4;  // 24 accumulators of 32 registers
+constexpr int kMaxRows = 8, kMaxPanels = 3;  // 24 accumulators of 32 registers (a batch of 8 in one tile)
 #elif defined(__AVX2__) && defined(__FMA__)
 // Sixteen float32 lanes in two registers.
 struct Vec {
@@ -312,6 +319,54 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
+#if defined(OMNITTS_HAVE_BF16)
+// SnakeBeta over rows of bfloat16 samples: row (b, c) of x (B, C, T; the last dimension contiguous,
+// rows anywhere) -> y contiguous. Computed in float32 and rounded to bfloat16 after every operation,
+// as torch's bfloat16 operations round; the sine is SLEEF's, as torch's vectorised bfloat16 sin.
+inline __m512 round_bf16(__m512 v) { return widen_bf16((__m256i)_mm512_cvtneps_pbh(v)); }
+
+void snake_rows(const uint16_t* x, int64_t batch_stride, int64_t channel_stride, const float* alpha,
+                const float* inv_beta, uint16_t* y, int64_t B, int64_t C, int64_t length) {
+  at::parallel_for(0, B * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(length, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint16_t* xr = x + (r / C) * batch_stride + (r % C) * channel_stride;
+      uint16_t* yr = y + r * length;
+      __m512 a = _mm512_set1_ps(alpha[r % C]), ib = _mm512_set1_ps(inv_beta[r % C]);
+      for (int64_t t = 0; t < length; t += kPanel) {
+        __mmask16 mask = (__mmask16)((1u << std::min<int64_t>(kPanel, length - t)) - 1);
+        __m512 v = widen_bf16(_mm256_maskz_loadu_epi16(mask, xr + t));
+        __m512 s = round_bf16(Sleef_sinf16_u10(round_bf16(_mm512_mul_ps(v, a))));  // sin(x * alpha)
+        s = round_bf16(_mm512_mul_ps(s, s));                                         // ** 2
+        s = round_bf16(_mm512_mul_ps(s, ib));                                        // * inv_beta
+        _mm256_mask_storeu_epi16(yr + t, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(s, v)));  // + x
+      }
+    }
+  });
+}
+#endif
+
+// x (B, C, T) bfloat16; alpha and inv_beta (C) bfloat16, the module's exp and reciprocal as it rounds them.
+at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& inv_beta) {
+  TORCH_CHECK(x.dim() == 3, "snake: x must be (batch, channels, time), got ", x.sizes());
+  int64_t B = x.size(0), C = x.size(1), length = x.size(2);
+  TORCH_CHECK(alpha.numel() == C && inv_beta.numel() == C, "snake: ", C, " channels, alpha has ", alpha.numel(),
+              ", inv_beta ", inv_beta.numel());
+  TORCH_CHECK(alpha.scalar_type() == x.scalar_type() && inv_beta.scalar_type() == x.scalar_type(),
+              "snake: parameters must be in x's dtype ", x.scalar_type());
+#if defined(OMNITTS_HAVE_BF16)
+  if (x.scalar_type() == at::kBFloat16) {
+    at::Tensor xc = x.stride(2) == 1 || length <= 1 ? x : x.contiguous();
+    at::Tensor a = alpha.to(at::kFloat).contiguous(), ib = inv_beta.to(at::kFloat).contiguous();
+    at::Tensor y = at::empty({B, C, length}, x.options());
+    if (y.numel() > 0)
+      snake_rows((const uint16_t*)xc.data_ptr(), xc.stride(0), xc.stride(1), a.data_ptr<float>(), ib.data_ptr<float>(),
+                 (uint16_t*)y.data_ptr(), B, C, length);
+    return y;
+  }
+#endif
+  TORCH_CHECK(false, "snake: bfloat16 only (float32 keeps torch's sine, MKL's), got ", x.scalar_type());
+}
+
 // Which dtypes this build has kernels for: bit 0 float32, bit 1 bfloat16.
 int64_t dtypes() {
   int64_t bits = 0;
@@ -330,5 +385,6 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("pack_linear(Tensor weight, ScalarType dtype) -> Tensor", &pack_linear);
   m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("snake(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake);
   m.def("dtypes() -> int", &dtypes);
 }

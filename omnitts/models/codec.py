@@ -71,15 +71,20 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(dim))
         self.beta = nn.Parameter(torch.zeros(dim))
+        # `kernel(x, alpha, inv_beta)`: the same arithmetic fused, where a device layer provides one
+        # (device/cpu_weights.use_native_snakes); used for inputs of the parameters' dtype.
+        self.kernel = None
 
     def forward(self, x):  # (B, C, T)
-        alpha = self.alpha.exp()[None, :, None]
-        inv_beta = 1.0 / (self.beta.exp()[None, :, None] + 1e-9)
+        alpha = self.alpha.exp()
+        inv_beta = 1.0 / (self.beta.exp() + 1e-9)
+        if self.kernel is not None and x.dtype == alpha.dtype:
+            return self.kernel(x, alpha, inv_beta)
         # x + inv_beta * sin(x * alpha) ** 2, in one buffer: the decoder's largest activations pass
         # through here, and fresh buffers for each step cost more than the arithmetic. Bitwise the same
         # (pow(2) is t * t; the products and the sum commute exactly).
-        t = torch.sin(x * alpha)
-        return t.mul_(t).mul_(inv_beta).add_(x)
+        t = torch.sin(x * alpha[None, :, None])
+        return t.mul_(t).mul_(inv_beta[None, :, None]).add_(x)
 
 
 class ResidualUnit(nn.Module):
