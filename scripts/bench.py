@@ -46,9 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_lib as lib  # noqa: E402
 
 QUICK = dict(preset="tiny-0.6b", items=8, min_frames=4, max_frames=12, batches="2,4", sample_frames="4,12",
-             warm_frames=2, step_frames=3, official_sample=1, copy_mib=64, mm_sizes="256,512")
+             warm_frames=2, step_frames=3, pair_steps=3, official_sample=1, copy_mib=64, mm_sizes="256,512")
 FULL = dict(preset="0.6b", items=64, min_frames=20, max_frames=200, batches="8,16,32,64", sample_frames="10,30",
-            warm_frames=3, step_frames=4, official_sample=2, copy_mib=1024, mm_sizes="2048,4096")
+            warm_frames=3, step_frames=4, pair_steps=9, official_sample=2, copy_mib=1024,
+            mm_sizes="2048,4096")
 
 
 def parse(argv) -> argparse.Namespace:
@@ -71,6 +72,8 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--sample-frames", help="the two budgets of the batch-1 and official samples (10,30)")
     parser.add_argument("--warm-frames", type=int, help="frames of each warm-up run (3)")
     parser.add_argument("--step-frames", type=int, help="timed engine steps per batch size (4)")
+    parser.add_argument("--pair-steps", type=int,
+                        help="batch-1 engine steps each followed by a bandwidth probe, for the roofline (9)")
     parser.add_argument("--official-sample", type=int, help="items of the official one-by-one sample (2)")
     parser.add_argument("--static-batch", type=int, default=8, help="the official static batch size")
     parser.add_argument("--vox-items", type=int, default=8, help="manifest items vox runs at once")
@@ -160,6 +163,8 @@ def main(argv=None) -> int:
             if max_batch == 1:
                 r["frame_bytes"] = lib.frame_bytes(tts)
                 r["omnitts_batch1"] = lib.omnitts_batch1(tts, text0, args.sample_frames, args.warm_frames)
+                r["roofline_pairs"] = lib.roofline_pairs(tts, [text0], args.warm_frames, args.pair_steps,
+                                                         args.copy_mib << 20)
             for batch in batches:
                 seconds = lib.omnitts_steps(tts, batch, [it["text"] for it in items], args.warm_frames,
                                             args.step_frames)
@@ -272,15 +277,17 @@ def report(results: dict, args) -> str:
     bw = m["bandwidth"]
     rows = []
     for label, r in results["dtypes"].items():
-        fb, steps = r["frame_bytes"], r["omnitts_steps"]
+        fb, steps, pairs = r["frame_bytes"], r["omnitts_steps"], r["roofline_pairs"]
         roof = 1000 * fb["total"] / (bw["read_gbs"] * 1e9)
         peak = max(v for k, v in m["matmul_gflops"].items() if k.startswith(r["dtype"]))
         big = [b for b in steps if b >= 32] or [max(steps)]
         rows.append([label, fb["total"] / 1e6, roof, steps[1]["ms_per_step"], f"{roof / steps[1]['ms_per_step']:.0%}",
+                     f"{pairs['ms_per_step']:.1f} ms, {pairs['read_gbs']:.1f} GB/s: {pairs['fraction']:.0%}",
                      ", ".join(f"b{b}: {steps[b]['gflops']:.1f} ({steps[b]['gflops'] / peak:.0%})" for b in big)])
     out += ["### Roofline (omnitts engine steps, generation only)", "",
-            lib.table(["dtype", "MB read per batch-1 frame", "roofline ms (MB / read GB/s)", "measured ms",
-                       "of roofline", "GFLOP/s (of matmul peak)"], rows), ""]
+            lib.table(["dtype", "MB read per batch-1 frame", "roofline ms (MB / read GB/s at start)", "measured ms",
+                       "of roofline", "paired (each step then a read probe; medians)", "GFLOP/s (of matmul peak)"],
+                      rows), ""]
     out += ["### Machine", "", lib.table(["", ""], [
         ["CPU", m["model"]], ["flags", " ".join(m["flags"]) or "none of interest"],
         ["torch CPU capability", f"{m['torch_capability']} (torch {m['torch']})"],

@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import statistics
 import time
 from pathlib import Path
 
@@ -194,8 +195,8 @@ def omnitts_batch1(tts, text: str, frames: tuple[int, int], warm: int, repeats: 
     return {"walls": walls, "ms_per_frame": 1000 * b, "item_overhead_s": a}
 
 
-def omnitts_steps(tts, batch: int, prompts_text: list[str], warm: int, timed: int) -> float:
-    """Seconds per engine step (one frame for `batch` rows; generation only, no codec), warm."""
+def _warm_engine(tts, batch: int, prompts_text: list[str], warm: int, timed: int):
+    """An engine with `batch` requests admitted, `warm` steps run and `timed` + 2 frames of budget left."""
     from omnitts.engine import Engine, plan
     from omnitts.request import Request
 
@@ -211,11 +212,40 @@ def omnitts_steps(tts, batch: int, prompts_text: list[str], warm: int, timed: in
         engine.add(prompt, params)
     for _ in range(warm):  # the first step admits every request (batched prefill) and runs frame 1
         engine.step()
+    return engine
+
+
+def omnitts_steps(tts, batch: int, prompts_text: list[str], warm: int, timed: int) -> float:
+    """Seconds per engine step (one frame for `batch` rows; generation only, no codec), warm."""
+    engine = _warm_engine(tts, batch, prompts_text, warm, timed)
     started = time.perf_counter()
     for _ in range(timed):
         engine.step()
     engine.pending[0].result()  # the last frame's codes are on the host
     return (time.perf_counter() - started) / timed
+
+
+def roofline_pairs(tts, prompts_text: list[str], warm: int, timed: int, nbytes: int) -> dict:
+    """Batch-1 engine steps alternated with a read-bandwidth probe (a sum over `nbytes`), so each step is
+    judged against the bandwidth of its own moment: this VM's streaming rate moves between runs and
+    minutes (25-50 GB/s measured) far more than the kernels do. Each step waits for its codes on the
+    host (no overlap with the next). Returns the medians and the median of the per-pair fractions."""
+    weights = frame_bytes(tts)["total"]
+    src = torch.ones(nbytes // 4)
+    src.sum()
+    engine = _warm_engine(tts, 1, prompts_text, warm, timed)
+    steps, reads, fractions = [], [], []
+    for _ in range(timed):
+        started = time.perf_counter()
+        engine.step()
+        engine.pending[0].result()
+        steps.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        src.sum()
+        reads.append(nbytes / (time.perf_counter() - started) / 1e9)
+        fractions.append(weights / steps[-1] / (reads[-1] * 1e9))
+    return {"ms_per_step": 1000 * statistics.median(steps), "read_gbs": statistics.median(reads),
+            "fraction": statistics.median(fractions), "pairs": timed}
 
 
 # -- child processes ----------------------------------------------------------------------------

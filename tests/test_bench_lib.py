@@ -56,6 +56,11 @@ def test_engine_steps_and_batch1_run(tts_factory):
     assert lib.omnitts_steps(tts, 3, ["One text.", "Another text here."], warm=1, timed=2) > 0
     b1 = lib.omnitts_batch1(tts, "A short line.", (2, 4), warm=1)
     assert [f for f, _ in b1["walls"]] == [2, 4]
+    pairs = lib.roofline_pairs(tts, ["A short line."], warm=1, timed=3, nbytes=1 << 20)
+    assert pairs["pairs"] == 3 and pairs["ms_per_step"] > 0 and pairs["read_gbs"] > 0
+    # the fraction is the frame's weight bytes over one step's time, against that moment's bandwidth
+    implied = lib.frame_bytes(tts)["total"] / (pairs["ms_per_step"] / 1000) / (pairs["read_gbs"] * 1e9)
+    assert 0.2 * implied < pairs["fraction"] < 5 * implied
 
 
 def test_first_frame_probe(ckpt_dir):
