@@ -48,6 +48,9 @@ constexpr int kPanel = 16;  // outputs per panel
 // Sixteen bfloat16 values widened to float32, exactly: a bfloat16's bits are a float's top half.
 inline __m512 widen_bf16(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
 
+// The first min(n, 16) lanes (a row's tail, for masked loads and stores).
+inline __mmask16 first_lanes(int64_t n) { return n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+
 // Sixteen float32 lanes in one register.
 struct Vec {
   __m512 v;
@@ -56,7 +59,7 @@ struct Vec {
   static Vec load(const uint16_t* p) { return {widen_bf16(_mm256_loadu_si256((const __m256i*)p))}; }
   void fma(const Vec& w, float x) { v = _mm512_fmadd_ps(w.v, _mm512_set1_ps(x), v); }
   void store(float* out, const float* bias, int n) const {
-    __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
+    __mmask16 mask = first_lanes(n);
     __m512 r = bias ? _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, bias)) : v;
     _mm512_mask_storeu_ps(out, mask, r);
   }
@@ -156,7 +159,7 @@ void tile_bf16(const uint16_t* w, int64_t panel_stride, const uint16_t* x, int64
     for (int p = 0; p < P; ++p) {
       int64_t n = n_left - (int64_t)p * kPanel;
       if (n <= 0) continue;
-      __mmask16 mask = n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1);
+      __mmask16 mask = first_lanes(n);
       __m512 v = acc[r][p];
       if (bias) v = _mm512_add_ps(v, widen_bf16(_mm256_maskz_loadu_epi16(mask, bias + p * kPanel)));
       __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
@@ -333,7 +336,7 @@ void snake_rows(const uint16_t* x, int64_t batch_stride, int64_t channel_stride,
       uint16_t* yr = y + r * length;
       __m512 a = _mm512_set1_ps(alpha[r % C]), ib = _mm512_set1_ps(inv_beta[r % C]);
       for (int64_t t = 0; t < length; t += kPanel) {
-        __mmask16 mask = (__mmask16)((1u << std::min<int64_t>(kPanel, length - t)) - 1);
+        __mmask16 mask = first_lanes(length - t);
         __m512 v = widen_bf16(_mm256_maskz_loadu_epi16(mask, xr + t));
         __m512 s = round_bf16(Sleef_sinf16_u10(round_bf16(_mm512_mul_ps(v, a))));  // sin(x * alpha)
         s = round_bf16(_mm512_mul_ps(s, s));                                         // ** 2
