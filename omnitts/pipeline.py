@@ -20,6 +20,8 @@ What it owns, between the caller's jobs and the engine:
   stream (the reference cut is known only at its end), an attempt a runaway retry may discard;
 - runaway retries: a sampled item that exhausted its derived frame budget is retried with a
   derived seed, up to `retry_runaway` times;
+- order: requests start in job order until the jobs run out; the last ones start longest budget
+  first (`Scheduler.longest_first`), which keeps the batch full to the end;
 - stopping: once `stop()` returns true no new job starts; requests already running finish, the
   rest are dropped (a resumed run picks them up).
 Outcomes come out in finishing order. The pipeline never prints.
@@ -156,6 +158,8 @@ class Pipeline:
                 if exhausted and not ready:
                     return
                 continue
+            if exhausted:  # the last requests: longest budget first, so no long one runs on alone at the end
+                engine.scheduler.longest_first = True
             finished = engine.step()
             self._stream(engine, finished)
             for seq in finished:

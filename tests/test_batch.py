@@ -177,6 +177,69 @@ def test_streamed_decode_matches_the_whole_utterance_decode(tts_factory, ref_wav
             assert np.abs(a.samples - reference.samples).max() < 1e-5, (kind, i)
 
 
+def test_scheduler_admits_in_order_then_longest_budget_first():
+    from types import SimpleNamespace
+
+    import torch
+
+    from omnitts.engine.scheduler import Scheduler, Sequence
+    from omnitts.params import SamplingParams
+
+    def seq(i, frames):
+        return Sequence(i, SimpleNamespace(embeds=torch.zeros(10, 1)), SamplingParams(max_frames=frames))
+
+    budgets = [5, 30, 12, 30, 7, 40]
+    arrival, longest = Scheduler(2), Scheduler(2)
+    longest.longest_first = True
+    for sched in (arrival, longest):
+        for i, frames in enumerate(budgets):
+            sched.add(seq(i, frames))
+    order = {}
+    for name, sched in (("arrival", arrival), ("longest", longest)):
+        ids = []
+        while sched.waiting:
+            ids += [s.id for s in sched.admit()]
+            for s in list(sched.running):
+                sched.release(s)
+        order[name] = ids
+    assert order["arrival"] == [0, 1, 2, 3, 4, 5]
+    assert order["longest"] == [5, 1, 3, 2, 4, 0]  # equal budgets (1 and 3) keep their arrival order
+    # The prefill token cap still applies: 10 positions each, at most 15 -> one at a time.
+    capped = Scheduler(4)
+    capped.longest_first = True
+    for i, frames in enumerate(budgets):
+        capped.add(seq(i, frames))
+    assert [s.id for s in capped.admit(max_tokens=15)] == [5]
+
+
+def test_pipeline_starts_the_last_jobs_longest_first(tts_factory, monkeypatch):
+    """Jobs start in order while more keep coming; the last ones (here: all of them, fewer than the
+    lookahead) start longest budget first, so the batch stays full to the end."""
+    from omnitts.engine.scheduler import Scheduler
+
+    tts = tts_factory("custom_voice", max_batch=2)
+    admitted = []
+    real_admit = Scheduler.admit
+
+    def record(self, *args):
+        new = real_admit(self, *args)
+        admitted.extend(seq.params.max_frames for seq in new)
+        return new
+
+    monkeypatch.setattr(Scheduler, "admit", record)
+    budgets = [3, 9, 2, 8, 4]
+    jobs = [Job(Request(f"Item {i}.", speaker="ryan", id=str(i)), tts.default_params(greedy=True, max_frames=f))
+            for i, f in enumerate(budgets)]
+    outcomes = list(Pipeline(tts, lookahead=8).run(jobs))
+    assert admitted == sorted(budgets, reverse=True)
+    assert sorted(o.result.frames for o in outcomes) == sorted(budgets)
+    # While jobs still arrive they start in order: with a lookahead of 2, the 2 waits behind the 3 and
+    # 9 and starts before the 8 (longest first throughout would start the 8 first).
+    admitted.clear()
+    list(Pipeline(tts, lookahead=2).run(jobs))
+    assert admitted == budgets
+
+
 def test_long_text_runs_as_parallel_pieces_joined_with_crossfades(tts_factory, monkeypatch):
     from omnitts.engine.scheduler import Scheduler
     from omnitts.join import crossfade_samples

@@ -143,6 +143,24 @@ def test_streams_at_different_phases_batch_together(ckpt):
         _check(ckpt, got, codes, ref)
 
 
+@pytest.mark.parametrize("frames,feed", [(40, 7), (53, 53), (340, 11)])
+def test_streams_decode_no_dummy_frames(ckpt, frames, feed):
+    """Every frame the decoder runs is a real one: the pushed frames, plus the 25 context frames the
+    official decode re-reads at its 300-frame window boundary. (A window's last call used to be
+    padded to whole chunks: 40 frames cost 50.)"""
+    streams = CodecStreams(ckpt.codec, max_streams=1)
+    step_fn, decoded = streams.codec.step, []
+
+    def counting_step(codes, *args):
+        decoded.append(codes.shape[0] * codes.shape[2])
+        return step_fn(codes, *args)
+
+    streams.codec.step = counting_step
+    codes = _codes(frames, frames)
+    _check(ckpt, _stream(streams, codes, feed=feed), codes)
+    assert sum(decoded) == frames + (streams.left_context if frames > streams.window_frames else 0)
+
+
 def test_state_does_not_grow_with_length(ckpt):
     streams = CodecStreams(ckpt.codec, max_streams=2)
     shapes = {k: tuple(v.shape) for k, v in streams.state.items()}

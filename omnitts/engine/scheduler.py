@@ -3,6 +3,12 @@
 Running sequences occupy slots 0..n-1 in order. A new request is admitted into slot n as soon as
 there is room; a finished one frees its slot at once by moving the last running sequence into it
 (the caller moves the device rows the same way). No device data is read here.
+
+Admission is first come, first served, until the caller says no more requests will come
+(`longest_first`): from then on the waiting request with the largest frame budget goes first. While
+requests keep arriving every slot stays busy whatever the order; at the end, a long request admitted
+last would run on alone in an emptying batch (32 requests of 20-100 frames at 8 slots: 293 steps in
+arrival order, 243 longest first; the ideal is 240).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.longest_first = False  # set once nothing more will be added (see the module docstring)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -52,18 +59,29 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def admit(self, max_tokens: int | None = None) -> list[Sequence]:
-        """Move waiting sequences into free slots (appended after the running prefix), in order,
-        while their prompts total at most `max_tokens` positions (None: no limit; the first always fits)."""
+        """Move waiting sequences into free slots (appended after the running prefix), in admission
+        order, while their prompts total at most `max_tokens` positions (None: no limit; the first
+        always fits)."""
         admitted, tokens = [], 0
         while self.waiting and len(self.running) < self.max_num_seqs:
-            tokens += self.waiting[0].prompt.embeds.shape[0]
+            index = self._next_index()
+            tokens += self.waiting[index].prompt.embeds.shape[0]
             if admitted and max_tokens is not None and tokens > max_tokens:
                 break
-            seq = self.waiting.popleft()
+            seq = self.waiting[index]
+            del self.waiting[index]
             seq.slot = len(self.running)
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    def _next_index(self) -> int:
+        """Where in `waiting` the next admitted sequence is: the front, or (`longest_first`) the first
+        of those with the largest frame budget."""
+        if not self.longest_first:
+            return 0
+        budgets = [seq.params.max_frames for seq in self.waiting]
+        return budgets.index(max(budgets))
 
     def release(self, seq: Sequence) -> tuple[int, int] | None:
         """Free `seq`'s slot. Returns (src, dst) if the last running sequence moved into it."""
