@@ -13,8 +13,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import statistics
+import sys
 import time
 from pathlib import Path
 

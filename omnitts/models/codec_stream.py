@@ -104,7 +104,8 @@ class StreamingCodec:
 
         `start[b]`: window position (RoPE position) of row b's first new frame; `base[b]`: window position
         of its K/V slot 0 (a multiple of KV_ALIGN); `kv_len[b]`: keys its attention call spans, counted
-        from `base[b]` (the caller picks it so the reference's vector tail is reproduced).
+        from `base[b]`, at least through the row's new frames (the caller picks it so the reference's
+        vector tail is reproduced).
         """
         st = dict(state)
         c = self.codec
@@ -174,6 +175,7 @@ class StreamingCodec:
         base_t = torch.tensor(base, device=dev)
         pos = start_t[:, None] + torch.arange(n, device=dev)  # (B, n) window positions of the new frames
         cos, sin = self.cos.to(dev)[pos], self.sin.to(dev)[pos]
+        assert all(k >= s + n - o for s, o, k in zip(start, base, kv_len)), "kv_len must span the new keys"
         width = max(self.kv_slots, round_up(max(s - o for s, o in zip(start, base)) + n, KV_ALIGN),
                     max(kv_len))
         key_pos = base_t[:, None] + torch.arange(width, device=dev)  # (B, width)
@@ -207,8 +209,7 @@ class StreamingCodec:
         for length in sorted(set(kv_len)):
             rows = [r for r in range(b) if kv_len[r] == length]
             sel = slice(None) if len(rows) == b else torch.tensor(rows, device=x.device)
-            m = mask[sel, :, :, :length]
-            m = m | ~m.any(-1, keepdim=True) & (torch.arange(length, device=x.device) == 0)  # padded rows only
+            # Every query sees at least its own key (slot pos - base < kv_len): no fully masked row.
             out[sel] = F.scaled_dot_product_attention(q[sel], keys[sel, :, :length], values[sel, :, :length],
-                                                      attn_mask=m, enable_gqa=gqa)
+                                                      attn_mask=mask[sel, :, :, :length], enable_gqa=gqa)
         return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1)), keys, values
