@@ -105,7 +105,7 @@ def test_text_embedding_stays_in_its_stored_dtype(ckpt_dir, tmp_path):
 
 @needs_pack
 def test_packed_transposed_conv_matches_conv_transpose():
-    from omnitts.device.cpu_weights import PackedConvTranspose1d, pack_transposed_convs
+    from omnitts.device.cpu_weights import PackedConvTranspose1d
 
     torch.manual_seed(0)
     conv = nn.ConvTranspose1d(48, 24, 10, stride=5)
@@ -116,8 +116,42 @@ def test_packed_transposed_conv_matches_conv_transpose():
         got, want = packed(x), conv(x)
         assert got.shape == want.shape and got.is_contiguous()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    model = nn.Sequential(nn.ConvTranspose1d(8, 8, 4, stride=2), nn.Conv1d(8, 8, 3))
-    assert pack_transposed_convs(model) == 1 and isinstance(model[0], PackedConvTranspose1d)
+
+
+def test_gemm_transposed_conv_matches_conv_transpose():
+    """One GEMM and an overlap-add give the transposed convolution, for kernels of 1-3 strides."""
+    from omnitts.device.cpu_weights import GemmConvTranspose1d
+
+    torch.manual_seed(0)
+    for cin, cout, kernel, stride, bias in [(48, 24, 10, 5, True), (16, 8, 2, 2, True), (8, 4, 6, 3, False),
+                                            (12, 6, 9, 3, True)]:
+        conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride, bias=bias)
+        gemm = GemmConvTranspose1d(conv)
+        assert (gemm.in_channels, gemm.out_channels, gemm.stride, gemm.kernel_size) == (cin, cout, (stride,), (kernel,))
+        for shape in [(1, cin, 1), (3, cin, 7), (2, cin, 40)]:
+            x = torch.randn(shape)
+            got, want = gemm(x), conv(x)
+            assert got.shape == want.shape and got.is_contiguous()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_pack
+def test_small_float32_transposed_convs_run_as_gemm():
+    """Small float32 transposed convs become GEMMs, big ones and bfloat16 ones oneDNN's packed kernel."""
+    from omnitts.device import cpu_weights
+    from omnitts.device.cpu_weights import GemmConvTranspose1d, PackedConvTranspose1d, pack_transposed_convs
+
+    limit = cpu_weights.GEMM_TRANSPOSED_MAX_WEIGHTS
+    small = nn.ConvTranspose1d(8, 8, 4, stride=2)
+    big = nn.ConvTranspose1d(limit // 64 + 1, 16, 4, stride=2)
+    odd = nn.ConvTranspose1d(8, 8, 5, stride=2)  # kernel not a multiple of the stride
+    model = nn.Sequential(small, big, odd)
+    assert pack_transposed_convs(model) == 3
+    assert [type(m) for m in model] == [GemmConvTranspose1d, PackedConvTranspose1d, PackedConvTranspose1d]
+    if can_pack(torch.bfloat16):
+        half = nn.Sequential(nn.ConvTranspose1d(8, 8, 4, stride=2).to(torch.bfloat16))
+        pack_transposed_convs(half)
+        assert type(half[0]) is PackedConvTranspose1d
 
 
 @needs_pack
@@ -136,15 +170,16 @@ def test_packed_transposed_conv_in_bfloat16_is_torchs_own_kernel():
 
 @needs_pack
 def test_loaded_codec_has_packed_transposed_convs(ckpt_dir, monkeypatch):
-    from omnitts.device.cpu_weights import PackedConvTranspose1d
+    from omnitts.device.cpu_weights import GemmConvTranspose1d, PackedConvTranspose1d
 
     folder = ckpt_dir("custom_voice")
     packed = omnitts.load(folder, dtype="float32").ckpt.codec
-    assert any(isinstance(m, PackedConvTranspose1d) for m in packed.modules())
+    kinds = (PackedConvTranspose1d, GemmConvTranspose1d)
+    assert any(isinstance(m, kinds) for m in packed.modules())
     assert not any(type(m) is nn.ConvTranspose1d for m in packed.modules())
     monkeypatch.setenv("OMNITTS_PACK", "0")
     plain = omnitts.load(folder, dtype="float32").ckpt.codec
-    assert not any(isinstance(m, PackedConvTranspose1d) for m in plain.modules())
+    assert not any(isinstance(m, kinds) for m in plain.modules())
     codes = torch.randint(0, 2048, (1, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(packed(codes), plain(codes), rtol=0, atol=1e-5)

@@ -16,7 +16,9 @@ The codec's transposed convolutions get the same treatment (`pack_transposed_con
 `conv_transpose1d` reorders its weight into oneDNN's layout on every call (75 MB for the 0.6B
 codec's first upsampling block), which at streaming chunk sizes costs more than the arithmetic.
 There the kernel is the one torch calls anyway, so results are unchanged (bitwise, measured), in
-float32 and, for a codec loaded in bfloat16, in bfloat16.
+float32 and, for a codec loaded in bfloat16, in bfloat16. Except the late, small ones in float32:
+with many positions per call and a small weight, oneDNN's transposed convolution runs far below
+the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`).
 
 bfloat16 models also get their attention computed in float32 (`use_float32_attention`): torch's
 bfloat16 CPU attention kernel is the slow one there (see models/layers.float32_attention).
@@ -226,10 +228,61 @@ class PackedConvTranspose1d(nn.Module):
                 f"stride={self.stride}, packed")
 
 
+class GemmConvTranspose1d(nn.Module):
+    """`nn.ConvTranspose1d` (no padding, groups 1, kernel a multiple m of the stride s) as one GEMM
+    and an overlap-add.
+
+    Input position t adds m * s outputs from t * s on: the GEMM x^T (B*T, Cin) @ W (Cin, Cout*m*s)
+    gives every position's m pieces of s at once, and output block u (samples u*s .. u*s + s - 1) is
+    the bias plus piece h of input u - h, for h < m. Same results as the convolution within float
+    rounding (another summation order). Keeps the attributes callers read."""
+
+    def __init__(self, conv: nn.ConvTranspose1d):
+        super().__init__()
+        assert conv.padding == (0,) and conv.output_padding == (0,) and conv.groups == 1, conv
+        assert conv.dilation == (1,) and conv.kernel_size[0] % conv.stride[0] == 0, conv
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size, self.stride = conv.kernel_size, conv.stride
+        self.weight = nn.Parameter(conv.weight.detach().reshape(conv.in_channels, -1).contiguous(), requires_grad=False)
+        self.bias = conv.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', (T - 1) * stride + kernel)
+        (B, _, T), s, O = x.shape, self.stride[0], self.out_channels
+        m = self.kernel_size[0] // s
+        z = torch.mm(x.transpose(1, 2).reshape(B * T, -1), self.weight).view(B, T, O, m, s).permute(0, 2, 1, 3, 4)
+        y = x.new_empty(B, O, T + m - 1, s)
+        if self.bias is None:
+            y.zero_()
+        else:
+            y.copy_(self.bias.view(1, O, 1, 1).expand_as(y))
+        for h in range(m):
+            y[:, :, h:h + T] += z[:, :, :, h]
+        return y.view(B, O, -1)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, GEMM"
+
+
+# Transposed convs of up to this many weights run as `GemmConvTranspose1d` in float32 (where oneDNN
+# packs). Measured in the 0.6B codec's streaming decode (AVX-512 EPYC, 2 threads, 25-frame calls in
+# 8-frame tiles; time in each layer over the same 200 frames, three interleaved rounds): 384 -> 192
+# (kernel 8, 0.6M weights) 650-720 ms as oneDNN's, 340-410 as a GEMM; 192 -> 96 (kernel 6) 360-400 ->
+# 305-340; but 768 -> 384 (kernel 10, 2.9M) 220-235 -> 375-395 and 1536 -> 768 (kernel 16, 19M)
+# 160-185 -> 350-410: few positions per call streaming a big weight suit oneDNN's packed kernel. The
+# whole decode: 38-41 -> 36-37 ms per frame.
+GEMM_TRANSPOSED_MAX_WEIGHTS = 1 << 20
+
+
 def pack_transposed_convs(module: nn.Module) -> int:
     """Replace every `nn.ConvTranspose1d` under `module` whose dtype oneDNN packs (`onednn_packs`) by a
-    `PackedConvTranspose1d`, in place; returns how many (0 where packing is off or unavailable)."""
+    `PackedConvTranspose1d`, or a `GemmConvTranspose1d` for small float32 ones (see
+    `GEMM_TRANSPOSED_MAX_WEIGHTS`), in place; returns how many (0 where packing is off or unavailable)."""
     def wanted(m):
         return type(m) is nn.ConvTranspose1d and onednn_packs(m.weight.dtype)
 
-    return _swap(module, wanted, PackedConvTranspose1d)
+    def make(m):
+        small = m.weight.numel() <= GEMM_TRANSPOSED_MAX_WEIGHTS and m.kernel_size[0] % m.stride[0] == 0
+        gemm = small and m.weight.dtype == torch.float32 and m.padding == (0,) and m.groups == 1
+        return GemmConvTranspose1d(m) if gemm else PackedConvTranspose1d(m)
+
+    return _swap(module, wanted, make)
