@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import omnitts
@@ -11,6 +12,7 @@ from omnitts.device import native
 from omnitts.device.cpu_weights import PackedLinear, can_pack, pack_linears
 
 needs_pack = pytest.mark.skipif(not can_pack(torch.float32), reason="oneDNN not available in this torch build")
+needs_native = pytest.mark.skipif(not native.available(torch.float32), reason="the native kernels do not build here")
 
 
 @needs_pack
@@ -205,16 +207,19 @@ def test_float32_attention_is_sdpa_widened(dtype):
 
 
 def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
-    """On the CPU a bfloat16 talker and predictor attend in float32 and the engine's talker K/V cache is
-    float32; the batched engine still equals the one-request slow path. float32 models are untouched."""
+    """On the CPU a bfloat16 talker and predictor attend in float32 (omnitts' decode kernel where it
+    builds) and the engine's talker K/V cache is float32; the batched engine still equals the
+    one-request slow path. float32 models get the same kernel, their cache stays float32."""
+    from omnitts.device.cpu_weights import native_attention
     from omnitts.engine import Engine, EngineConfig
-    from omnitts.models.layers import DecoderStack, float32_attention, sdpa_attention
+    from omnitts.models.layers import DecoderStack, float32_attention
     from omnitts.reference import generate_codes
     from omnitts.request import Request
 
+    kernel = native_attention if native.available(torch.float32) else float32_attention
     tts = tts_factory("custom_voice", dtype="bfloat16")
     stacks = [m for m in tts.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
-    assert len(stacks) == 2 and all(s.attend is float32_attention and s.kv_dtype == torch.float32 for s in stacks)
+    assert len(stacks) == 2 and all(s.attend is kernel and s.kv_dtype == torch.float32 for s in stacks)
     assert tts.ckpt.cache_dtype == torch.float32 and tts.ckpt.dtype == torch.bfloat16
     engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
     assert all(t.dtype == torch.float32 for t in engine.cache.tensors())
@@ -231,5 +236,37 @@ def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
 
     f32 = tts_factory("custom_voice")
     f32_stacks = [m for m in f32.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
-    assert all(m.attend is sdpa_attention and m.kv_dtype is None for m in f32_stacks)
+    assert all(m.attend is kernel and m.kv_dtype == torch.float32 for m in f32_stacks)
     assert f32.ckpt.cache_dtype == torch.float32
+
+
+@needs_native
+def test_native_decode_attention_matches_sdpa_and_is_batch_invariant():
+    """One query per row over a prefix view of a preallocated cache, grouped heads, per-row masks: the
+    native kernel gives sdpa's result within float rounding, each row bitwise the same alone as in a
+    batch; other calls (several queries, other masks) fall back to sdpa's."""
+    from omnitts.device.cpu_weights import native_attention
+
+    torch.manual_seed(0)
+    batch, heads, kv_heads, dim, capacity = 5, 4, 2, 32, 40
+    cache_k, cache_v = torch.randn(2, batch, kv_heads, capacity, dim)
+    for keys in (1, 7, 33):
+        k, v = cache_k[:, :, :keys], cache_v[:, :, :keys]
+        q = torch.randn(batch, heads, 1, dim)
+        lengths = torch.tensor([keys, 1, max(1, keys // 2), keys, max(1, keys - 3)])
+        mask = (torch.arange(keys)[None] < lengths[:, None])[:, None, None, :]
+        for m in (mask, None, mask[:1]):
+            want = F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+            got = native_attention(q, k, v, m, False)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got = native_attention(q, k, v, mask, False)
+        for row in range(batch):
+            alone = native_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], mask[row:row + 1], False)
+            assert torch.equal(alone, got[row:row + 1]), (keys, row)
+    half = native_attention(q.bfloat16(), k, v, mask, False)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), native_attention(q.bfloat16().float(), k, v, mask, False), rtol=0, atol=1e-2)
+    several = torch.randn(batch, heads, 3, dim)
+    causal = native_attention(several, k[:, :, :3], v[:, :, :3], None, True)
+    assert torch.equal(causal, F.scaled_dot_product_attention(several, k[:, :, :3], v[:, :, :3], is_causal=True,
+                                                               enable_gqa=True))

@@ -20,8 +20,9 @@ float32 and, for a codec loaded in bfloat16, in bfloat16. Except the late, small
 with many positions per call and a small weight, oneDNN's transposed convolution runs far below
 the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`).
 
-bfloat16 models also get their attention computed in float32 (`use_float32_attention`): torch's
-bfloat16 CPU attention kernel is the slow one there (see models/layers.float32_attention).
+Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
+attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
+(every engine step) by omnitts' own decode kernel where it builds (`native_attention`).
 
 Both packed kernels sum in another order than the default GEMM, so float32 results differ in the
 last bits (about 1e-7 relative); greedy codes are unaffected on the parity checkpoints, which the
@@ -151,16 +152,45 @@ class Widener:
         return out
 
 
-def use_float32_attention(module: nn.Module) -> int:
-    """Make `layers.float32_attention` the default kernel of every decoder stack under `module` (calls
-    that pass their own kernel, like the NPU predictor's, keep it) and float32 the dtype their K/V
-    history is kept in (so it is widened once, on write); returns how many stacks. Measured
-    on an AVX-512 EPYC, torch 2.13, one query per row over 17-36 keys: 1.3-2.9 ms per call in bfloat16
-    against 0.3-0.6 ms in float32 at batch 32 (103 calls per 0.6B frame), 61 against 19 us at batch 1."""
+def use_cpu_attention(module: nn.Module) -> int:
+    """Give every decoder stack under `module` the CPU attention kernel and float32 K/V history (so it
+    is widened once, on write, in bfloat16 models); returns how many stacks (calls that pass their own
+    kernel, like the NPU predictor's, keep it).
+
+    The kernel is `native_attention` where the native kernels build, else `layers.float32_attention`.
+    float32 for bfloat16 models, measured on an AVX-512 EPYC, torch 2.13, one query per row over 17-36
+    keys: torch's bfloat16 CPU attention took 1.3-2.9 ms per call at batch 32 against 0.3-0.6 ms in
+    float32 (103 calls per 0.6B frame), 61 against 19 us at batch 1."""
     stacks = [m for m in module.modules() if isinstance(m, DecoderStack)]
+    kernel = native_attention if native.available(torch.float32) else float32_attention
     for stack in stacks:
-        stack.attend, stack.kv_dtype = float32_attention, torch.float32
+        stack.attend, stack.kv_dtype = kernel, torch.float32
     return len(stacks)
+
+
+def native_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
+    """`layers.float32_attention`, with omnitts' decode kernel taking the calls of one query per row
+    (every engine step's: the talker's and the code predictor's after its first position).
+
+    torch's CPU kernel works one (row, head) at a time and read the talker's K/V at ~8 GB/s at batch
+    32; the native one takes a row's KV head once for the query heads it serves. Measured (AVX-512 EPYC,
+    2 threads, 16 query and 8 KV heads of 128, float32): batch 32 over 17 / 40 / 130 / 250 keys 0.25 /
+    1.33 / 4.46 / 8.75 ms -> 0.08 / 0.38 / 2.02 / 4.37; batch 8 0.09 / 0.18 / 0.38 / 1.69 -> 0.03 / 0.06
+    / 0.24 / 0.74; batch 1 within 0.02 ms. Same results within float rounding (another summation
+    order), and a row's result does not depend on its batch."""
+    if q.shape[2] == 1 and _rows_contiguous(k) and _rows_contiguous(v) and _one_row_mask(mask, k.shape[2]):
+        out = torch.ops.omnitts.decode_attention(q.float(), k.float(), v.float(), mask, q.shape[-1] ** -0.5)
+        return out.to(q.dtype)
+    return float32_attention(q, k, v, mask, causal)
+
+
+def _rows_contiguous(t: torch.Tensor) -> bool:
+    return t.dim() == 4 and t.stride(3) == 1 and (t.shape[2] <= 1 or t.stride(2) == t.shape[3])
+
+
+def _one_row_mask(mask: torch.Tensor | None, keys: int) -> bool:
+    """None, or a boolean (B|1, 1, 1, keys) mask: what the decode kernel takes."""
+    return mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1:] == (1, 1, keys))
 
 
 def use_native_norms(module: nn.Module, dtype: torch.dtype) -> int:

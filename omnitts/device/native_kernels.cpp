@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <array>
 #include <utility>
+#include <vector>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -370,6 +371,87 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
   TORCH_CHECK(false, "snake: bfloat16 only (float32 keeps torch's sine, MKL's), got ", x.scalar_type());
 }
 
+// One query per row (decode) over a key history, float32: out[b, h] = softmax(scale * K q) . V, for
+// q (B, H, 1, D), k and v (B, Hkv, S, D) whose last two dimensions are contiguous (any row and head
+// strides: a prefix view of a preallocated cache), head h reading KV head h / (H / Hkv), and an
+// optional boolean mask broadcastable to (B, 1, 1, S) (True = attend). One task per (row, KV head):
+// its keys and values are read once from memory for the query heads they serve, where torch's kernel
+// takes one (row, head) at a time. A row's result does not depend on the batch (bitwise).
+float dot_lanes(const float* a, const float* b, int64_t D) {
+  float lanes[16] = {0};
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] += a[d + j] * b[d + j];
+  float sum = 0.f;
+  for (int j = 0; j < 16; ++j) sum += lanes[j];
+  for (; d < D; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::optional<at::Tensor>& mask, double scale) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) == 1, "decode_attention: q (B, H, 1, D), k/v (B, Hkv, S, D)");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "decode_attention: float32 only");
+  int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), S = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && H % Hkv == 0, "decode_attention: shapes ",
+              q.sizes(), " ", k.sizes(), " ", v.sizes());
+  for (const auto* t : {&k, &v})
+    TORCH_CHECK(t->stride(3) == 1 && (S <= 1 || t->stride(2) == D), "decode_attention: k/v rows of D must be contiguous");
+  at::Tensor qc = q.contiguous();
+  at::Tensor out = at::empty({B, H, 1, D}, q.options());
+  const bool* mp = nullptr;
+  int64_t mb = 0, ms = 0;
+  at::Tensor m;
+  if (mask.has_value() && mask->defined()) {
+    m = *mask;
+    TORCH_CHECK(m.scalar_type() == at::kBool && m.dim() == 4 && (m.size(0) == B || m.size(0) == 1) && m.size(1) == 1 &&
+                m.size(2) == 1 && m.size(3) == S, "decode_attention: mask must be boolean (B|1, 1, 1, S), got ", m.sizes());
+    mp = m.data_ptr<bool>();
+    mb = m.size(0) == 1 ? 0 : m.stride(0);
+    ms = m.stride(3);
+  }
+  const float *qp = qc.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  int64_t G = H / Hkv, ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
+  float sc = (float)scale;
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(S);
+    std::vector<float> acc(D);
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t b = t / Hkv, g = t % Hkv;
+      const float* kb = kp + b * ks0 + g * ks1;
+      const float* vb = vp + b * vs0 + g * vs1;
+      for (int64_t hq = 0; hq < G; ++hq) {
+        int64_t h = g * G + hq;
+        const float* qh = qp + (b * H + h) * D;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < S; ++j) {
+          if (mp && !mp[b * mb + j * ms]) { p[j] = -INFINITY; continue; }
+          p[j] = dot_lanes(qh, kb + j * D, D) * sc;
+          top = std::max(top, p[j]);
+        }
+        float total = 0.f;
+        for (int64_t j = 0; j < S; ++j) {
+          p[j] = p[j] == -INFINITY ? 0.f : std::exp(p[j] - top);
+          total += p[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < S; ++j) {
+          if (p[j] == 0.f) continue;
+          const float* vj = vb + j * D;
+          float w = p[j];
+          for (int64_t d = 0; d < D; ++d) acc[d] += w * vj[d];
+        }
+        float inv = total > 0.f ? 1.f / total : 0.f;
+        float* oh = op + (b * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) oh[d] = acc[d] * inv;
+      }
+    }
+  });
+  return out;
+}
+
 // Which dtypes this build has kernels for: bit 0 float32, bit 1 bfloat16.
 int64_t dtypes() {
   int64_t bits = 0;
@@ -389,5 +471,6 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("snake(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake);
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor", &decode_attention);
   m.def("dtypes() -> int", &dtypes);
 }

@@ -380,7 +380,7 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attend = sdpa_attention  # the kernel when a call names none
         # The dtype callers keep this stack's K/V history in, when wider than the model's (set together
-        # with a widening kernel, see device/cpu_weights.use_float32_attention); None: the model's.
+        # with a widening kernel, see device/cpu_weights.use_cpu_attention); None: the model's.
         self.kv_dtype: torch.dtype | None = None
         self._rope_table: RopeTable | None = None
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_linears, pack_transposed_convs,
-                                  use_float32_attention, use_native_norms, use_native_snakes)
+                                  use_cpu_attention, use_native_norms, use_native_snakes)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
@@ -176,10 +176,10 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         use_native_norms(model.talker, lm_dtype)
     else:
         fuse_projections(model.talker)
-    # bfloat16 on the CPU attends in float32 (torch's bfloat16 CPU kernel is the slow one), so the
-    # engine keeps the K/V history in float32 too: no per-step widening of the whole history.
-    if dev.type == "cpu" and lm_dtype != torch.float32:
-        use_float32_attention(model.talker)
+    # The CPU attends in float32, bfloat16 models included (torch's bfloat16 CPU kernel is the slow one),
+    # so the engine keeps the K/V history in float32 too: no per-step widening of the whole history.
+    if dev.type == "cpu":
+        use_cpu_attention(model.talker)
     if model.speaker_encoder is not None:
         load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
