@@ -1,5 +1,5 @@
-"""omnitts' own CPU kernels (`native_kernels.cpp`: linear layers, RMSNorm, bfloat16 SnakeBeta), compiled
-on first use and cached.
+"""omnitts' own CPU kernels (`native_kernels.cpp`: linear layers, RMSNorm, bfloat16 SnakeBeta, attention
+for one query per row), compiled on first use and cached.
 
 Why: at batch 1 a frame is bound by how fast its matrix-vector products read the weights, and at
 small batches by how many multiply-adds each weight byte feeds. oneDNN's packed inner product reads

@@ -1,10 +1,11 @@
-// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, and RMSNorm.
+// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, RMSNorm, bfloat16
+// SnakeBeta and attention for one query per row.
 //
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
 // where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
-// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm and omnitts::dtypes (which dtypes this
-// build runs); threads are torch's own (at::parallel_for).
+// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::snake, omnitts::decode_attention
+// and omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
 //
 // Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
 // the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
@@ -22,6 +23,9 @@
 // omnitts::snake is models/codec.SnakeBeta in bfloat16, x + inv_beta * sin(x * alpha)^2 per channel, in
 // one pass instead of five: each operation rounded to bfloat16 as torch's would be, and the sine torch's
 // own (SLEEF's 1-ulp sine, which torch's vectorised bfloat16 sin calls): bitwise torch's result.
+//
+// omnitts::decode_attention is softmax(scale * K q) V for one query per row, float32, one task per
+// (row, KV head) so each key and value is read once for the query heads it serves (see below).
 //
 // Built with -ffp-contract=off: a product and a sum written apart are rounded apart (never fused).
 
