@@ -310,9 +310,8 @@ def pack_transposed_convs(module: nn.Module) -> int:
     def wanted(m):
         return type(m) is nn.ConvTranspose1d and onednn_packs(m.weight.dtype)
 
-    def make(m):
-        small = m.weight.numel() <= GEMM_TRANSPOSED_MAX_WEIGHTS and m.kernel_size[0] % m.stride[0] == 0
-        gemm = small and m.weight.dtype == torch.float32 and m.padding == (0,) and m.groups == 1
-        return GemmConvTranspose1d(m) if gemm else PackedConvTranspose1d(m)
+    def make(m):  # (each class asserts the padding, groups and dilation it takes)
+        small = m.weight.numel() <= GEMM_TRANSPOSED_MAX_WEIGHTS and m.weight.dtype == torch.float32
+        return GemmConvTranspose1d(m) if small and m.kernel_size[0] % m.stride[0] == 0 else PackedConvTranspose1d(m)
 
     return _swap(module, wanted, make)
