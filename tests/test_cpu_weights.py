@@ -206,37 +206,48 @@ def test_float32_attention_is_sdpa_widened(dtype):
         torch.testing.assert_close(out.float(), sdpa_attention(q, kk, vv, m, causal).float(), rtol=2e-2, atol=2e-2)
 
 
-def test_bfloat16_cpu_model_attends_and_caches_in_float32(tts_factory):
-    """On the CPU a bfloat16 talker and predictor attend in float32 (omnitts' decode kernel where it
-    builds) and the engine's talker K/V cache is float32; the batched engine still equals the
-    one-request slow path. float32 models get the same kernel, their cache stays float32."""
+def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
+    """On the CPU a bfloat16 talker and predictor attend in float32: omnitts' decode kernel where it
+    builds, reading the K/V history in bfloat16 (widened as read, so the codes are those of a float32
+    history, which torch's fallback keeps); the batched engine equals the one-request slow path.
+    float32 models get the same kernel, their cache stays float32."""
     from omnitts.device.cpu_weights import native_attention
     from omnitts.engine import Engine, EngineConfig
     from omnitts.models.layers import DecoderStack, float32_attention
     from omnitts.reference import generate_codes
     from omnitts.request import Request
 
-    kernel = native_attention if native.available(torch.float32) else float32_attention
+    built = native.available(torch.float32)
+    kernel, history = (native_attention, torch.bfloat16) if built else (float32_attention, torch.float32)
     tts = tts_factory("custom_voice", dtype="bfloat16")
     stacks = [m for m in tts.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
-    assert len(stacks) == 2 and all(s.attend is kernel and s.kv_dtype == torch.float32 for s in stacks)
-    assert tts.ckpt.cache_dtype == torch.float32 and tts.ckpt.dtype == torch.bfloat16
-    engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
-    assert all(t.dtype == torch.float32 for t in engine.cache.tensors())
-    frame = engine.runner.predictor_cache  # the predictor's frame K/V: widened once, on write
-    assert all(t.dtype == torch.float32 for t in frame.k + frame.v)
+    assert len(stacks) == 2 and all(s.attend is kernel for s in stacks)
+    assert tts.ckpt.cache_dtype == history and tts.ckpt.dtype == torch.bfloat16
     jobs = [(Request("Wide attention.", speaker="ryan"), tts.default_params(True, max_frames=8)),
             (Request("A second, longer request here.", speaker="vivian"), tts.default_params(True, max_frames=10))]
-    seqs = [engine.add(tts.prompts.build(req, None), params, tag=i) for i, (req, params) in enumerate(jobs)]
-    done = {seq.tag: seq for seq in engine.run()}
-    assert len(done) == len(seqs)
+
+    def run_engine():
+        engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=2, max_positions=256))
+        assert all(t.dtype == tts.ckpt.cache_dtype for t in engine.cache.tensors())
+        frame = engine.runner.predictor_cache  # the predictor's frame K/V
+        assert all(t.dtype == tts.ckpt.cache_dtype for t in frame.k + frame.v)
+        seqs = [engine.add(tts.prompts.build(req, None), params, tag=i) for i, (req, params) in enumerate(jobs)]
+        done = {seq.tag: seq.codes() for seq in engine.run()}
+        assert len(done) == len(seqs)
+        return done
+
+    done = run_engine()
     for i, (req, params) in enumerate(jobs):
         slow = generate_codes(tts.ckpt, tts.prompts.build(req, None), params).codes.numpy()
-        assert (done[i].codes() == slow).all(), f"request {i}"
+        assert (done[i] == slow).all(), f"request {i}"
+    for stack in stacks:  # a float32 history, widened on write: the same codes
+        stack.kv_dtype = torch.float32
+    wide = run_engine()
+    assert all((wide[i] == done[i]).all() for i in done)
 
     f32 = tts_factory("custom_voice")
     f32_stacks = [m for m in f32.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
-    assert all(m.attend is kernel and m.kv_dtype == torch.float32 for m in f32_stacks)
+    assert all(m.attend is kernel for m in f32_stacks)
     assert f32.ckpt.cache_dtype == torch.float32
 
 
@@ -245,10 +256,16 @@ def test_native_decode_attention_matches_sdpa_and_is_batch_invariant():
     """One query per row over a prefix view of a preallocated cache, grouped heads, per-row masks: the
     native kernel gives sdpa's result within float rounding, each row bitwise the same alone as in a
     batch; other calls (several queries, other masks) fall back to sdpa's."""
+    torch.manual_seed(0)
+    for heads, kv_heads, dim in ((4, 2, 32), (16, 8, 128), (4, 4, 64), (8, 2, 32), (6, 2, 24)):
+        _check_decode_attention(heads, kv_heads, dim)
+
+
+def _check_decode_attention(heads, kv_heads, dim):
+    """The kernel's vectorised shapes (head_dim 32/64/128, groups of 1/2/4) and the generic loop (others)."""
     from omnitts.device.cpu_weights import native_attention
 
-    torch.manual_seed(0)
-    batch, heads, kv_heads, dim, capacity = 5, 4, 2, 32, 40
+    batch, capacity = 5, 40
     cache_k, cache_v = torch.randn(2, batch, kv_heads, capacity, dim)
     for keys in (1, 7, 33):
         k, v = cache_k[:, :, :keys], cache_v[:, :, :keys]
@@ -263,6 +280,10 @@ def test_native_decode_attention_matches_sdpa_and_is_batch_invariant():
         for row in range(batch):
             alone = native_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], mask[row:row + 1], False)
             assert torch.equal(alone, got[row:row + 1]), (keys, row)
+    # bfloat16 K/V: the float32 result of the widened history, bitwise.
+    narrow_k, narrow_v = k.bfloat16(), v.bfloat16()
+    assert torch.equal(native_attention(q, narrow_k, narrow_v, mask, False),
+                       native_attention(q, narrow_k.float(), narrow_v.float(), mask, False))
     half = native_attention(q.bfloat16(), k, v, mask, False)
     assert half.dtype == torch.bfloat16
     torch.testing.assert_close(half.float(), native_attention(q.bfloat16().float(), k, v, mask, False), rtol=0, atol=1e-2)

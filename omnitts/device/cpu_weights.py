@@ -22,7 +22,8 @@ the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
 attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
-(every engine step) by omnitts' own decode kernel where it builds (`native_attention`).
+(every engine step) by omnitts' own decode kernel where it builds (`native_attention`, which reads a
+bfloat16 model's K/V history in bfloat16).
 
 Both packed kernels sum in another order than the default GEMM, so float32 results differ in the
 last bits (about 1e-7 relative); greedy codes are unaffected on the parity checkpoints, which the
@@ -153,33 +154,39 @@ class Widener:
 
 
 def use_cpu_attention(module: nn.Module) -> int:
-    """Give every decoder stack under `module` the CPU attention kernel and float32 K/V history (so it
-    is widened once, on write, in bfloat16 models); returns how many stacks (calls that pass their own
-    kernel, like the NPU predictor's, keep it).
+    """Give every decoder stack under `module` the CPU attention kernel; returns how many stacks (calls
+    that pass their own kernel, like the NPU predictor's, keep it).
 
-    The kernel is `native_attention` where the native kernels build, else `layers.float32_attention`.
-    float32 for bfloat16 models, measured on an AVX-512 EPYC, torch 2.13, one query per row over 17-36
-    keys: torch's bfloat16 CPU attention took 1.3-2.9 ms per call at batch 32 against 0.3-0.6 ms in
-    float32 (103 calls per 0.6B frame), 61 against 19 us at batch 1."""
+    The kernel is `native_attention` where the native kernels build: it computes in float32 and widens
+    a bfloat16 K/V history as it reads it (exact), so bfloat16 models keep their K/V in bfloat16, half
+    the bytes to read each step. Elsewhere `layers.float32_attention`, with a float32 K/V history
+    (`kv_dtype`: widened once, on write, not at every step). float32 for bfloat16 models, measured on
+    an AVX-512 EPYC, torch 2.13, one query per row over 17-36 keys: torch's bfloat16 CPU attention took
+    1.3-2.9 ms per call at batch 32 against 0.3-0.6 ms in float32 (103 calls per 0.6B frame), 61
+    against 19 us at batch 1."""
     stacks = [m for m in module.modules() if isinstance(m, DecoderStack)]
-    kernel = native_attention if native.available(torch.float32) else float32_attention
+    native_kernel = native.available(torch.float32)
     for stack in stacks:
-        stack.attend, stack.kv_dtype = kernel, torch.float32
+        stack.attend = native_attention if native_kernel else float32_attention
+        stack.kv_dtype = None if native_kernel else torch.float32
     return len(stacks)
 
 
 def native_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
     """`layers.float32_attention`, with omnitts' decode kernel taking the calls of one query per row
-    (every engine step's: the talker's and the code predictor's after its first position).
+    (every engine step's: the talker's and the code predictor's after its first position), over a
+    float32 or bfloat16 K/V history (widened as read: the float32 result of the widened history).
 
     torch's CPU kernel works one (row, head) at a time and read the talker's K/V at ~8 GB/s at batch
-    32; the native one takes a row's KV head once for the query heads it serves. Measured (AVX-512 EPYC,
-    2 threads, 16 query and 8 KV heads of 128, float32): batch 32 over 17 / 40 / 130 / 250 keys 0.25 /
-    1.33 / 4.46 / 8.75 ms -> 0.08 / 0.38 / 2.02 / 4.37; batch 8 0.09 / 0.18 / 0.38 / 1.69 -> 0.03 / 0.06
-    / 0.24 / 0.74; batch 1 within 0.02 ms. Same results within float rounding (another summation
-    order), and a row's result does not depend on its batch."""
-    if q.shape[2] == 1 and _rows_contiguous(k) and _rows_contiguous(v) and _one_row_mask(mask, k.shape[2]):
-        out = torch.ops.omnitts.decode_attention(q.float(), k.float(), v.float(), mask, q.shape[-1] ** -0.5)
+    32; the native one takes a row's KV head once for all the query heads it serves, in registers.
+    Measured (AVX-512 EPYC, 2 threads, 16 query and 8 KV heads of 128, float32 K/V): batch 32 over 17
+    / 70 / 150 / 250 keys 0.13 / 0.71 / 1.69 / 2.64 ms (omnitts' first, scalar kernel; torch's took
+    about 2x that) -> 0.07 / 0.40 / 1.24 / 2.07, with a bfloat16 history 0.07 / 0.24 / 0.74 / 1.08;
+    batch 8 over 150 keys 0.25 -> 0.09, batch 1 0.036 -> 0.017. Same results within float rounding
+    (another summation order), and a row's result does not depend on its batch."""
+    if (q.shape[2] == 1 and k.dtype == v.dtype and k.dtype in PACKED_DTYPES and _rows_contiguous(k)
+            and _rows_contiguous(v) and _one_row_mask(mask, k.shape[2])):
+        out = torch.ops.omnitts.decode_attention(q.float(), k, v, mask, q.shape[-1] ** -0.5)
         return out.to(q.dtype)
     return float32_attention(q, k, v, mask, causal)
 

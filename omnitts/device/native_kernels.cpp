@@ -24,8 +24,9 @@
 // one pass instead of five: each operation rounded to bfloat16 as torch's would be, and the sine torch's
 // own (SLEEF's 1-ulp sine, which torch's vectorised bfloat16 sin calls): bitwise torch's result.
 //
-// omnitts::decode_attention is softmax(scale * K q) V for one query per row, float32, one task per
-// (row, KV head) so each key and value is read once for the query heads it serves (see below).
+// omnitts::decode_attention is softmax(scale * K q) V for one query per row, in float32 over a float32 or
+// bfloat16 key/value history, one task per (row, KV head) so each key and value is read once for the
+// query heads it serves (see below).
 //
 // Built with -ffp-contract=off: a product and a sum written apart are rounded apart (never fused).
 
@@ -375,28 +376,185 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
   TORCH_CHECK(false, "snake: bfloat16 only (float32 keeps torch's sine, MKL's), got ", x.scalar_type());
 }
 
-// One query per row (decode) over a key history, float32: out[b, h] = softmax(scale * K q) . V, for
-// q (B, H, 1, D), k and v (B, Hkv, S, D) whose last two dimensions are contiguous (any row and head
-// strides: a prefix view of a preallocated cache), head h reading KV head h / (H / Hkv), and an
-// optional boolean mask broadcastable to (B, 1, 1, S) (True = attend). One task per (row, KV head):
-// its keys and values are read once from memory for the query heads they serve, where torch's kernel
-// takes one (row, head) at a time. A row's result does not depend on the batch (bitwise).
-float dot_lanes(const float* a, const float* b, int64_t D) {
+// One query per row (decode) over a key history: out[b, h] = softmax(scale * K q) . V in float32, for
+// q (B, H, 1, D) float32, k and v (B, Hkv, S, D) float32 or bfloat16 (widened as read: exact, so a
+// bfloat16 history gives the float32 result of its widened copy, bitwise) whose last two dimensions
+// are contiguous (any row and head strides: a prefix view of a preallocated cache), head h reading KV
+// head h / (H / Hkv), and an optional boolean mask broadcastable to (B, 1, 1, S) (True = attend). One
+// task per (row, KV head): its keys and values are read once from memory for the query heads it
+// serves, where torch's kernel takes one (row, head) at a time. A row's result does not depend on the
+// batch (bitwise).
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {
+  uint32_t bits = (uint32_t)x << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename KV>
+float dot_lanes(const float* a, const KV* b, int64_t D) {
   float lanes[16] = {0};
   int64_t d = 0;
   for (; d + 16 <= D; d += 16)
-    for (int j = 0; j < 16; ++j) lanes[j] += a[d + j] * b[d + j];
+    for (int j = 0; j < 16; ++j) lanes[j] += a[d + j] * widen(b[d + j]);
   float sum = 0.f;
   for (int j = 0; j < 16; ++j) sum += lanes[j];
-  for (; d < D; ++d) sum += a[d] * b[d];
+  for (; d < D; ++d) sum += a[d] * widen(b[d]);
   return sum;
+}
+
+#if defined(__AVX512F__)
+// The AVX-512 path for head_dim D of 32, 64, 128 or 256 and 1, 2 or 4 query heads per KV head (every
+// Qwen3-TTS stack: D 128, 2 query heads per KV head): the group's queries sit in registers, each key
+// and value row is loaded (and widened) once for all of them, scores and weights use fused
+// multiply-adds and SLEEF's 1-ulp exp. Per row and head the order of operations is fixed, so a row's
+// result still does not depend on the batch.
+inline __m512 load_row(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_row(const uint16_t* p) { return widen_bf16(_mm256_loadu_si256((const __m256i*)p)); }
+
+template <typename KV, int G, int C>
+void attend_group(const float* q, const KV* kb, const KV* vb, float* out, const bool* mask, int64_t ms, int64_t S,
+                  float sc, float* scores) {
+  __m512 qv[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) qv[g][c] = _mm512_loadu_ps(q + g * C * 16 + c * 16);
+  float top[G];
+  for (int g = 0; g < G; ++g) top[g] = -INFINITY;
+  for (int64_t j = 0; j < S; ++j) {
+    if (mask && !mask[j * ms]) {
+      for (int g = 0; g < G; ++g) scores[g * S + j] = -INFINITY;
+      continue;
+    }
+    __m512 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      __m512 kv = load_row(kb + j * C * 16 + c * 16);
+      for (int g = 0; g < G; ++g) acc[g] = _mm512_fmadd_ps(qv[g][c], kv, acc[g]);
+    }
+    for (int g = 0; g < G; ++g) {
+      float x = _mm512_reduce_add_ps(acc[g]) * sc;
+      scores[g * S + j] = x;
+      top[g] = std::max(top[g], x);
+    }
+  }
+  float inv[G];
+  for (int g = 0; g < G; ++g) {
+    float* p = scores + g * S;
+    __m512 mx = _mm512_set1_ps(top[g]), total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < S; j += 16) {
+      __mmask16 m = first_lanes(S - j);
+      __m512 x = _mm512_maskz_loadu_ps(m, p + j);
+      __m512 e = _mm512_maskz_mov_ps(m, Sleef_expf16_u10(_mm512_sub_ps(x, mx)));  // exp(-inf) = 0
+      _mm512_mask_storeu_ps(p + j, m, e);
+      total = _mm512_add_ps(total, e);
+    }
+    float t = _mm512_reduce_add_ps(total);
+    inv[g] = t > 0.f ? 1.f / t : 0.f;
+  }
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S; ++j) {
+    if (mask && !mask[j * ms]) continue;
+    __m512 w[G];
+    for (int g = 0; g < G; ++g) w[g] = _mm512_set1_ps(scores[g * S + j]);
+    for (int c = 0; c < C; ++c) {
+      __m512 vv = load_row(vb + j * C * 16 + c * 16);
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(w[g], vv, acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * C * 16 + c * 16, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(inv[g])));
+}
+
+template <typename KV>
+using GroupKernel = void (*)(const float*, const KV*, const KV*, float*, const bool*, int64_t, int64_t, float, float*);
+
+template <typename KV, int G>
+GroupKernel<KV> group_kernel_for(int64_t chunks) {
+  switch (chunks) {
+    case 2: return &attend_group<KV, G, 2>;
+    case 4: return &attend_group<KV, G, 4>;
+    case 8: return &attend_group<KV, G, 8>;
+    case 16: return &attend_group<KV, G, 16>;
+    default: return nullptr;
+  }
+}
+
+// The kernel for G query heads per KV head and head_dim D, or nullptr where the generic loop runs.
+template <typename KV>
+GroupKernel<KV> pick_group_kernel(int64_t G, int64_t D) {
+  if (D % 16 != 0) return nullptr;
+  switch (G) {
+    case 1: return group_kernel_for<KV, 1>(D / 16);
+    case 2: return group_kernel_for<KV, 2>(D / 16);
+    case 4: return group_kernel_for<KV, 4>(D / 16);
+    default: return nullptr;
+  }
+}
+#endif
+
+template <typename KV>
+void decode_attention_rows(const float* qp, const KV* kp, const KV* vp, float* op, const bool* mp, int64_t mb,
+                           int64_t ms, int64_t B, int64_t H, int64_t Hkv, int64_t S, int64_t D, int64_t ks0,
+                           int64_t ks1, int64_t vs0, int64_t vs1, float sc) {
+  int64_t G = H / Hkv;
+#if defined(__AVX512F__)
+  if (auto kernel = pick_group_kernel<KV>(G, D)) {
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores(G * S);
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t b = t / Hkv, g = t % Hkv;
+        kernel(qp + (b * H + g * G) * D, kp + b * ks0 + g * ks1, vp + b * vs0 + g * vs1, op + (b * H + g * G) * D,
+               mp ? mp + b * mb : nullptr, ms, S, sc, scores.data());
+      }
+    });
+    return;
+  }
+#endif
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> p(S);
+    std::vector<float> acc(D);
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t b = t / Hkv, g = t % Hkv;
+      const KV* kb = kp + b * ks0 + g * ks1;
+      const KV* vb = vp + b * vs0 + g * vs1;
+      for (int64_t hq = 0; hq < G; ++hq) {
+        int64_t h = g * G + hq;
+        const float* qh = qp + (b * H + h) * D;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < S; ++j) {
+          if (mp && !mp[b * mb + j * ms]) { p[j] = -INFINITY; continue; }
+          p[j] = dot_lanes(qh, kb + j * D, D) * sc;
+          top = std::max(top, p[j]);
+        }
+        float total = 0.f;
+        for (int64_t j = 0; j < S; ++j) {
+          p[j] = p[j] == -INFINITY ? 0.f : std::exp(p[j] - top);
+          total += p[j];
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t j = 0; j < S; ++j) {
+          if (p[j] == 0.f) continue;
+          const KV* vj = vb + j * D;
+          float w = p[j];
+          for (int64_t d = 0; d < D; ++d) acc[d] += w * widen(vj[d]);
+        }
+        float inv = total > 0.f ? 1.f / total : 0.f;
+        float* oh = op + (b * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) oh[d] = acc[d] * inv;
+      }
+    }
+  });
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const c10::optional<at::Tensor>& mask, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(2) == 1, "decode_attention: q (B, H, 1, D), k/v (B, Hkv, S, D)");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "decode_attention: float32 only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "decode_attention: q must be float32, got ", q.scalar_type());
+  TORCH_CHECK(k.scalar_type() == v.scalar_type() && (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+              "decode_attention: k and v both float32 or both bfloat16, got ", k.scalar_type(), " and ", v.scalar_type());
   int64_t B = q.size(0), H = q.size(1), D = q.size(3), Hkv = k.size(1), S = k.size(2);
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && H % Hkv == 0, "decode_attention: shapes ",
               q.sizes(), " ", k.sizes(), " ", v.sizes());
@@ -415,44 +573,14 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
     mb = m.size(0) == 1 ? 0 : m.stride(0);
     ms = m.stride(3);
   }
-  const float *qp = qc.data_ptr<float>(), *kp = k.data_ptr<float>(), *vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  int64_t G = H / Hkv, ks0 = k.stride(0), ks1 = k.stride(1), vs0 = v.stride(0), vs1 = v.stride(1);
   float sc = (float)scale;
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> p(S);
-    std::vector<float> acc(D);
-    for (int64_t t = t0; t < t1; ++t) {
-      int64_t b = t / Hkv, g = t % Hkv;
-      const float* kb = kp + b * ks0 + g * ks1;
-      const float* vb = vp + b * vs0 + g * vs1;
-      for (int64_t hq = 0; hq < G; ++hq) {
-        int64_t h = g * G + hq;
-        const float* qh = qp + (b * H + h) * D;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < S; ++j) {
-          if (mp && !mp[b * mb + j * ms]) { p[j] = -INFINITY; continue; }
-          p[j] = dot_lanes(qh, kb + j * D, D) * sc;
-          top = std::max(top, p[j]);
-        }
-        float total = 0.f;
-        for (int64_t j = 0; j < S; ++j) {
-          p[j] = p[j] == -INFINITY ? 0.f : std::exp(p[j] - top);
-          total += p[j];
-        }
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < S; ++j) {
-          if (p[j] == 0.f) continue;
-          const float* vj = vb + j * D;
-          float w = p[j];
-          for (int64_t d = 0; d < D; ++d) acc[d] += w * vj[d];
-        }
-        float inv = total > 0.f ? 1.f / total : 0.f;
-        float* oh = op + (b * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) oh[d] = acc[d] * inv;
-      }
-    }
-  });
+  if (k.scalar_type() == at::kFloat)
+    decode_attention_rows(qc.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), out.data_ptr<float>(), mp, mb,
+                          ms, B, H, Hkv, S, D, k.stride(0), k.stride(1), v.stride(0), v.stride(1), sc);
+  else
+    decode_attention_rows(qc.data_ptr<float>(), (const uint16_t*)k.data_ptr(), (const uint16_t*)v.data_ptr(),
+                          out.data_ptr<float>(), mp, mb, ms, B, H, Hkv, S, D, k.stride(0), k.stride(1), v.stride(0),
+                          v.stride(1), sc);
   return out;
 }
 
