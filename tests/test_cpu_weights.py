@@ -187,6 +187,73 @@ def test_loaded_codec_has_packed_transposed_convs(ckpt_dir, monkeypatch):
         torch.testing.assert_close(packed(codes), plain(codes), rtol=0, atol=1e-5)
 
 
+@needs_pack
+def test_packed_conv_matches_conv():
+    """A conv whose weight oneDNN reordered once gives torch's conv1d, dilated or not, any batch."""
+    from omnitts.device.cpu_weights import PackedConv1d
+
+    torch.manual_seed(0)
+    for cin, cout, kernel, dilation, bias in [(48, 24, 7, 1, True), (16, 32, 7, 3, False), (8, 8, 3, 9, True)]:
+        conv = nn.Conv1d(cin, cout, kernel, dilation=dilation, bias=bias)
+        packed = PackedConv1d(conv)
+        assert (packed.in_channels, packed.out_channels, packed.kernel_size, packed.dilation) == (
+            cin, cout, (kernel,), (dilation,))
+        span = (kernel - 1) * dilation + 1
+        for batch, length in [(1, span), (3, span + 6), (2, span + 100)]:
+            x = torch.randn(batch, cin, length)
+            got, want = packed(x), conv(x)
+            assert got.shape == want.shape and got.is_contiguous()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    if can_pack(torch.bfloat16):
+        conv = nn.Conv1d(48, 24, 7, dilation=3).to(torch.bfloat16)
+        x = torch.randn(2, 48, 60).to(torch.bfloat16)
+        got = PackedConv1d(conv)(x)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), conv(x).float(), rtol=2e-2, atol=2e-2)
+
+
+@needs_pack
+def test_only_big_plain_convs_are_packed(monkeypatch):
+    """`pack_convs` takes convs of at least PACKED_CONV_MIN_WEIGHTS weights, groups 1, stride 1, no
+    padding; the rest keep torch's conv1d."""
+    from omnitts.device import cpu_weights
+    from omnitts.device.cpu_weights import PackedConv1d, pack_convs
+
+    monkeypatch.setattr(cpu_weights, "PACKED_CONV_MIN_WEIGHTS", 8 * 8 * 7)
+    model = nn.Sequential(nn.Conv1d(8, 8, 7), nn.Conv1d(8, 8, 3), nn.Conv1d(16, 16, 7, groups=2),
+                          nn.Conv1d(8, 8, 7, stride=2), nn.Conv1d(8, 8, 7, padding=3), nn.Conv1d(16, 8, 7, dilation=9))
+    assert pack_convs(model) == 2
+    assert [type(m) is PackedConv1d for m in model] == [True, False, False, False, False, True]
+
+
+@needs_pack
+def test_loaded_codec_with_packed_convs_decodes_the_same(ckpt_dir, monkeypatch):
+    """The tiny codec with every plain conv packed (the limit lowered to 0) decodes, whole and
+    streamed, what the unpacked codec decodes, within float rounding."""
+    from omnitts.device import cpu_weights
+    from omnitts.device.cpu_weights import PackedConv1d
+    from omnitts.models.codec_stream import StreamingCodec
+
+    folder = ckpt_dir("custom_voice")
+    monkeypatch.setattr(cpu_weights, "PACKED_CONV_MIN_WEIGHTS", 0)
+    packed = omnitts.load(folder, dtype="float32").ckpt.codec
+    assert sum(isinstance(m, PackedConv1d) for m in packed.modules()) >= 10
+    monkeypatch.setenv("OMNITTS_PACK", "0")
+    plain = omnitts.load(folder, dtype="float32").ckpt.codec
+    assert not any(isinstance(m, PackedConv1d) for m in plain.modules())
+    codes = torch.randint(0, 2048, (2, 16, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = plain(codes)
+        torch.testing.assert_close(packed(codes), want, rtol=0, atol=1e-5)
+        stream = StreamingCodec(packed, 64)
+        state, pieces = stream.new_state(2), []
+        for start in (0, 4):
+            n = 4 if start == 0 else 5
+            wav, state = stream.step(codes[..., start:start + n], state, [start] * 2, [0] * 2, [start + n] * 2)
+            pieces.append(wav)
+        torch.testing.assert_close(torch.cat(pieces, -1), want, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_float32_attention_is_sdpa_widened(dtype):
     """float32 inputs: exactly torch's sdpa; bfloat16: sdpa over the widened inputs, cast back."""

@@ -300,6 +300,55 @@ class GemmConvTranspose1d(nn.Module):
         return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, GEMM"
 
 
+class PackedConv1d(nn.Module):
+    """`nn.Conv1d` (no padding, stride 1, groups 1; any dilation) whose weight is reordered for oneDNN
+    once: torch's `conv1d` reorders it on every call, which for a big weight over few positions costs
+    more than the arithmetic (see `PACKED_CONV_MIN_WEIGHTS`). Same results within float rounding.
+    Keeps the attributes callers read (`in_channels`, `out_channels`, `kernel_size`, `dilation`)."""
+
+    def __init__(self, conv: nn.Conv1d):
+        super().__init__()
+        assert conv.padding == (0,) and conv.stride == (1,) and conv.groups == 1, conv
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
+        # Viewed as a 2-D convolution over a height of 1, the form oneDNN's kernels take.
+        packed = torch.ops.mkldnn._reorder_convolution_weight(
+            conv.weight.detach()[:, :, None, :], [0, 0], [1, 1], [1, self.dilation[0]], 1, None)
+        self.weight = nn.Parameter(packed, requires_grad=False)
+        self.bias = conv.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', T - (kernel - 1) * dilation)
+        y = torch.ops.mkldnn._convolution_pointwise(
+            x.contiguous()[:, :, None, :], self.weight, self.bias, [0, 0], [1, 1], [1, self.dilation[0]], 1,
+            "none", [], "")
+        return y[:, :, 0, :].contiguous()  # oneDNN answers channels-last
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"dilation={self.dilation}, packed")
+
+
+# Convs of at least this many weights run as `PackedConv1d` (where oneDNN packs their dtype). Measured
+# on an AVX-512 EPYC, 2 threads, float32, one stream's positions per call: the 0.6B codec's first
+# decoder conv (1024 -> 1536, kernel 7, 11M weights) 19.7 -> 4.0 ms over 25 positions, 26.3 -> 12.5 over
+# 100 (a 25-frame chunk), 97.5 -> 102.1 over 800; its first upsampling block's (768 -> 768, kernel 7,
+# 4.1M) 5.1 -> 4.0 over 100 and 30.6 -> 30.2 over 800; but the small late ones lose (96 -> 96, kernel 7,
+# 9.4 -> 10.7 ms; 1x1 convs up to 2x slower): their weight is cheap to reorder, and oneDNN's
+# channels-last answer costs a copy.
+PACKED_CONV_MIN_WEIGHTS = 8 << 20
+
+
+def pack_convs(module: nn.Module) -> int:
+    """Replace every `nn.Conv1d` under `module` with at least `PACKED_CONV_MIN_WEIGHTS` weights, groups
+    1, stride 1 and no padding, whose dtype oneDNN packs (`onednn_packs`), by a `PackedConv1d`, in place;
+    returns how many (0 where packing is off or unavailable)."""
+    def wanted(m):
+        return (type(m) is nn.Conv1d and m.weight.numel() >= PACKED_CONV_MIN_WEIGHTS and m.groups == 1
+                and m.stride == (1,) and m.padding == (0,) and onednn_packs(m.weight.dtype))
+
+    return _swap(module, wanted, PackedConv1d)
+
+
 # Transposed convs of up to this many weights run as `GemmConvTranspose1d` in float32 (where oneDNN
 # packs). Measured in the 0.6B codec's streaming decode (AVX-512 EPYC, 2 threads, 25-frame calls in
 # 8-frame tiles; time in each layer over the same 200 frames, three interleaved rounds): 384 -> 192

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
-from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_linears, pack_transposed_convs,
+from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_convs, pack_linears, pack_transposed_convs,
                                   use_cpu_attention, use_native_norms, use_native_snakes)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
@@ -187,6 +187,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     fuse_projections(codec)
     if dev.type == "cpu":
         pack_transposed_convs(codec)
+        pack_convs(codec)
         use_native_snakes(codec, DTYPES[codec_dtype])
     encoder = None
     if cfg.model_type == "base":
