@@ -18,7 +18,9 @@ codec's first upsampling block), which at streaming chunk sizes costs more than 
 There the kernel is the one torch calls anyway, so results are unchanged (bitwise, measured), in
 float32 and, for a codec loaded in bfloat16, in bfloat16. Except the late, small ones in float32:
 with many positions per call and a small weight, oneDNN's transposed convolution runs far below
-the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`).
+the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`). The biggest
+plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
+too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
 attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
