@@ -277,7 +277,7 @@ def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
     """On the CPU a bfloat16 talker and predictor attend in float32: omnitts' decode kernel where it
     builds, reading the K/V history in bfloat16 (widened as read, so the codes are those of a float32
     history, which torch's fallback keeps); the batched engine equals the one-request slow path.
-    float32 models get the same kernel, their cache stays float32."""
+    float32 models get the same kernel, their cache stays float32; float16 ones keep a float32 one."""
     from omnitts.device.cpu_weights import native_attention
     from omnitts.engine import Engine, EngineConfig
     from omnitts.models.layers import DecoderStack, float32_attention
@@ -316,6 +316,8 @@ def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
     f32_stacks = [m for m in f32.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
     assert all(m.attend is kernel for m in f32_stacks)
     assert f32.ckpt.cache_dtype == torch.float32
+    half = tts_factory("custom_voice", dtype="float16")  # a history the kernel does not read: float32
+    assert half.ckpt.cache_dtype == torch.float32
 
 
 @needs_native

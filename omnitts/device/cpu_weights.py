@@ -170,7 +170,9 @@ def use_cpu_attention(module: nn.Module) -> int:
     native_kernel = native.available(torch.float32)
     for stack in stacks:
         stack.attend = native_attention if native_kernel else float32_attention
-        stack.kv_dtype = None if native_kernel else torch.float32
+        # The kernel reads float32 and bfloat16 histories; others (float16) are widened once, on write.
+        read_as_stored = native_kernel and stack.norm.weight.dtype in PACKED_DTYPES
+        stack.kv_dtype = None if read_as_stored else torch.float32
     return len(stacks)
 
 
