@@ -45,6 +45,8 @@ from ..models.codec import SnakeBeta
 from ..models.layers import DecoderStack, RMSNorm, concat_biases, float32_attention
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+# The K/V history dtypes omnitts' decode attention kernel reads as stored (bfloat16 widened as read).
+ATTENTION_KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _packing_on(dtype: torch.dtype) -> bool:
@@ -170,8 +172,8 @@ def use_cpu_attention(module: nn.Module) -> int:
     native_kernel = native.available(torch.float32)
     for stack in stacks:
         stack.attend = native_attention if native_kernel else float32_attention
-        # The kernel reads float32 and bfloat16 histories; others (float16) are widened once, on write.
-        read_as_stored = native_kernel and stack.norm.weight.dtype in PACKED_DTYPES
+        # Histories the kernel does not read (float16) are widened once, on write.
+        read_as_stored = native_kernel and stack.norm.weight.dtype in ATTENTION_KV_DTYPES
         stack.kv_dtype = None if read_as_stored else torch.float32
     return len(stacks)
 
@@ -188,7 +190,7 @@ def native_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
     about 2x that) -> 0.07 / 0.40 / 1.24 / 2.07, with a bfloat16 history 0.07 / 0.24 / 0.74 / 1.08;
     batch 8 over 150 keys 0.25 -> 0.09, batch 1 0.036 -> 0.017. Same results within float rounding
     (another summation order), and a row's result does not depend on its batch."""
-    if (q.shape[2] == 1 and k.dtype == v.dtype and k.dtype in PACKED_DTYPES and _rows_contiguous(k)
+    if (q.shape[2] == 1 and k.dtype == v.dtype and k.dtype in ATTENTION_KV_DTYPES and _rows_contiguous(k)
             and _rows_contiguous(v) and _one_row_mask(mask, k.shape[2])):
         out = torch.ops.omnitts.decode_attention(q.float(), k, v, mask, q.shape[-1] ** -0.5)
         return out.to(q.dtype)

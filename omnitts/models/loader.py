@@ -176,8 +176,9 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         use_native_norms(model.talker, lm_dtype)
     else:
         fuse_projections(model.talker)
-    # The CPU attends in float32, bfloat16 models included (torch's bfloat16 CPU kernel is the slow one),
-    # so the engine keeps the K/V history in float32 too: no per-step widening of the whole history.
+    # The CPU attends in float32, bfloat16 models included (torch's bfloat16 CPU kernel is the slow one):
+    # omnitts' kernel reads a bfloat16 K/V history as stored; torch's fallback gets a float32 history
+    # (`cache_dtype`), so the whole history is never re-widened at each step.
     if dev.type == "cpu":
         use_cpu_attention(model.talker)
     if model.speaker_encoder is not None:
