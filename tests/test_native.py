@@ -251,3 +251,98 @@ def test_native_snakes_reach_a_bfloat16_codec_only(ckpt_dir):
         for m in snakes:
             m.kernel = None
         assert torch.equal(fused, bf16.codec(codes))
+
+
+@pytest.mark.parametrize("m", [2, 3])
+def test_winograd_matrices_compute_the_correlation_exactly(m):
+    """A^T ((G w) * (B^T x)) is y_i = sum_k w_k x_(i+k) in exact (float64) arithmetic."""
+    from omnitts.device.cpu_weights import WINOGRAD_POINTS, winograd_matrices
+
+    points = WINOGRAD_POINTS[: m + 5]
+    at, g, bt = winograd_matrices(m, 7, points)
+    assert at.shape == (m, m + 6) and g.shape == (m + 6, 7) and bt.shape == (m + 6, m + 6)
+    gen = torch.Generator().manual_seed(m)
+    for _ in range(5):
+        w = torch.randn(7, dtype=torch.float64, generator=gen)
+        x = torch.randn(m + 6, dtype=torch.float64, generator=gen)
+        want = torch.stack([(w * x[i : i + 7]).sum() for i in range(m)])
+        torch.testing.assert_close(at @ ((g @ w) * (bt @ x)), want, rtol=0, atol=1e-12)
+
+
+def _winograd_cases():
+    # (in, out, positions out, dilation, batch): tiles that fill and that overhang the end, one output, T < d
+    return [(16, 24, 37, 9, 2), (24, 24, 50, 1, 1), (20, 12, 41, 3, 3), (32, 32, 1, 1, 1), (8, 8, 5, 9, 2),
+            (48, 40, 300, 3, 2)]
+
+
+@needs_f32
+@pytest.mark.parametrize("cin,cout,T,d,B", _winograd_cases())
+@pytest.mark.parametrize("bias", [True, False])
+def test_winograd_conv_matches_a_float64_convolution(cin, cout, T, d, B, bias):
+    """Within Winograd's rounding (its transforms scale values by up to 3^6 / 2) of the exact result;
+    the direct float32 convolution is ~20x closer, so this bounds, not mirrors, the direct one."""
+    from omnitts.device.cpu_weights import WinogradConv1d
+
+    torch.manual_seed(cin * T + d)
+    conv = nn.Conv1d(cin, cout, 7, dilation=d, bias=bias)
+    x = torch.randn(B, cin, T + 6 * d)
+    with torch.no_grad():
+        wino = WinogradConv1d(conv)
+        want = nn.functional.conv1d(x.double(), conv.weight.double(), None if conv.bias is None else conv.bias.double(),
+                                    dilation=d)
+        got = wino(x)
+        assert got.shape == want.shape and got.dtype == torch.float32 and got.is_contiguous()
+        assert (got.double() - want).abs().max() < 3e-5 * want.abs().max()
+        torch.testing.assert_close(wino(x[:, :, :]).double(), got.double(), rtol=0, atol=0)  # deterministic
+        with pytest.raises(ValueError, match="input positions"):
+            wino(x[..., : 6 * d])
+
+
+def test_winograd_kernels_refuse_what_they_do_not_compute():
+    if not native.available(torch.float32):
+        pytest.skip("native kernel not built here")
+    bt = torch.eye(9)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.omnitts.wino_input(torch.randn(1, 4, 30).double(), bt, 3, 1, 8)
+    with pytest.raises(RuntimeError, match="m = 2 or 3"):
+        torch.ops.omnitts.wino_input(torch.randn(1, 4, 30), bt, 2, 1, 12)
+    with pytest.raises(RuntimeError, match="outputs from"):
+        torch.ops.omnitts.wino_output(torch.randn(9, 4, 8), torch.randn(3, 9), None, 1, 1, 8, 25)
+
+
+def test_the_kernels_build_and_compute_without_avx512(tmp_path):
+    """The portable paths (an AVX2 build: the float32 linear, Winograd's scalar transforms) compute
+    what the modules do; such a build says its Winograd transforms are not vectorised, so the loader
+    leaves codecs on oneDNN's direct convolution there."""
+    import subprocess
+    import sys
+    import textwrap
+
+    if not native.available(torch.float32):
+        pytest.skip("native kernel not built here")
+    script = textwrap.dedent("""
+        import torch
+        from torch import nn
+        from omnitts.device import native
+        native.FLAGS = native.FLAGS + ("-mno-avx512f",)
+        assert native.available(torch.float32) and not native.available(torch.bfloat16)
+        assert not torch.ops.omnitts.winograd_vectorised()
+        from omnitts.device.cpu_weights import PackedLinear, WinogradConv1d
+        torch.manual_seed(0)
+        linear = nn.Linear(40, 50)
+        x = torch.randn(3, 40)
+        with torch.no_grad():
+            packed = PackedLinear(linear)
+            assert packed.native
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+            for cin, cout, T, d, B in [(16, 24, 37, 9, 2), (24, 24, 50, 1, 1), (20, 12, 41, 3, 3)]:
+                conv = nn.Conv1d(cin, cout, 7, dilation=d)
+                x = torch.randn(B, cin, T + 6 * d)
+                want = nn.functional.conv1d(x.double(), conv.weight.double(), conv.bias.double(), dilation=d)
+                got = WinogradConv1d(conv)(x).double()
+                assert got.shape == want.shape and (got - want).abs().max() < 3e-5 * want.abs().max()
+        print("ok")
+    """)
+    env = {**__import__("os").environ, "OMNITTS_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

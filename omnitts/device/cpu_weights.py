@@ -20,7 +20,9 @@ float32 and, for a codec loaded in bfloat16, in bfloat16. Except the late, small
 with many positions per call and a small weight, oneDNN's transposed convolution runs far below
 the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`). The biggest
 plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
-too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call.
+too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. The wide kernel-7
+convolutions of the float32 codec's residual units take fewer multiplications instead: Winograd's
+F(3, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
 attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
@@ -38,6 +40,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import native
@@ -354,6 +357,111 @@ def pack_convs(module: nn.Module) -> int:
 
     return _swap(module, wanted, PackedConv1d)
 
+
+# Winograd F(3, 7): the points its transforms evaluate at (7 finite, and infinity). Small points keep
+# the transforms' coefficients small; with these the result is within ~3e-5 of the exact convolution
+# at unit-scale activations (a direct float32 convolution: ~8e-7), measured over 96-768 channels.
+WINOGRAD_POINTS = (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0)
+WINOGRAD_OUTPUTS = 3  # m: outputs per tile, alpha = m + 6 products per tile instead of 7 * m
+
+
+def winograd_matrices(m: int, r: int, points) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Toom-Cook matrices (A^T (m x a), G (a x r), B^T (a x a), float64, a = m + r - 1) for the
+    correlation y_i = sum_k w_k x_(i+k), i < m: y = A^T ((G w) * (B^T x)).
+
+    The products of a length-m and a length-r polynomial, evaluated at a - 1 finite points and at
+    infinity (the leading coefficient), give the a coefficients of their product back through Lagrange
+    interpolation; B^T's rows are the interpolation's basis polynomials (the point's own scale moved
+    into G), and the correlation is that convolution transposed."""
+    a = m + r - 1
+    p = torch.tensor(points, dtype=torch.float64)
+    assert p.numel() == a - 1, (m, r, points)
+
+    def coefficients(roots):  # of prod (x - root), ascending powers, padded to a
+        c = torch.zeros(a, dtype=torch.float64)
+        c[0] = 1.0
+        for root in roots:
+            c = torch.cat([torch.zeros(1, dtype=torch.float64), c[:-1]]) - root * c
+        return c
+
+    at, g, bt = torch.zeros(m, a, dtype=torch.float64), torch.zeros(a, r, dtype=torch.float64), torch.zeros(a, a, dtype=torch.float64)
+    for k in range(a - 1):
+        others = torch.cat([p[:k], p[k + 1:]])
+        at[:, k] = p[k] ** torch.arange(m, dtype=torch.float64)
+        g[k] = p[k] ** torch.arange(r, dtype=torch.float64) / torch.prod(p[k] - others)
+        bt[k] = coefficients(others)
+    at[m - 1, a - 1] = g[a - 1, r - 1] = 1.0
+    bt[a - 1] = coefficients(p)
+    return at, g, bt
+
+
+class WinogradConv1d(nn.Module):
+    """`nn.Conv1d` of kernel 7 (float32, no padding, stride 1, groups 1; any dilation) by Winograd's
+    F(3, 7): each tile of 3 outputs is 9 products of transformed inputs and weights instead of 21
+    multiply-adds, 2.3x fewer. Dilation d interleaves d plain convolutions, tiled alike.
+
+    The transforms are omnitts' kernels (`wino_input`, `wino_output`: one pass each, gathers and
+    scatters); the 9 products, one matrix product per transform point, are one grouped 1x1 convolution
+    (oneDNN: faster here than `bmm`). Measured on an AVX-512 EPYC, 2 threads, one 25-frame streaming
+    call's positions: 768 channels over 800 positions 30.7 -> 17.2 ms, 384 over 1280 12.2 -> 7.4,
+    192 over 5120 12.3 -> 8.7, but 96 over 15360 only 9.7 -> 8.8 (the transforms' passes weigh more
+    against fewer channels; see `WINOGRAD_MIN_CHANNELS`). Results within ~3e-5 of the exact
+    convolution at unit-scale activations, where the direct one is within ~8e-7 (the transforms'
+    coefficients reach 3^6 / 2): see `WINOGRAD_POINTS`. Keeps the attributes callers read."""
+
+    def __init__(self, conv: nn.Conv1d, m: int = WINOGRAD_OUTPUTS):
+        super().__init__()
+        assert conv.kernel_size == (7,) and conv.padding == (0,) and conv.stride == (1,) and conv.groups == 1, conv
+        assert conv.weight.dtype == torch.float32, conv.weight.dtype
+        assert native.available(torch.float32), "WinogradConv1d needs omnitts' native kernels"
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
+        self.m = m
+        at, g, bt = winograd_matrices(m, 7, WINOGRAD_POINTS)
+        # (a, Cout, Cin): the weight transformed per point, as one grouped 1x1 convolution's weight.
+        weight = torch.einsum("ak,oik->aoi", g, conv.weight.detach().double()).float()
+        self.weight = nn.Parameter(weight.reshape(-1, self.in_channels, 1).contiguous(), requires_grad=False)
+        self.register_buffer("at", at.float(), persistent=False)
+        self.register_buffer("bt", bt.float(), persistent=False)
+        self.bias = conv.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, L) -> (B, C', L - 6 * dilation)
+        (B, _, L), d, a = x.shape, self.dilation[0], self.at.shape[1]
+        T = L - 6 * d
+        if T <= 0:
+            raise ValueError(f"WinogradConv1d: {L} input positions, the kernel spans {6 * d + 1}")
+        Q = -(-T // (self.m * d))  # tiles per interleaved convolution
+        U = torch.ops.omnitts.wino_input(x, self.bt, self.m, d, Q)  # (a, Cin, B * Q * d)
+        M = F.conv1d(U.view(1, -1, U.shape[-1]), self.weight, groups=a)
+        return torch.ops.omnitts.wino_output(M.view(a, self.out_channels, -1).contiguous(), self.at, self.bias, B, d, Q, T)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"dilation={self.dilation}, Winograd F({self.m}, 7)")
+
+
+# Kernel-7 convs with at least this many input and output channels run as `WinogradConv1d` (float32,
+# where the native kernels build with AVX-512). The 0.6B / 1.7B codec: its residual units of 768, 384
+# and 192 channels (9 of its 12 kernel-7 convs, ~70% of their time); not the 96-channel ones (1.1x,
+# within noise) nor the first decoder conv (a packed 1024 -> 1536 over few positions, `pack_convs`).
+WINOGRAD_MIN_CHANNELS = 192
+
+
+def winograd_convs(module: nn.Module) -> int:
+    """Replace every float32 kernel-7 `nn.Conv1d` under `module` with groups 1, stride 1, no padding and
+    at least `WINOGRAD_MIN_CHANNELS` in and out by a `WinogradConv1d`, in place, where the native
+    kernels build with AVX-512 (`OMNITTS_WINOGRAD=0` turns it off); returns how many."""
+    if os.environ.get("OMNITTS_WINOGRAD", "1") == "0" or not native.available(torch.float32):
+        return 0
+    if not torch.ops.omnitts.winograd_vectorised():
+        return 0
+
+    def wanted(m):
+        return (type(m) is nn.Conv1d and m.kernel_size == (7,) and m.groups == 1 and m.stride == (1,)
+                and m.padding == (0,) and m.weight.dtype == torch.float32
+                and min(m.in_channels, m.out_channels) >= WINOGRAD_MIN_CHANNELS)
+
+    return _swap(module, wanted, WinogradConv1d)
 
 # Transposed convs of up to this many weights run as `GemmConvTranspose1d` in float32 (where oneDNN
 # packs). Measured in the 0.6B codec's streaming decode (AVX-512 EPYC, 2 threads, 25-frame calls in

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_convs, pack_linears, pack_transposed_convs,
-                                  use_cpu_attention, use_native_norms, use_native_snakes)
+                                  use_cpu_attention, use_native_norms, use_native_snakes, winograd_convs)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
@@ -189,6 +189,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     if dev.type == "cpu":
         pack_transposed_convs(codec)
         pack_convs(codec)
+        winograd_convs(codec)
         use_native_snakes(codec, DTYPES[codec_dtype])
     encoder = None
     if cfg.model_type == "base":
