@@ -283,33 +283,35 @@ def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
 
 @needs_winograd
 def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch):
-    """The tiny codec with every kernel-7 conv on Winograd (the channel limit lowered) decodes, whole
-    and streamed, what the direct convolutions decode within 3e-5 (the parity tolerance against the
-    official package is 1e-4; measured: 1.0e-5 here, 9.7e-6 on the 0.6B codec with its 9 wide convs)."""
+    """A bfloat16 model's float32 codec with every kernel-7 conv on Winograd (the channel limit lowered)
+    decodes, whole and streamed, what the direct convolutions decode within 1e-4 (measured 2.5e-5 on
+    the 0.6B codec's waveform peak of 0.16); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import WinogradConv1d
     from omnitts.models.codec_stream import StreamingCodec
 
     folder = ckpt_dir("custom_voice")
     monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
-    wino = omnitts.load(folder, dtype="float32").ckpt.codec
+    wino = omnitts.load(folder, dtype="bfloat16").ckpt.codec
     assert sum(isinstance(m, WinogradConv1d) for m in wino.modules()) >= 10
+    assert next(wino.parameters()).dtype == torch.float32
+    assert not any(isinstance(m, WinogradConv1d) for m in omnitts.load(folder, dtype="float32").ckpt.codec.modules())
     monkeypatch.setenv("OMNITTS_WINOGRAD", "0")
-    plain = omnitts.load(folder, dtype="float32").ckpt.codec
+    plain = omnitts.load(folder, dtype="bfloat16").ckpt.codec
     assert not any(isinstance(m, WinogradConv1d) for m in plain.modules())
     codes = torch.randint(0, 2048, (2, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = plain(codes)
         whole = wino(codes)
         assert not torch.equal(whole, want)  # another algorithm: not bitwise
-        torch.testing.assert_close(whole, want, rtol=0, atol=3e-5)
+        torch.testing.assert_close(whole, want, rtol=0, atol=1e-4)
         stream = StreamingCodec(wino, 64)
         state, pieces = stream.new_state(2), []
         for start in (0, 4):
             n = 4 if start == 0 else 5
             wav, state = stream.step(codes[..., start:start + n], state, [start] * 2, [0] * 2, [start + n] * 2)
             pieces.append(wav)
-        torch.testing.assert_close(torch.cat(pieces, -1), want, rtol=0, atol=3e-5)
+        torch.testing.assert_close(torch.cat(pieces, -1), want, rtol=0, atol=1e-4)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_float32_attention_is_sdpa_widened(dtype):

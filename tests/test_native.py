@@ -303,11 +303,16 @@ def test_winograd_kernels_refuse_what_they_do_not_compute():
         pytest.skip("native kernel not built here")
     bt = torch.eye(9)
     with pytest.raises(RuntimeError, match="float32"):
-        torch.ops.omnitts.wino_input(torch.randn(1, 4, 30).double(), bt, 3, 1, 8)
+        torch.ops.omnitts.wino_input(torch.randn(1, 30, 4).double(), bt, 3, 1, 8)
     with pytest.raises(RuntimeError, match="m = 2 or 3"):
-        torch.ops.omnitts.wino_input(torch.randn(1, 4, 30), bt, 2, 1, 12)
+        torch.ops.omnitts.wino_input(torch.randn(1, 30, 4), bt, 2, 1, 12)
+    products = [torch.randn(8, 4) for _ in range(9)]
     with pytest.raises(RuntimeError, match="outputs from"):
-        torch.ops.omnitts.wino_output(torch.randn(9, 4, 8), torch.randn(3, 9), None, 1, 1, 8, 25)
+        torch.ops.omnitts.wino_output(products, torch.randn(3, 9), None, 1, 1, 8, 25)
+    with pytest.raises(RuntimeError, match="9 products wanted"):
+        torch.ops.omnitts.wino_output(products[:8], torch.randn(3, 9), None, 1, 1, 8, 24)
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        torch.ops.omnitts.wino_output(products[:8] + [torch.randn(7, 4)], torch.randn(3, 9), None, 1, 1, 8, 24)
 
 
 def test_the_kernels_build_and_compute_without_avx512(tmp_path):

@@ -21,7 +21,7 @@ with many positions per call and a small weight, oneDNN's transposed convolution
 the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`). The biggest
 plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
 too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. The wide kernel-7
-convolutions of the float32 codec's residual units take fewer multiplications instead: Winograd's
+convolutions of the float32 codec's residual units (in bfloat16 runs) take fewer multiplications instead: Winograd's
 F(3, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
@@ -40,7 +40,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import native
@@ -359,8 +358,7 @@ def pack_convs(module: nn.Module) -> int:
 
 
 # Winograd F(3, 7): the points its transforms evaluate at (7 finite, and infinity). Small points keep
-# the transforms' coefficients small; with these the result is within ~3e-5 of the exact convolution
-# at unit-scale activations (a direct float32 convolution: ~8e-7), measured over 96-768 channels.
+# the transforms' coefficients small (others tried, 1.5, -3, 1/4 for 3: within 30% the same error).
 WINOGRAD_POINTS = (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0)
 WINOGRAD_OUTPUTS = 3  # m: outputs per tile, alpha = m + 6 products per tile instead of 7 * m
 
@@ -400,14 +398,19 @@ class WinogradConv1d(nn.Module):
     F(3, 7): each tile of 3 outputs is 9 products of transformed inputs and weights instead of 21
     multiply-adds, 2.3x fewer. Dilation d interleaves d plain convolutions, tiled alike.
 
-    The transforms are omnitts' kernels (`wino_input`, `wino_output`: one pass each, gathers and
-    scatters); the 9 products, one matrix product per transform point, are one grouped 1x1 convolution
-    (oneDNN: faster here than `bmm`). Measured on an AVX-512 EPYC, 2 threads, one 25-frame streaming
-    call's positions: 768 channels over 800 positions 30.7 -> 17.2 ms, 384 over 1280 12.2 -> 7.4,
-    192 over 5120 12.3 -> 8.7, but 96 over 15360 only 9.7 -> 8.8 (the transforms' passes weigh more
-    against fewer channels; see `WINOGRAD_MIN_CHANNELS`). Results within ~3e-5 of the exact
-    convolution at unit-scale activations, where the direct one is within ~8e-7 (the transforms'
-    coefficients reach 3^6 / 2): see `WINOGRAD_POINTS`. Keeps the attributes callers read."""
+    Channels-last inside: the transforms are omnitts' kernels (`wino_input`, `wino_output`: one pass
+    each over contiguous channel vectors); the 9 products are oneDNN inner products over weights laid
+    out once, ~190-210 GFLOP/s here where a grouped 1x1 convolution ran ~140-170 and `bmm` ~145.
+    Measured on an AVX-512 EPYC, 2 threads, one 25-frame streaming call's positions (the grouped
+    convolution's products): 768 channels over 800 positions 30.7 -> 17.2 ms, 384 over 1280 12.2 ->
+    7.4, 192 over 5120 12.3 -> 8.7, but 96 over 15360 only 9.7 -> 8.8 (the transforms weigh more
+    against fewer channels; see `WINOGRAD_MIN_CHANNELS`).
+
+    The price is rounding: the input transform scales values by up to ~20 and the output transform
+    products by up to 9, so the products' float32 rounding lands ~3e-5 from the exact convolution at
+    unit-scale activations where the direct one is ~8e-7 (see `WINOGRAD_POINTS`); the 0.6B codec's
+    waveform moved by 1.6e-4 of its peak (79 dB SNR against the direct decode). Hence the loader
+    keeps float32 runs, the parity runs, on the direct convolutions. Keeps the attributes callers read."""
 
     def __init__(self, conv: nn.Conv1d, m: int = WINOGRAD_OUTPUTS):
         super().__init__()
@@ -418,22 +421,24 @@ class WinogradConv1d(nn.Module):
         self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
         self.m = m
         at, g, bt = winograd_matrices(m, 7, WINOGRAD_POINTS)
-        # (a, Cout, Cin): the weight transformed per point, as one grouped 1x1 convolution's weight.
+        # The weight transformed per point (Cout, Cin), each laid out for oneDNN's inner product once.
         weight = torch.einsum("ak,oik->aoi", g, conv.weight.detach().double()).float()
-        self.weight = nn.Parameter(weight.reshape(-1, self.in_channels, 1).contiguous(), requires_grad=False)
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), layout_batch(32)), requires_grad=False)
+            for w in weight)
         self.register_buffer("at", at.float(), persistent=False)
         self.register_buffer("bt", bt.float(), persistent=False)
         self.bias = conv.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, L) -> (B, C', L - 6 * dilation)
-        (B, _, L), d, a = x.shape, self.dilation[0], self.at.shape[1]
+        (B, _, L), d = x.shape, self.dilation[0]
         T = L - 6 * d
         if T <= 0:
             raise ValueError(f"WinogradConv1d: {L} input positions, the kernel spans {6 * d + 1}")
         Q = -(-T // (self.m * d))  # tiles per interleaved convolution
-        U = torch.ops.omnitts.wino_input(x, self.bt, self.m, d, Q)  # (a, Cin, B * Q * d)
-        M = F.conv1d(U.view(1, -1, U.shape[-1]), self.weight, groups=a)
-        return torch.ops.omnitts.wino_output(M.view(a, self.out_channels, -1).contiguous(), self.at, self.bias, B, d, Q, T)
+        U = torch.ops.omnitts.wino_input(x.transpose(1, 2).contiguous(), self.bt, self.m, d, Q)  # (a, B*Q*d, Cin)
+        M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
+        return torch.ops.omnitts.wino_output(M, self.at, self.bias, B, d, Q, T).transpose(1, 2).contiguous()
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -450,8 +455,11 @@ WINOGRAD_MIN_CHANNELS = 192
 def winograd_convs(module: nn.Module) -> int:
     """Replace every float32 kernel-7 `nn.Conv1d` under `module` with groups 1, stride 1, no padding and
     at least `WINOGRAD_MIN_CHANNELS` in and out by a `WinogradConv1d`, in place, where the native
-    kernels build with AVX-512 (`OMNITTS_WINOGRAD=0` turns it off); returns how many."""
+    kernels build with AVX-512 and oneDNN packs float32 (`OMNITTS_WINOGRAD=0` turns it off); returns
+    how many."""
     if os.environ.get("OMNITTS_WINOGRAD", "1") == "0" or not native.available(torch.float32):
+        return 0
+    if not onednn_packs(torch.float32):
         return 0
     if not torch.ops.omnitts.winograd_vectorised():
         return 0

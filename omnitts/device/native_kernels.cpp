@@ -586,56 +586,45 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 // Winograd F(m, 7) for a dilated kernel-7 convolution (cpu_weights.WinogradConv1d): the input and
-// output transforms around the products (a batched GEMM, torch's). Tile n = (b * Q + q) * d + r of a
-// row covers outputs p + i * d (i < m) and reads inputs p + j * d (j < alpha = m + 6) from
-// p = q * m * d + r: dilation d splits a row into d interleaved plain convolutions, tiled alike.
-// Transforms are sums over a, in order, of coefficient times value; the zero coefficients skipped.
+// output transforms around the products (one matrix product per transform point, oneDNN's). Tile
+// n = (b * Q + q) * d + r covers outputs p + i * d (i < m) and reads inputs p + j * d (j < alpha = m + 6)
+// from p = q * m * d + r: dilation d splits a row into d interleaved plain convolutions, tiled alike.
+// Channels-last throughout (positions x channels), so a tile's channels are contiguous vectors and the
+// products are plain (N, C) x (C, C') GEMMs. Transforms are sums over the points, in order, of
+// coefficient times value; the zero coefficients skipped.
 
-// The start of every tile of a row, n = q * d + r -> q * m * d + r, padded to whole vectors.
-std::vector<int32_t> tile_starts(int64_t m, int64_t d, int64_t Q) {
-  std::vector<int32_t> start((Q * d + kPanel - 1) / kPanel * kPanel, 0);
-  for (int64_t n = 0; n < Q * d; ++n) start[n] = (int32_t)((n / d) * m * d + n % d);
-  return start;
-}
+inline int64_t tile_start(int64_t n, int64_t m, int64_t d) { return (n / d) * m * d + n % d; }
 
-// U[a][c][b * Q * d + n] = sum_j bt[a][j] * x[b][c][start[n] + j * d] (zero past L).
+// U[a][n][c] = sum_j bt[a][j] * x[b][p + j * d][c] (zero past L), n = b * Q * d + tile.
 template <int A>
-void wino_input_rows(const float* x, int64_t sb, int64_t sc, int64_t L, const float* bt, float* U, int64_t B,
-                     int64_t C, int64_t d, int64_t Q, const int32_t* start) {
+void wino_input_tiles(const float* x, int64_t L, int64_t C, const float* bt, float* U, int64_t B, int64_t m,
+                      int64_t d, int64_t Q) {
   const int64_t Qd = Q * d, N = B * Qd;
-  at::parallel_for(0, B * C, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t row = r0; row < r1; ++row) {
-      const int64_t b = row / C, c = row % C;
-      const float* xr = x + b * sb + c * sc;
-      float* out = U + c * N + b * Qd;
-      for (int64_t n0 = 0; n0 < Qd; n0 += kPanel) {
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t p = tile_start(n % Qd, m, d);
+      const float* xb = x + (n / Qd) * L * C;
+      for (int64_t c = 0; c < C; c += kPanel) {
 #if defined(__AVX512F__)
-        const __mmask16 lanes = first_lanes(Qd - n0);
-        const __m512i s = _mm512_loadu_si512(start + n0);
+        const __mmask16 lanes = first_lanes(C - c);
         __m512 v[A];
-        for (int j = 0; j < A; ++j) {
-          __m512i at_j = _mm512_add_epi32(s, _mm512_set1_epi32((int32_t)(j * d)));
-          __mmask16 inside = lanes & _mm512_cmplt_epi32_mask(at_j, _mm512_set1_epi32((int32_t)L));
-          v[j] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), inside, at_j, xr, 4);
-        }
+        for (int j = 0; j < A; ++j)
+          v[j] = p + j * d < L ? _mm512_maskz_loadu_ps(lanes, xb + (p + j * d) * C + c) : _mm512_setzero_ps();
         for (int a = 0; a < A; ++a) {
           __m512 acc = _mm512_setzero_ps();
           for (int j = 0; j < A; ++j)
             if (bt[a * A + j] != 0.0f) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(bt[a * A + j]), v[j]));
-          _mm512_mask_storeu_ps(out + a * C * N + n0, lanes, acc);
+          _mm512_mask_storeu_ps(U + (a * N + n) * C + c, lanes, acc);
         }
 #else
-        for (int64_t n = n0; n < std::min<int64_t>(n0 + kPanel, Qd); ++n) {
+        for (int64_t k = c; k < std::min<int64_t>(c + kPanel, C); ++k) {
           float v[A];
-          for (int j = 0; j < A; ++j) {
-            int64_t at_j = start[n] + j * d;
-            v[j] = at_j < L ? xr[at_j] : 0.0f;
-          }
+          for (int j = 0; j < A; ++j) v[j] = p + j * d < L ? xb[(p + j * d) * C + k] : 0.0f;
           for (int a = 0; a < A; ++a) {
             float acc = 0.0f;
             for (int j = 0; j < A; ++j)
               if (bt[a * A + j] != 0.0f) acc += bt[a * A + j] * v[j];
-            out[a * C * N + n] = acc;
+            U[(a * N + n) * C + k] = acc;
           }
         }
 #endif
@@ -644,41 +633,34 @@ void wino_input_rows(const float* x, int64_t sb, int64_t sc, int64_t L, const fl
   });
 }
 
-// y[b][c][start[n] + i * d] = sum_a at[i][a] * M[a][c][b * Q * d + n] + bias[c], for positions < T.
+// y[b][p + i * d][c] = sum_a at[i][a] * M[a][n][c] + bias[c], for positions < T.
 template <int A>
-void wino_output_rows(const float* M, const float* at, int64_t m, const float* bias, float* y, int64_t B, int64_t C,
-                      int64_t T, int64_t d, int64_t Q, const int32_t* start) {
+void wino_output_tiles(const float* const* M, const float* at, int64_t m, const float* bias, float* y, int64_t B,
+                       int64_t C, int64_t T, int64_t d, int64_t Q) {
   const int64_t Qd = Q * d, N = B * Qd;
-  at::parallel_for(0, B * C, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t row = r0; row < r1; ++row) {
-      const int64_t b = row / C, c = row % C;
-      const float* in = M + c * N + b * Qd;
-      float* yr = y + row * T;
-      const float bc = bias ? bias[c] : 0.0f;
-      for (int64_t n0 = 0; n0 < Qd; n0 += kPanel) {
+  at::parallel_for(0, N, 8, [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t p = tile_start(n % Qd, m, d);
+      float* yb = y + (n / Qd) * T * C;
+      for (int64_t c = 0; c < C; c += kPanel) {
 #if defined(__AVX512F__)
-        const __mmask16 lanes = first_lanes(Qd - n0);
-        const __m512i s = _mm512_loadu_si512(start + n0);
+        const __mmask16 lanes = first_lanes(C - c);
         __m512 v[A];
-        for (int a = 0; a < A; ++a) v[a] = _mm512_maskz_loadu_ps(lanes, in + a * C * N + n0);
-        for (int64_t i = 0; i < m; ++i) {
+        for (int a = 0; a < A; ++a) v[a] = _mm512_maskz_loadu_ps(lanes, M[a] + n * C + c);
+        const __m512 bc = bias ? _mm512_maskz_loadu_ps(lanes, bias + c) : _mm512_setzero_ps();
+        for (int64_t i = 0; i < m && p + i * d < T; ++i) {
           __m512 acc = _mm512_setzero_ps();
           for (int a = 0; a < A; ++a)
             if (at[i * A + a] != 0.0f) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(at[i * A + a]), v[a]));
-          if (bias) acc = _mm512_add_ps(acc, _mm512_set1_ps(bc));
-          __m512i to = _mm512_add_epi32(s, _mm512_set1_epi32((int32_t)(i * d)));
-          __mmask16 inside = lanes & _mm512_cmplt_epi32_mask(to, _mm512_set1_epi32((int32_t)T));
-          _mm512_mask_i32scatter_ps(yr, inside, to, acc, 4);
+          _mm512_mask_storeu_ps(yb + (p + i * d) * C + c, lanes, bias ? _mm512_add_ps(acc, bc) : acc);
         }
 #else
-        for (int64_t n = n0; n < std::min<int64_t>(n0 + kPanel, Qd); ++n)
-          for (int64_t i = 0; i < m; ++i) {
-            int64_t to = start[n] + i * d;
-            if (to >= T) continue;
+        for (int64_t k = c; k < std::min<int64_t>(c + kPanel, C); ++k)
+          for (int64_t i = 0; i < m && p + i * d < T; ++i) {
             float acc = 0.0f;
             for (int a = 0; a < A; ++a)
-              if (at[i * A + a] != 0.0f) acc += at[i * A + a] * in[a * C * N + n];
-            yr[to] = bias ? acc + bc : acc;
+              if (at[i * A + a] != 0.0f) acc += at[i * A + a] * M[a][n * C + k];
+            yb[(p + i * d) * C + k] = bias ? acc + bias[k] : acc;
           }
 #endif
       }
@@ -686,46 +668,47 @@ void wino_output_rows(const float* M, const float* at, int64_t m, const float* b
   });
 }
 
-// x (B, C, L) float32 -> U (alpha, C, B * Q * d); bt (alpha, alpha).
+// x (B, L, C) float32 channels-last -> U (alpha, B * Q * d, C); bt (alpha, alpha).
 at::Tensor wino_input(const at::Tensor& x, const at::Tensor& bt, int64_t m, int64_t d, int64_t Q) {
-  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "wino_input: x must be float32 (B, C, L), got ",
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "wino_input: x must be float32 (B, L, C), got ",
               x.scalar_type(), " ", x.sizes());
-  const int64_t alpha = bt.size(0), B = x.size(0), C = x.size(1), L = x.size(2);
+  const int64_t alpha = bt.size(0), B = x.size(0), L = x.size(1), C = x.size(2);
   TORCH_CHECK(bt.dim() == 2 && bt.size(1) == alpha && bt.scalar_type() == at::kFloat, "wino_input: bt must be float32 (alpha, alpha)");
   TORCH_CHECK(alpha == m + 6 && (m == 2 || m == 3), "wino_input: F(m, 7) for m = 2 or 3, got m ", m, ", alpha ", alpha);
-  TORCH_CHECK(d >= 1 && Q >= 0 && Q * m * d + 6 * d < (int64_t(1) << 31), "wino_input: bad dilation or tile count");
-  at::Tensor xc = x.stride(2) == 1 || L <= 1 ? x : x.contiguous();
-  at::Tensor btc = bt.contiguous();
-  at::Tensor U = at::empty({alpha, C, B * Q * d}, x.options());
+  TORCH_CHECK(d >= 1 && Q >= 0, "wino_input: bad dilation ", d, " or tile count ", Q);
+  at::Tensor xc = x.contiguous(), btc = bt.contiguous();
+  at::Tensor U = at::empty({alpha, B * Q * d, C}, x.options());
   if (U.numel() == 0) return U;
-  std::vector<int32_t> start = tile_starts(m, d, Q);
-  auto run = alpha == 8 ? &wino_input_rows<8> : &wino_input_rows<9>;
-  run(xc.data_ptr<float>(), xc.stride(0), xc.stride(1), L, btc.data_ptr<float>(), U.data_ptr<float>(), B, C, d, Q,
-      start.data());
+  auto run = alpha == 8 ? &wino_input_tiles<8> : &wino_input_tiles<9>;
+  run(xc.data_ptr<float>(), L, C, btc.data_ptr<float>(), U.data_ptr<float>(), B, m, d, Q);
   return U;
 }
 
-// M (alpha, C, B * Q * d) float32 -> y (B, C, T); at (m, alpha); bias (C) or none.
-at::Tensor wino_output(const at::Tensor& M, const at::Tensor& at_, const std::optional<at::Tensor>& bias, int64_t B,
-                       int64_t d, int64_t Q, int64_t T) {
+// M: alpha tensors (B * Q * d, C) float32 -> y (B, T, C) channels-last; at (m, alpha); bias (C) or none.
+at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, const std::optional<at::Tensor>& bias,
+                       int64_t B, int64_t d, int64_t Q, int64_t T) {
   const int64_t m = at_.size(0), alpha = at_.size(1);
-  TORCH_CHECK(M.dim() == 3 && M.scalar_type() == at::kFloat && M.is_contiguous() && M.size(0) == alpha &&
-              M.size(2) == B * Q * d, "wino_output: M must be contiguous float32 (alpha, C, B * Q * d), got ", M.sizes());
   TORCH_CHECK(alpha == m + 6 && (m == 2 || m == 3) && at_.scalar_type() == at::kFloat, "wino_output: F(m, 7) for m = 2 or 3");
-  TORCH_CHECK(T >= 0 && T <= Q * m * d && Q * m * d < (int64_t(1) << 31), "wino_output: ", T, " outputs from ", Q, " tiles");
-  const int64_t C = M.size(1);
+  TORCH_CHECK((int64_t)M.size() == alpha, "wino_output: ", alpha, " products wanted, got ", M.size());
+  TORCH_CHECK(T >= 0 && T <= Q * m * d, "wino_output: ", T, " outputs from ", Q, " tiles");
+  const int64_t C = M[0].dim() == 2 ? M[0].size(1) : -1;
+  std::vector<const float*> parts;
+  for (const auto& t : M) {
+    TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kFloat && t.is_contiguous() && t.size(0) == B * Q * d &&
+                t.size(1) == C, "wino_output: products must be contiguous float32 (B * Q * d, C), got ", t.sizes());
+    parts.push_back(t.data_ptr<float>());
+  }
   at::Tensor atc = at_.contiguous();
   at::Tensor bc;
   if (bias.has_value() && bias->defined()) {
     bc = bias->to(at::kFloat).contiguous();
     TORCH_CHECK(bc.numel() == C, "wino_output: bias of ", bc.numel(), " for ", C, " channels");
   }
-  at::Tensor y = at::empty({B, C, T}, M.options());
+  at::Tensor y = at::empty({B, T, C}, M[0].options());
   if (y.numel() == 0) return y;
-  std::vector<int32_t> start = tile_starts(m, d, Q);
-  auto run = alpha == 8 ? &wino_output_rows<8> : &wino_output_rows<9>;
-  run(M.data_ptr<float>(), atc.data_ptr<float>(), m, bc.defined() ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(),
-      B, C, T, d, Q, start.data());
+  auto run = alpha == 8 ? &wino_output_tiles<8> : &wino_output_tiles<9>;
+  run(parts.data(), atc.data_ptr<float>(), m, bc.defined() ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(), B, C,
+      T, d, Q);
   return y;
 }
 
@@ -759,7 +742,7 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("snake(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor", &decode_attention);
   m.def("wino_input(Tensor x, Tensor bt, int m, int d, int Q) -> Tensor", &wino_input);
-  m.def("wino_output(Tensor M, Tensor at, Tensor? bias, int B, int d, int Q, int T) -> Tensor", &wino_output);
+  m.def("wino_output(Tensor[] M, Tensor at, Tensor? bias, int B, int d, int Q, int T) -> Tensor", &wino_output);
   m.def("winograd_vectorised() -> bool", &winograd_vectorised);
   m.def("dtypes() -> int", &dtypes);
 }
