@@ -232,8 +232,6 @@ def test_loaded_codec_with_packed_convs_decodes_the_same(ckpt_dir, monkeypatch):
     streamed, what the unpacked codec decodes, within float rounding."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import PackedConv1d
-    from omnitts.models.codec_stream import StreamingCodec
-
     folder = ckpt_dir("custom_voice")
     monkeypatch.setattr(cpu_weights, "PACKED_CONV_MIN_WEIGHTS", 0)
     packed = omnitts.load(folder, dtype="float32").ckpt.codec
@@ -245,14 +243,20 @@ def test_loaded_codec_with_packed_convs_decodes_the_same(ckpt_dir, monkeypatch):
     with torch.no_grad():
         want = plain(codes)
         torch.testing.assert_close(packed(codes), want, rtol=0, atol=1e-5)
-        stream = StreamingCodec(packed, 64)
-        state, pieces = stream.new_state(2), []
-        for start in (0, 4):
-            n = 4 if start == 0 else 5
-            wav, state = stream.step(codes[..., start:start + n], state, [start] * 2, [0] * 2, [start + n] * 2)
-            pieces.append(wav)
-        torch.testing.assert_close(torch.cat(pieces, -1), want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(_streamed_in_two_calls(packed, codes), want, rtol=0, atol=1e-5)
 
+
+
+def _streamed_in_two_calls(codec, codes):
+    """`codes` (2 rows of 9 frames) decoded by a StreamingCodec in two calls (4 frames, then 5)."""
+    from omnitts.models.codec_stream import StreamingCodec
+
+    stream = StreamingCodec(codec, 64)
+    state, pieces = stream.new_state(2), []
+    for start, n in ((0, 4), (4, 5)):
+        wav, state = stream.step(codes[..., start:start + n], state, [start] * 2, [0] * 2, [start + n] * 2)
+        pieces.append(wav)
+    return torch.cat(pieces, -1)
 
 
 needs_winograd = pytest.mark.skipif(
@@ -288,8 +292,6 @@ def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch
     the 0.6B codec's waveform peak of 0.16); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import WinogradConv1d
-    from omnitts.models.codec_stream import StreamingCodec
-
     folder = ckpt_dir("custom_voice")
     monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
     wino = omnitts.load(folder, dtype="bfloat16").ckpt.codec
@@ -305,13 +307,8 @@ def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch
         whole = wino(codes)
         assert not torch.equal(whole, want)  # another algorithm: not bitwise
         torch.testing.assert_close(whole, want, rtol=0, atol=1e-4)
-        stream = StreamingCodec(wino, 64)
-        state, pieces = stream.new_state(2), []
-        for start in (0, 4):
-            n = 4 if start == 0 else 5
-            wav, state = stream.step(codes[..., start:start + n], state, [start] * 2, [0] * 2, [start + n] * 2)
-            pieces.append(wav)
-        torch.testing.assert_close(torch.cat(pieces, -1), want, rtol=0, atol=1e-4)
+        torch.testing.assert_close(_streamed_in_two_calls(wino, codes), want, rtol=0, atol=1e-4)
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_float32_attention_is_sdpa_widened(dtype):
