@@ -20,9 +20,9 @@ float32 and, for a codec loaded in bfloat16, in bfloat16. Except the late, small
 with many positions per call and a small weight, oneDNN's transposed convolution runs far below
 the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`). The biggest
 plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
-too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. The wide kernel-7
-convolutions of the float32 codec's residual units (in bfloat16 runs) take fewer multiplications instead: Winograd's
-F(3, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
+too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. In bfloat16 runs the
+wide kernel-7 convolutions of the float32 codec's residual units take fewer multiplications instead:
+Winograd's F(3, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
 attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
@@ -371,22 +371,22 @@ def winograd_matrices(m: int, r: int, points) -> tuple[torch.Tensor, torch.Tenso
     infinity (the leading coefficient), give the a coefficients of their product back through Lagrange
     interpolation; B^T's rows are the interpolation's basis polynomials (the point's own scale moved
     into G), and the correlation is that convolution transposed."""
-    a = m + r - 1
-    p = torch.tensor(points, dtype=torch.float64)
+    a, f64 = m + r - 1, torch.float64
+    p = torch.tensor(points, dtype=f64)
     assert p.numel() == a - 1, (m, r, points)
 
     def coefficients(roots):  # of prod (x - root), ascending powers, padded to a
-        c = torch.zeros(a, dtype=torch.float64)
+        c = torch.zeros(a, dtype=f64)
         c[0] = 1.0
         for root in roots:
-            c = torch.cat([torch.zeros(1, dtype=torch.float64), c[:-1]]) - root * c
+            c = torch.cat([torch.zeros(1, dtype=f64), c[:-1]]) - root * c
         return c
 
-    at, g, bt = torch.zeros(m, a, dtype=torch.float64), torch.zeros(a, r, dtype=torch.float64), torch.zeros(a, a, dtype=torch.float64)
+    at, g, bt = torch.zeros(m, a, dtype=f64), torch.zeros(a, r, dtype=f64), torch.zeros(a, a, dtype=f64)
     for k in range(a - 1):
         others = torch.cat([p[:k], p[k + 1:]])
-        at[:, k] = p[k] ** torch.arange(m, dtype=torch.float64)
-        g[k] = p[k] ** torch.arange(r, dtype=torch.float64) / torch.prod(p[k] - others)
+        at[:, k] = p[k] ** torch.arange(m, dtype=f64)
+        g[k] = p[k] ** torch.arange(r, dtype=f64) / torch.prod(p[k] - others)
         bt[k] = coefficients(others)
     at[m - 1, a - 1] = g[a - 1, r - 1] = 1.0
     bt[a - 1] = coefficients(p)
