@@ -232,19 +232,26 @@ def test_loaded_codec_with_packed_convs_decodes_the_same(ckpt_dir, monkeypatch):
     streamed, what the unpacked codec decodes, within float rounding."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import PackedConv1d
-    folder = ckpt_dir("custom_voice")
+
     monkeypatch.setattr(cpu_weights, "PACKED_CONV_MIN_WEIGHTS", 0)
-    packed = omnitts.load(folder, dtype="float32").ckpt.codec
-    assert sum(isinstance(m, PackedConv1d) for m in packed.modules()) >= 10
-    monkeypatch.setenv("OMNITTS_PACK", "0")
-    plain = omnitts.load(folder, dtype="float32").ckpt.codec
-    assert not any(isinstance(m, PackedConv1d) for m in plain.modules())
+    packed, plain = _codecs_with_and_without(ckpt_dir("custom_voice"), PackedConv1d, "OMNITTS_PACK", "float32",
+                                             monkeypatch)
     codes = torch.randint(0, 2048, (2, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = plain(codes)
         torch.testing.assert_close(packed(codes), want, rtol=0, atol=1e-5)
         torch.testing.assert_close(_streamed_in_two_calls(packed, codes), want, rtol=0, atol=1e-5)
 
+
+def _codecs_with_and_without(folder, kind, switch, dtype, monkeypatch):
+    """The checkpoint's codec loaded in `dtype` with `kind` layers (at least 10 of them), and again with
+    environment switch `switch` at 0 (none)."""
+    on = omnitts.load(folder, dtype=dtype).ckpt.codec
+    assert sum(isinstance(m, kind) for m in on.modules()) >= 10
+    monkeypatch.setenv(switch, "0")
+    off = omnitts.load(folder, dtype=dtype).ckpt.codec
+    assert not any(isinstance(m, kind) for m in off.modules())
+    return on, off
 
 
 def _streamed_in_two_calls(codec, codes):
@@ -267,7 +274,8 @@ needs_winograd = pytest.mark.skipif(
 @needs_winograd
 def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
     """`winograd_convs` takes float32 kernel-7 convs of groups 1, stride 1, no padding and at least
-    WINOGRAD_MIN_CHANNELS in and out; `OMNITTS_WINOGRAD=0` leaves every conv alone."""
+    WINOGRAD_MIN_CHANNELS in and out, not for parity runs unless `OMNITTS_WINOGRAD=1`;
+    `OMNITTS_WINOGRAD=0` leaves every conv alone."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import WinogradConv1d, winograd_convs
 
@@ -281,6 +289,9 @@ def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
     assert winograd_convs(swapped) == 2
     assert [type(m) is WinogradConv1d for m in swapped] == [True] + [False] * 7 + [True]
     assert swapped[0].dilation == (3,) and swapped[8].in_channels == 24
+    assert winograd_convs(model(), parity=True) == 0  # a float32 run's codec keeps the direct convs
+    monkeypatch.setenv("OMNITTS_WINOGRAD", "1")
+    assert winograd_convs(model(), parity=True) == 2
     monkeypatch.setenv("OMNITTS_WINOGRAD", "0")
     assert winograd_convs(model()) == 0
 
@@ -292,15 +303,12 @@ def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch
     the 0.6B codec's waveform peak of 0.16); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import WinogradConv1d
+
     folder = ckpt_dir("custom_voice")
     monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
-    wino = omnitts.load(folder, dtype="bfloat16").ckpt.codec
-    assert sum(isinstance(m, WinogradConv1d) for m in wino.modules()) >= 10
-    assert next(wino.parameters()).dtype == torch.float32
     assert not any(isinstance(m, WinogradConv1d) for m in omnitts.load(folder, dtype="float32").ckpt.codec.modules())
-    monkeypatch.setenv("OMNITTS_WINOGRAD", "0")
-    plain = omnitts.load(folder, dtype="bfloat16").ckpt.codec
-    assert not any(isinstance(m, WinogradConv1d) for m in plain.modules())
+    wino, plain = _codecs_with_and_without(folder, WinogradConv1d, "OMNITTS_WINOGRAD", "bfloat16", monkeypatch)
+    assert next(wino.parameters()).dtype == torch.float32
     codes = torch.randint(0, 2048, (2, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = plain(codes)

@@ -452,16 +452,16 @@ class WinogradConv1d(nn.Module):
 WINOGRAD_MIN_CHANNELS = 192
 
 
-def winograd_convs(module: nn.Module) -> int:
+def winograd_convs(module: nn.Module, parity: bool = False) -> int:
     """Replace every float32 kernel-7 `nn.Conv1d` under `module` with groups 1, stride 1, no padding and
     at least `WINOGRAD_MIN_CHANNELS` in and out by a `WinogradConv1d`, in place, where the native
-    kernels build with AVX-512 and oneDNN packs float32 (`OMNITTS_WINOGRAD=0` turns it off); returns
-    how many."""
-    if os.environ.get("OMNITTS_WINOGRAD", "1") == "0" or not native.available(torch.float32):
+    kernels build with AVX-512 and oneDNN packs float32; returns how many. `parity` (a float32 run's
+    codec) keeps the direct convolutions, Winograd's rounding not being parity's; `OMNITTS_WINOGRAD`
+    overrides: `0` never, `1` parity runs too."""
+    switch = os.environ.get("OMNITTS_WINOGRAD")
+    if switch == "0" or (parity and switch != "1"):
         return 0
-    if not onednn_packs(torch.float32):
-        return 0
-    if not torch.ops.omnitts.winograd_vectorised():
+    if not (native.available(torch.float32) and onednn_packs(torch.float32) and torch.ops.omnitts.winograd_vectorised()):
         return 0
 
     def wanted(m):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,8 +191,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         pack_convs(codec)
         # float32 runs are the parity runs: their codec keeps the direct convolutions (Winograd's
         # rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
-        if lm_dtype != torch.float32 or os.environ.get("OMNITTS_WINOGRAD") == "1":
-            winograd_convs(codec)
+        winograd_convs(codec, parity=lm_dtype == torch.float32)
         use_native_snakes(codec, DTYPES[codec_dtype])
     encoder = None
     if cfg.model_type == "base":
