@@ -267,7 +267,7 @@ def _streamed_in_two_calls(codec, codes):
 
 
 needs_winograd = pytest.mark.skipif(
-    not native.available(torch.float32) or not torch.ops.omnitts.winograd_vectorised(),
+    not native.available(torch.float32) or not torch.ops.omnitts.vectorised_float32(),
     reason="the native kernels do not build here with AVX-512")
 
 

@@ -226,15 +226,42 @@ def test_snake_kernel_is_bitwise_the_bfloat16_module():
             got = snake(x)
             assert got.shape == x.shape and got.dtype == torch.bfloat16
             assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
-        with pytest.raises(RuntimeError, match="bfloat16 only"):
-            torch.ops.omnitts.snake(torch.randn(1, 12, 5), snake.alpha.float(), snake.beta.float())
+        with pytest.raises(RuntimeError, match="bfloat16, or float32"):
+            torch.ops.omnitts.snake(torch.randn(1, 12, 5).double(), snake.alpha.double(), snake.beta.double())
         with pytest.raises(RuntimeError, match="12 channels"):
             torch.ops.omnitts.snake(torch.randn(1, 12, 5).bfloat16(), snake.alpha[:3], snake.beta)
 
 
-def test_native_snakes_reach_a_bfloat16_codec_only(ckpt_dir):
-    """The loader gives a bfloat16 codec's SnakeBeta layers the kernel (decode unchanged, bitwise), and
-    leaves a float32 codec on torch's operations."""
+def test_float32_snake_kernel_is_the_module_to_rounding():
+    """SnakeBeta in float32 (AVX-512 builds): SLEEF's 3.5-ulp sine where torch calls MKL's, so the same
+    values to a few float32 ulps: contiguous input, a time slice, lengths off the vector width, large
+    arguments (range reduction)."""
+    if not native.available(torch.float32) or not torch.ops.omnitts.vectorised_float32():
+        pytest.skip("no vectorised float32 kernels here")
+    from omnitts.models.codec import SnakeBeta
+
+    torch.manual_seed(6)
+    snake = SnakeBeta(12).requires_grad_(False)
+    snake.alpha.data.normal_(0, 0.5)
+    snake.beta.data.normal_(0, 0.5)
+    with torch.no_grad():
+        for x in (torch.randn(3, 12, 77) * 4, torch.randn(2, 12, 1) * 4, torch.randn(2, 12, 300)[..., 17:233] * 4,
+                  torch.tensor([0.0, 1e-30, -2.5, 1e4]).repeat(1, 12, 4)):
+            snake.kernel = None
+            expected = snake(x)
+            snake.kernel = torch.ops.omnitts.snake
+            got = snake(x)
+            assert got.shape == x.shape and got.dtype == torch.float32 and got.is_contiguous()
+            # sin^2 * inv_beta + x: a few ulps of the sine, scaled by inv_beta (e^0.5-ish), plus x's rounding
+            torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
+        with pytest.raises(RuntimeError, match="12 channels"):
+            torch.ops.omnitts.snake(torch.randn(1, 12, 5), snake.alpha[:3], snake.beta)
+
+
+def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_dir):
+    """The loader gives a bfloat16 codec's SnakeBeta layers the kernel (decode unchanged, bitwise), and a
+    float32 codec's too where the language models are not float32 (decode within float32 rounding);
+    a float32 run, the parity run, keeps torch's operations."""
     if not native.available(torch.bfloat16):
         pytest.skip("no native bfloat16 kernel here")
     from omnitts.models.codec import SnakeBeta
@@ -242,15 +269,22 @@ def test_native_snakes_reach_a_bfloat16_codec_only(ckpt_dir):
 
     f32 = load_checkpoint(ckpt_dir("custom_voice"), dtype="float32")
     assert all(m.kernel is None for m in f32.codec.modules() if isinstance(m, SnakeBeta))
-    bf16 = load_checkpoint(ckpt_dir("custom_voice"), dtype="float32", codec_dtype="bfloat16")
-    snakes = [m for m in bf16.codec.modules() if isinstance(m, SnakeBeta)]
-    assert snakes and all(m.kernel is not None for m in snakes)
-    codes = torch.randint(0, bf16.codec.cfg.codebook_size, (2, 16, 6), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        fused = bf16.codec(codes)
-        for m in snakes:
-            m.kernel = None
-        assert torch.equal(fused, bf16.codec(codes))
+    codes = torch.randint(0, f32.codec.cfg.codebook_size, (2, 16, 6), generator=torch.Generator().manual_seed(0))
+    for lm, codec_dtype, exact in (("float32", "bfloat16", True), ("bfloat16", "float32", False)):
+        model = load_checkpoint(ckpt_dir("custom_voice"), dtype=lm, codec_dtype=codec_dtype)
+        snakes = [m for m in model.codec.modules() if isinstance(m, SnakeBeta)]
+        assert snakes and all(m.kernel is not None for m in snakes)
+        with torch.no_grad():
+            fused = model.codec(codes)
+            for m in snakes:
+                m.kernel = None
+            plain = model.codec(codes)
+        if exact:
+            assert torch.equal(fused, plain)
+        else:
+            assert not torch.equal(fused, plain)  # the kernel ran
+            # float32 rounding through the decoder: ~1e-5 of the peak (as two chunkings of one decode differ)
+            torch.testing.assert_close(fused, plain, rtol=0, atol=1e-4 * plain.abs().max().item())
 
 
 @pytest.mark.parametrize("m", [2, 3])
@@ -317,8 +351,8 @@ def test_winograd_kernels_refuse_what_they_do_not_compute():
 
 def test_the_kernels_build_and_compute_without_avx512(tmp_path):
     """The portable paths (an AVX2 build: the float32 linear, Winograd's scalar transforms) compute
-    what the modules do; such a build says its Winograd transforms are not vectorised, so the loader
-    leaves codecs on oneDNN's direct convolution there."""
+    what the modules do; such a build says its float32 transforms are not vectorised, so the loader
+    leaves codecs on oneDNN's direct convolution and torch's SnakeBeta there."""
     import subprocess
     import sys
     import textwrap
@@ -331,7 +365,12 @@ def test_the_kernels_build_and_compute_without_avx512(tmp_path):
         from omnitts.device import native
         native.FLAGS = native.FLAGS + ("-mno-avx512f",)
         assert native.available(torch.float32) and not native.available(torch.bfloat16)
-        assert not torch.ops.omnitts.winograd_vectorised()
+        assert not torch.ops.omnitts.vectorised_float32()
+        try:  # no float32 snake in such a build: the loader leaves torch's operations
+            torch.ops.omnitts.snake(torch.randn(1, 2, 3), torch.ones(2), torch.ones(2))
+            raise AssertionError("a float32 snake without AVX-512")
+        except RuntimeError as e:
+            assert "bfloat16, or float32" in str(e)
         from omnitts.device.cpu_weights import PackedLinear, WinogradConv1d
         torch.manual_seed(0)
         linear = nn.Linear(40, 50)

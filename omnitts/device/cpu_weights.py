@@ -215,12 +215,15 @@ def use_native_norms(module: nn.Module, dtype: torch.dtype) -> int:
     return _use_kernel(module, RMSNorm, dtype, torch.ops.omnitts.rms_norm if native.available(dtype) else None)
 
 
-def use_native_snakes(module: nn.Module, dtype: torch.dtype) -> int:
-    """Give every codec `SnakeBeta` under `module` omnitts' fused CPU kernel where the codec is bfloat16
-    and the kernel is built (one pass instead of five, each a conversion to float32 and back; bitwise
-    torch's result, sine included; ~1.25x measured); returns how many. float32 keeps torch's
-    operations: its sine is MKL's there, which the kernel does not call, and the saving was nil."""
-    usable = dtype == torch.bfloat16 and native.available(dtype)
+def use_native_snakes(module: nn.Module, dtype: torch.dtype, parity: bool = False) -> int:
+    """Give every codec `SnakeBeta` of `dtype` under `module` omnitts' fused CPU kernel, where it is built;
+    returns how many. bfloat16: one pass instead of five, each a conversion to float32 and back, bitwise
+    torch's result, sine included (~1.25x measured). float32 (AVX-512 builds), unless `parity` (a float32
+    run's codec, which keeps torch's arithmetic as Winograd's rule does): one pass instead of three, with
+    SLEEF's 3.5-ulp sine where torch calls MKL's, ~1e-7 relative apart (0.6B shapes, isolated: the
+    codec's SnakeBetas 1.45 -> 0.28 ms per frame)."""
+    fused_float32 = dtype == torch.float32 and not parity and torch.ops.omnitts.vectorised_float32()
+    usable = native.available(dtype) and (dtype == torch.bfloat16 or fused_float32)
     return _use_kernel(module, SnakeBeta, dtype, torch.ops.omnitts.snake if usable else None)
 
 
@@ -461,7 +464,7 @@ def winograd_convs(module: nn.Module, parity: bool = False) -> int:
     switch = os.environ.get("OMNITTS_WINOGRAD")
     if switch == "0" or (parity and switch != "1"):
         return 0
-    if not (native.available(torch.float32) and onednn_packs(torch.float32) and torch.ops.omnitts.winograd_vectorised()):
+    if not (native.available(torch.float32) and onednn_packs(torch.float32) and torch.ops.omnitts.vectorised_float32()):
         return 0
 
     def wanted(m):

@@ -20,9 +20,10 @@
 // rsqrt, scale, weight): the same roundings (x * rsqrt(mean + eps) rounded to x's dtype, then times
 // the weight), the sum of squares in another order.
 //
-// omnitts::snake is models/codec.SnakeBeta in bfloat16, x + inv_beta * sin(x * alpha)^2 per channel, in
-// one pass instead of five: each operation rounded to bfloat16 as torch's would be, and the sine torch's
-// own (SLEEF's 1-ulp sine, which torch's vectorised bfloat16 sin calls): bitwise torch's result.
+// omnitts::snake is models/codec.SnakeBeta, x + inv_beta * sin(x * alpha)^2 per channel, in one pass. In
+// bfloat16 instead of five: each operation rounded to bfloat16 as torch's would be, and the sine torch's
+// own (SLEEF's 1-ulp sine, which torch's vectorised bfloat16 sin calls): bitwise torch's result. In
+// float32 (AVX-512 builds) instead of three, with SLEEF's 3.5-ulp sine: about 1e-7 relative of torch's.
 //
 // omnitts::decode_attention is softmax(scale * K q) V for one query per row, in float32 over a float32 or
 // bfloat16 key/value history, one task per (row, KV head) so each key and value is read once for the
@@ -355,7 +356,29 @@ void snake_rows(const uint16_t* x, int64_t batch_stride, int64_t channel_stride,
 }
 #endif
 
-// x (B, C, T) bfloat16; alpha and inv_beta (C) bfloat16, the module's exp and reciprocal as it rounds them.
+#if defined(__AVX512F__)
+// SnakeBeta over rows of float32 samples, fused: sin(x * alpha)^2 * inv_beta + x with SLEEF's 3.5-ulp
+// sine (torch's float32 sin is MKL's; this is not bitwise it, hence for runs that are not parity runs).
+void snake_rows_f32(const float* x, int64_t batch_stride, int64_t channel_stride, const float* alpha,
+                    const float* inv_beta, float* y, int64_t B, int64_t C, int64_t length) {
+  at::parallel_for(0, B * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(length, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + (r / C) * batch_stride + (r % C) * channel_stride;
+      float* yr = y + r * length;
+      __m512 a = _mm512_set1_ps(alpha[r % C]), ib = _mm512_set1_ps(inv_beta[r % C]);
+      for (int64_t t = 0; t < length; t += kPanel) {
+        __mmask16 mask = first_lanes(length - t);
+        __m512 v = _mm512_maskz_loadu_ps(mask, xr + t);
+        __m512 s = Sleef_sinf16_u35(_mm512_mul_ps(v, a));
+        _mm512_mask_storeu_ps(yr + t, mask, _mm512_fmadd_ps(_mm512_mul_ps(s, s), ib, v));
+      }
+    }
+  });
+}
+#endif
+
+// x (B, C, T) bfloat16 or float32; alpha and inv_beta (C) in x's dtype, the module's exp and reciprocal
+// as it rounds them. float32 only where the build has AVX-512 (`vectorised_float32()`).
 at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& inv_beta) {
   TORCH_CHECK(x.dim() == 3, "snake: x must be (batch, channels, time), got ", x.sizes());
   int64_t B = x.size(0), C = x.size(1), length = x.size(2);
@@ -374,7 +397,18 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
     return y;
   }
 #endif
-  TORCH_CHECK(false, "snake: bfloat16 only (float32 keeps torch's sine, MKL's), got ", x.scalar_type());
+#if defined(__AVX512F__)
+  if (x.scalar_type() == at::kFloat) {
+    at::Tensor xc = x.stride(2) == 1 || length <= 1 ? x : x.contiguous();
+    at::Tensor a = alpha.contiguous(), ib = inv_beta.contiguous();
+    at::Tensor y = at::empty({B, C, length}, x.options());
+    if (y.numel() > 0)
+      snake_rows_f32(xc.data_ptr<float>(), xc.stride(0), xc.stride(1), a.data_ptr<float>(), ib.data_ptr<float>(),
+                     y.data_ptr<float>(), B, C, length);
+    return y;
+  }
+#endif
+  TORCH_CHECK(false, "snake: bfloat16, or float32 in an AVX-512 build, got ", x.scalar_type());
 }
 
 // One query per row (decode) over a key history: out[b, h] = softmax(scale * K q) . V in float32, for
@@ -712,8 +746,9 @@ at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, 
   return y;
 }
 
-// Whether the Winograd transforms are vectorised in this build (AVX-512), i.e. worth their passes.
-bool winograd_vectorised() {
+// Whether this build's float32 Winograd transforms and SnakeBeta are vectorised (AVX-512): the
+// transforms are worth their passes only so, and the float32 snake exists only so.
+bool vectorised_float32() {
 #if defined(__AVX512F__)
   return true;
 #else
@@ -743,6 +778,6 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor", &decode_attention);
   m.def("wino_input(Tensor x, Tensor bt, int m, int d, int Q) -> Tensor", &wino_input);
   m.def("wino_output(Tensor[] M, Tensor at, Tensor? bias, int B, int d, int Q, int T) -> Tensor", &wino_output);
-  m.def("winograd_vectorised() -> bool", &winograd_vectorised);
+  m.def("vectorised_float32() -> bool", &vectorised_float32);
   m.def("dtypes() -> int", &dtypes);
 }

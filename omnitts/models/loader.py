@@ -189,10 +189,11 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     if dev.type == "cpu":
         pack_transposed_convs(codec)
         pack_convs(codec)
-        # float32 runs are the parity runs: their codec keeps the direct convolutions (Winograd's
-        # rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
-        winograd_convs(codec, parity=lm_dtype == torch.float32)
-        use_native_snakes(codec, DTYPES[codec_dtype])
+        # float32 runs are the parity runs: their codec keeps the direct convolutions and torch's sine
+        # (Winograd's rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
+        parity = lm_dtype == torch.float32
+        winograd_convs(codec, parity=parity)
+        use_native_snakes(codec, DTYPES[codec_dtype], parity=parity)
     encoder = None
     if cfg.model_type == "base":
         encoder = CodecEncoder(cfg.codec)
