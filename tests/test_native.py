@@ -287,7 +287,7 @@ def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_di
             torch.testing.assert_close(fused, plain, rtol=0, atol=1e-4 * plain.abs().max().item())
 
 
-@pytest.mark.parametrize("m", [2, 3])
+@pytest.mark.parametrize("m", [2, 3, 4])
 def test_winograd_matrices_compute_the_correlation_exactly(m):
     """A^T ((G w) * (B^T x)) is y_i = sum_k w_k x_(i+k) in exact (float64) arithmetic."""
     from omnitts.device.cpu_weights import WINOGRAD_POINTS, winograd_matrices
@@ -312,16 +312,18 @@ def _winograd_cases():
 @needs_f32
 @pytest.mark.parametrize("cin,cout,T,d,B", _winograd_cases())
 @pytest.mark.parametrize("bias", [True, False])
-def test_winograd_conv_matches_a_float64_convolution(cin, cout, T, d, B, bias):
-    """Within Winograd's rounding (its transforms scale values by up to 3^6 / 2) of the exact result;
-    the direct float32 convolution is ~20x closer, so this bounds, not mirrors, the direct one."""
+@pytest.mark.parametrize("m", [3, 4])
+def test_winograd_conv_matches_a_float64_convolution(cin, cout, T, d, B, bias, m):
+    """F(3, 7) and F(4, 7) (the default) within Winograd's rounding (its transforms scale values by up
+    to 3^6 / 2) of the exact result; the direct float32 convolution is ~20x closer, so this bounds, not
+    mirrors, the direct one."""
     from omnitts.device.cpu_weights import WinogradConv1d
 
     torch.manual_seed(cin * T + d)
     conv = nn.Conv1d(cin, cout, 7, dilation=d, bias=bias)
     x = torch.randn(B, cin, T + 6 * d)
     with torch.no_grad():
-        wino = WinogradConv1d(conv)
+        wino = WinogradConv1d(conv, m=m)
         want = nn.functional.conv1d(x.double(), conv.weight.double(), None if conv.bias is None else conv.bias.double(),
                                     dilation=d)
         got = wino(x)
@@ -338,7 +340,7 @@ def test_winograd_kernels_refuse_what_they_do_not_compute():
     bt = torch.eye(9)
     with pytest.raises(RuntimeError, match="float32"):
         torch.ops.omnitts.wino_input(torch.randn(1, 30, 4).double(), bt, 3, 1, 8)
-    with pytest.raises(RuntimeError, match="m = 2 or 3"):
+    with pytest.raises(RuntimeError, match="m = 2, 3 or 4"):
         torch.ops.omnitts.wino_input(torch.randn(1, 30, 4), bt, 2, 1, 12)
     products = [torch.randn(8, 4) for _ in range(9)]
     with pytest.raises(RuntimeError, match="outputs from"):

@@ -22,7 +22,7 @@ the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose
 plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
 too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. In bfloat16 runs the
 wide kernel-7 convolutions of the float32 codec's residual units take fewer multiplications instead:
-Winograd's F(3, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
+Winograd's F(4, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
 attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
@@ -360,10 +360,13 @@ def pack_convs(module: nn.Module) -> int:
     return _swap(module, wanted, PackedConv1d)
 
 
-# Winograd F(3, 7): the points its transforms evaluate at (7 finite, and infinity). Small points keep
-# the transforms' coefficients small (others tried, 1.5, -3, 1/4 for 3: within 30% the same error).
-WINOGRAD_POINTS = (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0)
-WINOGRAD_OUTPUTS = 3  # m: outputs per tile, alpha = m + 6 products per tile instead of 7 * m
+# Winograd F(m, 7): its transforms evaluate at the first m + 5 of these points, and at infinity. Small
+# points keep the transforms' coefficients small. F(3, 7) (the first 8): others tried for 3, 1.5, -3,
+# 1/4, within 30% the same error. F(4, 7)'s 9th: -1/3 keeps F(3, 7)'s error (per conv against float64,
+# 384 / 192 / 96 channels, dilations 1 / 3 / 9: 1.5 / 1.1 / 0.7e-5 of the peak against 1.5 / 1.3 /
+# 0.8e-5), where -3 doubled it and 1.5 made it 4-6x.
+WINOGRAD_POINTS = (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -1 / 3)
+WINOGRAD_OUTPUTS = 4  # m: outputs per tile, alpha = m + 6 products per tile instead of 7 * m
 
 
 def winograd_matrices(m: int, r: int, points) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -398,22 +401,24 @@ def winograd_matrices(m: int, r: int, points) -> tuple[torch.Tensor, torch.Tenso
 
 class WinogradConv1d(nn.Module):
     """`nn.Conv1d` of kernel 7 (float32, no padding, stride 1, groups 1; any dilation) by Winograd's
-    F(3, 7): each tile of 3 outputs is 9 products of transformed inputs and weights instead of 21
-    multiply-adds, 2.3x fewer. Dilation d interleaves d plain convolutions, tiled alike.
+    F(m, 7), m = 4 by default: each tile of 4 outputs is 10 products of transformed inputs and weights
+    instead of 28 multiply-adds, 2.8x fewer (F(3, 7): 9 for 21, 2.3x). Dilation d interleaves d plain
+    convolutions, tiled alike.
 
     Channels-last inside: the transforms are omnitts' kernels (`wino_input`, `wino_output`: one pass
-    each over contiguous channel vectors); the 9 products are oneDNN inner products over weights laid
+    each over contiguous channel vectors); the products are oneDNN inner products over weights laid
     out once, ~190-210 GFLOP/s here where a grouped 1x1 convolution ran ~140-170 and `bmm` ~145.
-    Measured on an AVX-512 EPYC, 2 threads, one 25-frame streaming call's positions (the grouped
-    convolution's products): 768 channels over 800 positions 30.7 -> 17.2 ms, 384 over 1280 12.2 ->
-    7.4, 192 over 5120 12.3 -> 8.7, but 96 over 15360 only 9.7 -> 8.8 (the transforms weigh more
-    against fewer channels; see `WINOGRAD_MIN_CHANNELS`).
+    Measured on an AVX-512 EPYC, 2 threads, per call over one 25-frame streaming call's positions or
+    one 8-frame slice's (direct -> F(3, 7) -> F(4, 7), ms): 768 channels over 800 positions 31.0 ->
+    16.4 -> 13.4, 384 over 1280 12.4 -> 7.0 -> 6.3, 192 over 5120 12.4 -> 8.7 -> 8.1, 96 over 15360
+    9.7 -> 10.2 -> 9.1 (the transforms weigh more against fewer channels).
 
     The price is rounding: the input transform scales values by up to ~20 and the output transform
-    products by up to 9, so the products' float32 rounding lands ~3e-5 from the exact convolution at
+    products by up to 27, so the products' float32 rounding lands ~3e-5 from the exact convolution at
     unit-scale activations where the direct one is ~8e-7 (see `WINOGRAD_POINTS`); the 0.6B codec's
-    waveform moved by 1.6e-4 of its peak (79 dB SNR against the direct decode). Hence the loader
-    keeps float32 runs, the parity runs, on the direct convolutions. Keeps the attributes callers read."""
+    waveform moved by 1.7e-4 of its peak (77.5 dB SNR against the direct decode; F(3, 7) 78.7). Hence
+    the loader keeps float32 runs, the parity runs, on the direct convolutions. Keeps the attributes
+    callers read."""
 
     def __init__(self, conv: nn.Conv1d, m: int = WINOGRAD_OUTPUTS):
         super().__init__()
@@ -423,7 +428,7 @@ class WinogradConv1d(nn.Module):
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
         self.m = m
-        at, g, bt = winograd_matrices(m, 7, WINOGRAD_POINTS)
+        at, g, bt = winograd_matrices(m, 7, WINOGRAD_POINTS[: m + 5])
         # The weight transformed per point (Cout, Cin), each laid out for oneDNN's inner product once.
         weight = torch.einsum("ak,oik->aoi", g, conv.weight.detach().double()).float()
         self.weights = nn.ParameterList(
@@ -449,10 +454,11 @@ class WinogradConv1d(nn.Module):
 
 
 # Kernel-7 convs with at least this many input and output channels run as `WinogradConv1d` (float32,
-# where the native kernels build with AVX-512). The 0.6B / 1.7B codec: its residual units of 768, 384
-# and 192 channels (9 of its 12 kernel-7 convs, ~70% of their time); not the 96-channel ones (1.1x,
-# within noise) nor the first decoder conv (a packed 1024 -> 1536 over few positions, `pack_convs`).
-WINOGRAD_MIN_CHANNELS = 192
+# where the native kernels build with AVX-512). The 0.6B / 1.7B codec: all 12 kernel-7 convs of its
+# residual units (768, 384, 192, 96 channels), not the first decoder conv (a packed 1024 -> 1536 over
+# few positions, `pack_convs`). The 96-channel ones gain least (F(4, 7), one 8-frame slice of 15360
+# positions: 9.65 -> 9.1 ms; with F(3, 7) they lost, 9.7 -> 10.2); narrower ones are not measured.
+WINOGRAD_MIN_CHANNELS = 96
 
 
 def winograd_convs(module: nn.Module, parity: bool = False) -> int:

@@ -708,12 +708,12 @@ at::Tensor wino_input(const at::Tensor& x, const at::Tensor& bt, int64_t m, int6
               x.scalar_type(), " ", x.sizes());
   const int64_t alpha = bt.size(0), B = x.size(0), L = x.size(1), C = x.size(2);
   TORCH_CHECK(bt.dim() == 2 && bt.size(1) == alpha && bt.scalar_type() == at::kFloat, "wino_input: bt must be float32 (alpha, alpha)");
-  TORCH_CHECK(alpha == m + 6 && (m == 2 || m == 3), "wino_input: F(m, 7) for m = 2 or 3, got m ", m, ", alpha ", alpha);
+  TORCH_CHECK(alpha == m + 6 && m >= 2 && m <= 4, "wino_input: F(m, 7) for m = 2, 3 or 4, got m ", m, ", alpha ", alpha);
   TORCH_CHECK(d >= 1 && Q >= 0, "wino_input: bad dilation ", d, " or tile count ", Q);
   at::Tensor xc = x.contiguous(), btc = bt.contiguous();
   at::Tensor U = at::empty({alpha, B * Q * d, C}, x.options());
   if (U.numel() == 0) return U;
-  auto run = alpha == 8 ? &wino_input_tiles<8> : &wino_input_tiles<9>;
+  auto run = alpha == 8 ? &wino_input_tiles<8> : alpha == 9 ? &wino_input_tiles<9> : &wino_input_tiles<10>;
   run(xc.data_ptr<float>(), L, C, btc.data_ptr<float>(), U.data_ptr<float>(), B, m, d, Q);
   return U;
 }
@@ -722,7 +722,7 @@ at::Tensor wino_input(const at::Tensor& x, const at::Tensor& bt, int64_t m, int6
 at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, const std::optional<at::Tensor>& bias,
                        int64_t B, int64_t d, int64_t Q, int64_t T) {
   const int64_t m = at_.size(0), alpha = at_.size(1);
-  TORCH_CHECK(alpha == m + 6 && (m == 2 || m == 3) && at_.scalar_type() == at::kFloat, "wino_output: F(m, 7) for m = 2 or 3");
+  TORCH_CHECK(alpha == m + 6 && m >= 2 && m <= 4 && at_.scalar_type() == at::kFloat, "wino_output: F(m, 7) for m = 2, 3 or 4");
   TORCH_CHECK((int64_t)M.size() == alpha, "wino_output: ", alpha, " products wanted, got ", M.size());
   TORCH_CHECK(T >= 0 && T <= Q * m * d, "wino_output: ", T, " outputs from ", Q, " tiles");
   const int64_t C = M[0].dim() == 2 ? M[0].size(1) : -1;
@@ -740,7 +740,7 @@ at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, 
   }
   at::Tensor y = at::empty({B, T, C}, M[0].options());
   if (y.numel() == 0) return y;
-  auto run = alpha == 8 ? &wino_output_tiles<8> : &wino_output_tiles<9>;
+  auto run = alpha == 8 ? &wino_output_tiles<8> : alpha == 9 ? &wino_output_tiles<9> : &wino_output_tiles<10>;
   run(parts.data(), atc.data_ptr<float>(), m, bc.defined() ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(), B, C,
       T, d, Q);
   return y;
