@@ -273,8 +273,9 @@ needs_winograd = pytest.mark.skipif(
 
 @needs_winograd
 def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
-    """`winograd_convs` takes float32 kernel-7 convs of groups 1, stride 1, no padding and at least
-    WINOGRAD_MIN_CHANNELS in and out, not for parity runs unless `OMNITTS_WINOGRAD=1`;
+    """`winograd_convs` takes float32 kernel-7 convs of groups 1, stride 1, no padding and transposed
+    convs of kernel 2 * stride, groups 1, no padding, with at least WINOGRAD_MIN_CHANNELS in and out,
+    not for parity runs unless `OMNITTS_WINOGRAD=1`;
     `OMNITTS_WINOGRAD=0` leaves every conv alone."""
     from omnitts.device import cpu_weights
     from omnitts.device.cpu_weights import WinogradConv1d, winograd_convs
@@ -282,32 +283,40 @@ def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
     def model():
         return nn.Sequential(nn.Conv1d(16, 16, 7, dilation=3), nn.Conv1d(16, 16, 3), nn.Conv1d(16, 16, 7, groups=2),
                              nn.Conv1d(16, 16, 7, stride=2), nn.Conv1d(16, 16, 7, padding=3), nn.Conv1d(8, 16, 7),
-                             nn.Conv1d(16, 8, 7), nn.Conv1d(16, 16, 7).to(torch.bfloat16), nn.Conv1d(24, 16, 7, dilation=9))
+                             nn.Conv1d(16, 8, 7), nn.Conv1d(16, 16, 7).to(torch.bfloat16), nn.Conv1d(24, 16, 7, dilation=9),
+                             nn.ConvTranspose1d(16, 16, 8, stride=4), nn.ConvTranspose1d(16, 16, 6, stride=2),
+                             nn.ConvTranspose1d(16, 16, 4, stride=2, padding=1), nn.ConvTranspose1d(16, 8, 4, stride=2),
+                             nn.ConvTranspose1d(16, 16, 4, stride=2).to(torch.bfloat16))
 
     monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 16)
     swapped = model()
-    assert winograd_convs(swapped) == 2
-    assert [type(m) is WinogradConv1d for m in swapped] == [True] + [False] * 7 + [True]
-    assert swapped[0].dilation == (3,) and swapped[8].in_channels == 24
+    assert winograd_convs(swapped) == 3
+    assert [type(m).__name__ for m in swapped] == (
+        ["WinogradConv1d"] + ["Conv1d"] * 7 + ["WinogradConv1d", "WinogradConvTranspose1d"] + ["ConvTranspose1d"] * 4)
+    assert swapped[0].dilation == (3,) and swapped[8].in_channels == 24 and swapped[9].stride == (4,)
     assert winograd_convs(model(), parity=True) == 0  # a float32 run's codec keeps the direct convs
     monkeypatch.setenv("OMNITTS_WINOGRAD", "1")
-    assert winograd_convs(model(), parity=True) == 2
+    assert winograd_convs(model(), parity=True) == 3
     monkeypatch.setenv("OMNITTS_WINOGRAD", "0")
     assert winograd_convs(model()) == 0
 
 
 @needs_winograd
 def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch):
-    """A bfloat16 model's float32 codec with every kernel-7 conv on Winograd (the channel limit lowered)
-    decodes, whole and streamed, what the direct convolutions decode within 1e-4 (measured 2.5e-5 on
-    the 0.6B codec's waveform peak of 0.16); a float32 model (the parity runs) keeps them direct."""
+    """A bfloat16 model's float32 codec with every kernel-7 conv and every kernel-2s transposed conv on
+    Winograd (the channel limit lowered) decodes, whole and streamed, what the direct convolutions
+    decode within 1e-4 (measured 3.9e-5 on the 0.6B codec's waveform peak of 0.16, its SnakeBeta fused
+    too); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
-    from omnitts.device.cpu_weights import WinogradConv1d
+    from omnitts.device.cpu_weights import WinogradConv1d, WinogradConvTranspose1d
 
     folder = ckpt_dir("custom_voice")
     monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
-    assert not any(isinstance(m, WinogradConv1d) for m in omnitts.load(folder, dtype="float32").ckpt.codec.modules())
+    kinds = (WinogradConv1d, WinogradConvTranspose1d)
+    assert not any(isinstance(m, kinds) for m in omnitts.load(folder, dtype="float32").ckpt.codec.modules())
     wino, plain = _codecs_with_and_without(folder, WinogradConv1d, "OMNITTS_WINOGRAD", "bfloat16", monkeypatch)
+    assert sum(isinstance(m, WinogradConvTranspose1d) for m in wino.modules()) == 4
+    assert not any(isinstance(m, WinogradConvTranspose1d) for m in plain.modules())
     assert next(wino.parameters()).dtype == torch.float32
     codes = torch.randint(0, 2048, (2, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

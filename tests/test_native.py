@@ -334,14 +334,36 @@ def test_winograd_conv_matches_a_float64_convolution(cin, cout, T, d, B, bias, m
             wino(x[..., : 6 * d])
 
 
+@needs_f32
+@pytest.mark.parametrize("cin,cout,s,T,B", [(12, 20, 4, 9, 2), (16, 8, 3, 1, 1), (8, 8, 2, 30, 3), (24, 16, 5, 7, 1),
+                                            (16, 24, 8, 13, 2)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_winograd_transposed_conv_matches_a_float64_one(cin, cout, s, T, B, bias):
+    """F(3, 2) over the polyphase form: full output length (T + 1) * s, block counts that fill the tiles
+    and that do not, one input position; its transforms only add and subtract, so it lands as close to
+    the exact result as the direct transposed conv (~1e-6 of the peak)."""
+    from omnitts.device.cpu_weights import WinogradConvTranspose1d
+
+    torch.manual_seed(cin * T + s)
+    conv = nn.ConvTranspose1d(cin, cout, 2 * s, stride=s, bias=bias)
+    x = torch.randn(B, cin, T)
+    with torch.no_grad():
+        wino = WinogradConvTranspose1d(conv)
+        want = nn.functional.conv_transpose1d(x.double(), conv.weight.double(),
+                                              None if conv.bias is None else conv.bias.double(), stride=s)
+        got = wino(x)
+        assert got.shape == want.shape == (B, cout, (T + 1) * s) and got.dtype == torch.float32 and got.is_contiguous()
+        assert (got.double() - want).abs().max() < 3e-6 * want.abs().max()
+
+
 def test_winograd_kernels_refuse_what_they_do_not_compute():
     if not native.available(torch.float32):
         pytest.skip("native kernel not built here")
     bt = torch.eye(9)
     with pytest.raises(RuntimeError, match="float32"):
         torch.ops.omnitts.wino_input(torch.randn(1, 30, 4).double(), bt, 3, 1, 8)
-    with pytest.raises(RuntimeError, match="m = 2, 3 or 4"):
-        torch.ops.omnitts.wino_input(torch.randn(1, 30, 4), bt, 2, 1, 12)
+    with pytest.raises(RuntimeError, match="r = 2 or 7"):
+        torch.ops.omnitts.wino_input(torch.randn(1, 30, 4), bt, 5, 1, 12)
     products = [torch.randn(8, 4) for _ in range(9)]
     with pytest.raises(RuntimeError, match="outputs from"):
         torch.ops.omnitts.wino_output(products, torch.randn(3, 9), None, 1, 1, 8, 25)
@@ -352,7 +374,7 @@ def test_winograd_kernels_refuse_what_they_do_not_compute():
 
 
 def test_the_kernels_build_and_compute_without_avx512(tmp_path):
-    """The portable paths (an AVX2 build: the float32 linear, Winograd's scalar transforms) compute
+    """The portable paths (an AVX2 build: the float32 linear, Winograd's scalar transforms, both forms) compute
     what the modules do; such a build says its float32 transforms are not vectorised, so the loader
     leaves codecs on oneDNN's direct convolution and torch's SnakeBeta there."""
     import subprocess
@@ -373,7 +395,7 @@ def test_the_kernels_build_and_compute_without_avx512(tmp_path):
             raise AssertionError("a float32 snake without AVX-512")
         except RuntimeError as e:
             assert "bfloat16, or float32" in str(e)
-        from omnitts.device.cpu_weights import PackedLinear, WinogradConv1d
+        from omnitts.device.cpu_weights import PackedLinear, WinogradConv1d, WinogradConvTranspose1d
         torch.manual_seed(0)
         linear = nn.Linear(40, 50)
         x = torch.randn(3, 40)
@@ -387,6 +409,11 @@ def test_the_kernels_build_and_compute_without_avx512(tmp_path):
                 want = nn.functional.conv1d(x.double(), conv.weight.double(), conv.bias.double(), dilation=d)
                 got = WinogradConv1d(conv)(x).double()
                 assert got.shape == want.shape and (got - want).abs().max() < 3e-5 * want.abs().max()
+            conv = nn.ConvTranspose1d(12, 20, 8, stride=4)
+            x = torch.randn(2, 12, 9)
+            want = nn.functional.conv_transpose1d(x.double(), conv.weight.double(), conv.bias.double(), stride=4)
+            got = WinogradConvTranspose1d(conv)(x).double()
+            assert got.shape == want.shape and (got - want).abs().max() < 3e-6 * want.abs().max()
         print("ok")
     """)
     env = {**__import__("os").environ, "OMNITTS_CACHE_DIR": str(tmp_path)}

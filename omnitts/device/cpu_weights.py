@@ -21,8 +21,9 @@ with many positions per call and a small weight, oneDNN's transposed convolution
 the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose1d`). The biggest
 plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
 too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. In bfloat16 runs the
-wide kernel-7 convolutions of the float32 codec's residual units take fewer multiplications instead:
-Winograd's F(4, 7) (`WinogradConv1d`, `winograd_convs`), its transforms omnitts' kernels.
+float32 codec's convolutions take fewer multiplications instead (`winograd_convs`, before the packing,
+which takes what is left): Winograd's F(4, 7) for the kernel-7 ones (`WinogradConv1d`), F(3, 2) over
+the polyphase form of the transposed ones (`WinogradConvTranspose1d`), transforms omnitts' kernels.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
 attention kernel is the slow one there, see models/layers.float32_attention), and one query per row
@@ -453,6 +454,58 @@ class WinogradConv1d(nn.Module):
                 f"dilation={self.dilation}, Winograd F({self.m}, 7)")
 
 
+# Winograd F(m, 2) for the transposed convs' two-tap polyphase form: the first m points, and infinity.
+TRANSPOSED_WINOGRAD_POINTS = (0.0, 1.0, -1.0, 0.5)
+TRANSPOSED_WINOGRAD_OUTPUTS = 3
+
+
+class WinogradConvTranspose1d(nn.Module):
+    """`nn.ConvTranspose1d` of kernel 2s for stride s (float32, no padding, groups 1) by Winograd's
+    F(m, 2) over its polyphase form.
+
+    Output block u (samples u*s .. u*s + s - 1, u <= T) is A1 x[u - 1] + A0 x[u] + bias, x zero outside
+    0..T-1, where A0 and A1 (s * Cout, Cin) are the weight's first and second s taps, phase-major: a
+    two-tap convolution from Cin to s * Cout channels over x padded by one zero on each side. Its tile
+    of m blocks is m + 1 products instead of 2m (F(3, 2): 1.5x fewer), from points 0, +-1 and infinity
+    whose transforms only add and subtract. Channels-last inside, like `WinogradConv1d` (same kernels);
+    the answer (B, T + 1, s * Cout) is (B, (T + 1) * s, Cout) as it lies, transposed once."""
+
+    def __init__(self, conv: nn.ConvTranspose1d, m: int = TRANSPOSED_WINOGRAD_OUTPUTS):
+        super().__init__()
+        s = conv.stride[0]
+        assert conv.kernel_size == (2 * s,) and conv.padding == (0,) and conv.output_padding == (0,), conv
+        assert conv.groups == 1 and conv.dilation == (1,) and conv.weight.dtype == torch.float32, conv
+        assert native.available(torch.float32), "WinogradConvTranspose1d needs omnitts' native kernels"
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size, self.stride = conv.kernel_size, conv.stride
+        self.m = m
+        at, g, bt = winograd_matrices(m, 2, TRANSPOSED_WINOGRAD_POINTS[:m])
+        w = conv.weight.detach().double()  # (Cin, Cout, 2s)
+        taps = [w[:, :, s:].permute(2, 1, 0).reshape(s * self.out_channels, -1),  # A1, on x[u - 1]
+                w[:, :, :s].permute(2, 1, 0).reshape(s * self.out_channels, -1)]  # A0, on x[u]
+        weight = torch.einsum("ak,koi->aoi", g, torch.stack(taps)).float()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), layout_batch(32)), requires_grad=False)
+            for w in weight)
+        self.register_buffer("at", at.float(), persistent=False)
+        self.register_buffer("bt", bt.float(), persistent=False)
+        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(s), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', (T - 1) * stride + kernel)
+        (B, C, T), s = x.shape, self.stride[0]
+        padded = x.new_zeros(B, T + 2, C)
+        padded[:, 1:T + 1].copy_(x.transpose(1, 2))
+        Q = -(-(T + 1) // self.m)
+        U = torch.ops.omnitts.wino_input(padded, self.bt, self.m, 1, Q)  # (a, B*Q, Cin)
+        M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
+        y = torch.ops.omnitts.wino_output(M, self.at, self.bias, B, 1, Q, T + 1)  # (B, T + 1, s * Cout)
+        return y.view(B, (T + 1) * s, self.out_channels).transpose(1, 2).contiguous()
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, Winograd F({self.m}, 2)")
+
+
 # Kernel-7 convs with at least this many input and output channels run as `WinogradConv1d` (float32,
 # where the native kernels build with AVX-512). The 0.6B / 1.7B codec: all 12 kernel-7 convs of its
 # residual units (768, 384, 192, 96 channels), not the first decoder conv (a packed 1024 -> 1536 over
@@ -462,11 +515,13 @@ WINOGRAD_MIN_CHANNELS = 96
 
 
 def winograd_convs(module: nn.Module, parity: bool = False) -> int:
-    """Replace every float32 kernel-7 `nn.Conv1d` under `module` with groups 1, stride 1, no padding and
-    at least `WINOGRAD_MIN_CHANNELS` in and out by a `WinogradConv1d`, in place, where the native
-    kernels build with AVX-512 and oneDNN packs float32; returns how many. `parity` (a float32 run's
-    codec) keeps the direct convolutions, Winograd's rounding not being parity's; `OMNITTS_WINOGRAD`
-    overrides: `0` never, `1` parity runs too."""
+    """Replace, in place, every float32 kernel-7 `nn.Conv1d` under `module` with groups 1, stride 1 and
+    no padding by a `WinogradConv1d`, and every float32 `nn.ConvTranspose1d` of kernel 2s for stride s
+    (groups 1, no padding) by a `WinogradConvTranspose1d`, those with at least `WINOGRAD_MIN_CHANNELS`
+    in and out, where the native kernels build with AVX-512 and oneDNN packs float32; returns how
+    many. Call it before `pack_convs` / `pack_transposed_convs`, which take what is left. `parity` (a
+    float32 run's codec) keeps the direct convolutions, Winograd's rounding not being parity's;
+    `OMNITTS_WINOGRAD` overrides: `0` never, `1` parity runs too."""
     switch = os.environ.get("OMNITTS_WINOGRAD")
     if switch == "0" or (parity and switch != "1"):
         return 0
@@ -474,11 +529,16 @@ def winograd_convs(module: nn.Module, parity: bool = False) -> int:
         return 0
 
     def wanted(m):
-        return (type(m) is nn.Conv1d and m.kernel_size == (7,) and m.groups == 1 and m.stride == (1,)
-                and m.padding == (0,) and m.weight.dtype == torch.float32
+        if type(m) is nn.Conv1d:
+            shape = m.kernel_size == (7,) and m.stride == (1,)
+        elif type(m) is nn.ConvTranspose1d:
+            shape = m.kernel_size == (2 * m.stride[0],) and m.output_padding == (0,) and m.dilation == (1,)
+        else:
+            return False
+        return (shape and m.groups == 1 and m.padding == (0,) and m.weight.dtype == torch.float32
                 and min(m.in_channels, m.out_channels) >= WINOGRAD_MIN_CHANNELS)
 
-    return _swap(module, wanted, WinogradConv1d)
+    return _swap(module, wanted, lambda m: (WinogradConv1d if type(m) is nn.Conv1d else WinogradConvTranspose1d)(m))
 
 # Transposed convs of up to this many weights run as `GemmConvTranspose1d` in float32 (where oneDNN
 # packs). Measured in the 0.6B codec's streaming decode (AVX-512 EPYC, 2 threads, 25-frame calls in

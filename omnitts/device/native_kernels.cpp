@@ -619,10 +619,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-// Winograd F(m, 7) for a dilated kernel-7 convolution (cpu_weights.WinogradConv1d): the input and
-// output transforms around the products (one matrix product per transform point, oneDNN's). Tile
-// n = (b * Q + q) * d + r covers outputs p + i * d (i < m) and reads inputs p + j * d (j < alpha = m + 6)
-// from p = q * m * d + r: dilation d splits a row into d interleaved plain convolutions, tiled alike.
+// Winograd F(m, r) for a dilated kernel-7 convolution (r = 7, cpu_weights.WinogradConv1d) or the
+// two-tap polyphase form of a transposed one (r = 2, WinogradConvTranspose1d): the input and output
+// transforms around the products (one matrix product per transform point, oneDNN's). Tile
+// n = (b * Q + q) * d + r covers outputs p + i * d (i < m) and reads inputs p + j * d (j < alpha =
+// m + r - 1) from p = q * m * d + r: dilation d splits a row into d interleaved plain convolutions.
 // Channels-last throughout (positions x channels), so a tile's channels are contiguous vectors and the
 // products are plain (N, C) x (C, C') GEMMs. Transforms are sums over the points, in order, of
 // coefficient times value; the zero coefficients skipped.
@@ -702,18 +703,52 @@ void wino_output_tiles(const float* const* M, const float* at, int64_t m, const 
   });
 }
 
+// F(m, r) for r = 7 or 2 and m = 2, 3 or 4: alpha = m + r - 1 points.
+void check_wino(int64_t m, int64_t alpha, const char* op) {
+  const int64_t r = alpha - m + 1;
+  TORCH_CHECK((r == 7 || r == 2) && m >= 2 && m <= 4, op, ": F(m, r) for r = 2 or 7 and m = 2, 3 or 4, got m ", m,
+              ", alpha ", alpha);
+}
+
+// The kernels instantiated per alpha (callers check it with check_wino first).
+using WinoInputFn = void (*)(const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+using WinoOutputFn = void (*)(const float* const*, const float*, int64_t, const float*, float*, int64_t, int64_t,
+                              int64_t, int64_t, int64_t);
+
+WinoInputFn wino_input_for(int64_t alpha) {
+  switch (alpha) {
+    case 3: return &wino_input_tiles<3>;
+    case 4: return &wino_input_tiles<4>;
+    case 5: return &wino_input_tiles<5>;
+    case 8: return &wino_input_tiles<8>;
+    case 9: return &wino_input_tiles<9>;
+    default: return &wino_input_tiles<10>;
+  }
+}
+
+WinoOutputFn wino_output_for(int64_t alpha) {
+  switch (alpha) {
+    case 3: return &wino_output_tiles<3>;
+    case 4: return &wino_output_tiles<4>;
+    case 5: return &wino_output_tiles<5>;
+    case 8: return &wino_output_tiles<8>;
+    case 9: return &wino_output_tiles<9>;
+    default: return &wino_output_tiles<10>;
+  }
+}
+
 // x (B, L, C) float32 channels-last -> U (alpha, B * Q * d, C); bt (alpha, alpha).
 at::Tensor wino_input(const at::Tensor& x, const at::Tensor& bt, int64_t m, int64_t d, int64_t Q) {
   TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "wino_input: x must be float32 (B, L, C), got ",
               x.scalar_type(), " ", x.sizes());
   const int64_t alpha = bt.size(0), B = x.size(0), L = x.size(1), C = x.size(2);
   TORCH_CHECK(bt.dim() == 2 && bt.size(1) == alpha && bt.scalar_type() == at::kFloat, "wino_input: bt must be float32 (alpha, alpha)");
-  TORCH_CHECK(alpha == m + 6 && m >= 2 && m <= 4, "wino_input: F(m, 7) for m = 2, 3 or 4, got m ", m, ", alpha ", alpha);
+  check_wino(m, alpha, "wino_input");
   TORCH_CHECK(d >= 1 && Q >= 0, "wino_input: bad dilation ", d, " or tile count ", Q);
   at::Tensor xc = x.contiguous(), btc = bt.contiguous();
   at::Tensor U = at::empty({alpha, B * Q * d, C}, x.options());
   if (U.numel() == 0) return U;
-  auto run = alpha == 8 ? &wino_input_tiles<8> : alpha == 9 ? &wino_input_tiles<9> : &wino_input_tiles<10>;
+  auto run = wino_input_for(alpha);
   run(xc.data_ptr<float>(), L, C, btc.data_ptr<float>(), U.data_ptr<float>(), B, m, d, Q);
   return U;
 }
@@ -722,7 +757,8 @@ at::Tensor wino_input(const at::Tensor& x, const at::Tensor& bt, int64_t m, int6
 at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, const std::optional<at::Tensor>& bias,
                        int64_t B, int64_t d, int64_t Q, int64_t T) {
   const int64_t m = at_.size(0), alpha = at_.size(1);
-  TORCH_CHECK(alpha == m + 6 && m >= 2 && m <= 4 && at_.scalar_type() == at::kFloat, "wino_output: F(m, 7) for m = 2, 3 or 4");
+  check_wino(m, alpha, "wino_output");
+  TORCH_CHECK(at_.scalar_type() == at::kFloat, "wino_output: at must be float32");
   TORCH_CHECK((int64_t)M.size() == alpha, "wino_output: ", alpha, " products wanted, got ", M.size());
   TORCH_CHECK(T >= 0 && T <= Q * m * d, "wino_output: ", T, " outputs from ", Q, " tiles");
   const int64_t C = M[0].dim() == 2 ? M[0].size(1) : -1;
@@ -740,7 +776,7 @@ at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, 
   }
   at::Tensor y = at::empty({B, T, C}, M[0].options());
   if (y.numel() == 0) return y;
-  auto run = alpha == 8 ? &wino_output_tiles<8> : alpha == 9 ? &wino_output_tiles<9> : &wino_output_tiles<10>;
+  auto run = wino_output_for(alpha);
   run(parts.data(), atc.data_ptr<float>(), m, bc.defined() ? bc.data_ptr<float>() : nullptr, y.data_ptr<float>(), B, C,
       T, d, Q);
   return y;

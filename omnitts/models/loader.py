@@ -187,12 +187,12 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     load_strict(codec, codec_files, "decoder.", DTYPES[codec_dtype], dev)
     fuse_projections(codec)
     if dev.type == "cpu":
-        pack_transposed_convs(codec)
-        pack_convs(codec)
         # float32 runs are the parity runs: their codec keeps the direct convolutions and torch's sine
         # (Winograd's rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
         parity = lm_dtype == torch.float32
         winograd_convs(codec, parity=parity)
+        pack_transposed_convs(codec)
+        pack_convs(codec)
         use_native_snakes(codec, DTYPES[codec_dtype], parity=parity)
     encoder = None
     if cfg.model_type == "base":
