@@ -356,6 +356,24 @@ def test_winograd_transposed_conv_matches_a_float64_one(cin, cout, s, T, B, bias
         assert (got.double() - want).abs().max() < 3e-6 * want.abs().max()
 
 
+@needs_f32
+def test_transpose_pad_is_a_padded_transpose_bitwise():
+    """(B, R, S) -> (B, before + S + after, R), zero rows around: whole 16 x 16 blocks and ragged edges
+    (R and S off 16, S < 16, R < 16), batches, non-contiguous input."""
+    torch.manual_seed(9)
+    for B, R, S in [(1, 16, 16), (2, 5, 7), (1, 96, 1541), (3, 33, 47), (1, 17, 1), (2, 40, 100), (1, 1, 20)]:
+        x = torch.randn(B, R, S)
+        for before, after in [(0, 0), (1, 1), (2, 0), (0, 3)]:
+            got = torch.ops.omnitts.transpose_pad(x, before, after)
+            assert got.is_contiguous()
+            assert torch.equal(got, nn.functional.pad(x.transpose(1, 2), (0, 0, before, after)))
+    x = torch.randn(2, 30, 50)[:, 3:27, 5:45]
+    assert torch.equal(torch.ops.omnitts.transpose_pad(x), x.transpose(1, 2))
+    assert torch.ops.omnitts.transpose_pad(torch.randn(2, 4, 0), 1, 1).eq(0).all()
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.omnitts.transpose_pad(torch.randn(1, 4, 4).double())
+
+
 def test_winograd_kernels_refuse_what_they_do_not_compute():
     if not native.available(torch.float32):
         pytest.skip("native kernel not built here")

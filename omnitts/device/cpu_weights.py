@@ -407,7 +407,8 @@ class WinogradConv1d(nn.Module):
     convolutions, tiled alike.
 
     Channels-last inside: the transforms are omnitts' kernels (`wino_input`, `wino_output`: one pass
-    each over contiguous channel vectors); the products are oneDNN inner products over weights laid
+    each over contiguous channel vectors; `transpose_pad` changes the layout on the way in and out,
+    2-5x torch's strided copy); the products are oneDNN inner products over weights laid
     out once, ~190-210 GFLOP/s here where a grouped 1x1 convolution ran ~140-170 and `bmm` ~145.
     Measured on an AVX-512 EPYC, 2 threads, per call over one 25-frame streaming call's positions or
     one 8-frame slice's (direct -> F(3, 7) -> F(4, 7), ms): 768 channels over 800 positions 31.0 ->
@@ -445,9 +446,9 @@ class WinogradConv1d(nn.Module):
         if T <= 0:
             raise ValueError(f"WinogradConv1d: {L} input positions, the kernel spans {6 * d + 1}")
         Q = -(-T // (self.m * d))  # tiles per interleaved convolution
-        U = torch.ops.omnitts.wino_input(x.transpose(1, 2).contiguous(), self.bt, self.m, d, Q)  # (a, B*Q*d, Cin)
+        U = torch.ops.omnitts.wino_input(torch.ops.omnitts.transpose_pad(x), self.bt, self.m, d, Q)  # (a, B*Q*d, Cin)
         M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
-        return torch.ops.omnitts.wino_output(M, self.at, self.bias, B, d, Q, T).transpose(1, 2).contiguous()
+        return torch.ops.omnitts.transpose_pad(torch.ops.omnitts.wino_output(M, self.at, self.bias, B, d, Q, T))
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -493,13 +494,11 @@ class WinogradConvTranspose1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', (T - 1) * stride + kernel)
         (B, C, T), s = x.shape, self.stride[0]
-        padded = x.new_zeros(B, T + 2, C)
-        padded[:, 1:T + 1].copy_(x.transpose(1, 2))
         Q = -(-(T + 1) // self.m)
-        U = torch.ops.omnitts.wino_input(padded, self.bt, self.m, 1, Q)  # (a, B*Q, Cin)
+        U = torch.ops.omnitts.wino_input(torch.ops.omnitts.transpose_pad(x, 1, 1), self.bt, self.m, 1, Q)  # (a, B*Q, Cin)
         M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
         y = torch.ops.omnitts.wino_output(M, self.at, self.bias, B, 1, Q, T + 1)  # (B, T + 1, s * Cout)
-        return y.view(B, (T + 1) * s, self.out_channels).transpose(1, 2).contiguous()
+        return torch.ops.omnitts.transpose_pad(y.view(B, (T + 1) * s, self.out_channels))
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "

@@ -1,11 +1,13 @@
-// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, RMSNorm, bfloat16
-// SnakeBeta and attention for one query per row.
+// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, RMSNorm, SnakeBeta,
+// attention for one query per row, and the transforms and layout changes of the codec's Winograd
+// convolutions.
 //
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
 // where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
-// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::snake, omnitts::decode_attention
-// and omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
+// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::snake, omnitts::decode_attention,
+// omnitts::wino_input, omnitts::wino_output, omnitts::transpose_pad, omnitts::vectorised_float32 and
+// omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
 //
 // Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
 // the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
@@ -782,6 +784,76 @@ at::Tensor wino_output(const std::vector<at::Tensor>& M, const at::Tensor& at_, 
   return y;
 }
 
+// y[b][before + j][i] = x[b][i][j] (float32; rows of y before `before` and after S + before zero): the
+// layout change around Winograd's channels-last transforms. torch's strided copy moved ~6-14 GB/s
+// here; this one transposes 16 x 16 blocks in registers (AVX-512; a plain loop elsewhere).
+#if defined(__AVX512F__)
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  // r[4k + q] now holds, per 128-bit lane L, elements (row 4L'.. of quad k) ... finish across lanes:
+  for (int i = 0; i < 4; ++i) {  // combine quads 0/1 and 2/3 at 128-bit granularity
+    t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);
+    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+    r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
+  }
+}
+#endif
+
+void transpose_rows(const float* x, float* y, int64_t B, int64_t R, int64_t S, int64_t before, int64_t after) {
+  const int64_t out_rows = S + before + after, bs = (S + 15) / 16;
+  at::parallel_for(0, B * bs, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t b = k / bs, j0 = (k % bs) * 16, nj = std::min<int64_t>(16, S - j0);
+      const float* xb = x + b * R * S;
+      float* yb = y + (b * out_rows + before) * R;
+      if (k % bs == 0 && before) std::memset(y + b * out_rows * R, 0, before * R * sizeof(float));
+      if (k % bs == bs - 1 && after) std::memset(yb + S * R, 0, after * R * sizeof(float));
+      int64_t i0 = 0;
+#if defined(__AVX512F__)
+      const __mmask16 cols = first_lanes(nj);
+      for (; i0 + 16 <= R; i0 += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_maskz_loadu_ps(cols, xb + (i0 + i) * S + j0);
+        transpose16(r);
+        for (int j = 0; j < nj; ++j) _mm512_storeu_ps(yb + (j0 + j) * R + i0, r[j]);
+      }
+#endif
+      for (int64_t j = j0; j < j0 + nj; ++j)
+        for (int64_t i = i0; i < R; ++i) yb[j * R + i] = xb[i * S + j];
+    }
+  });
+}
+
+// x (B, R, S) float32 -> y (B, before + S + after, R) contiguous.
+at::Tensor transpose_pad(const at::Tensor& x, int64_t before, int64_t after) {
+  TORCH_CHECK(x.dim() == 3 && x.scalar_type() == at::kFloat, "transpose_pad: x must be float32 (B, R, S), got ",
+              x.scalar_type(), " ", x.sizes());
+  TORCH_CHECK(before >= 0 && after >= 0, "transpose_pad: negative padding ", before, ", ", after);
+  at::Tensor xc = x.contiguous();
+  const int64_t B = x.size(0), R = x.size(1), S = x.size(2);
+  at::Tensor y = at::empty({B, S + before + after, R}, x.options());
+  if (S == 0) return y.zero_();
+  if (y.numel() > 0) transpose_rows(xc.data_ptr<float>(), y.data_ptr<float>(), B, R, S, before, after);
+  return y;
+}
+
 // Whether this build's float32 Winograd transforms and SnakeBeta are vectorised (AVX-512): the
 // transforms are worth their passes only so, and the float32 snake exists only so.
 bool vectorised_float32() {
@@ -815,5 +887,6 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("wino_input(Tensor x, Tensor bt, int m, int d, int Q) -> Tensor", &wino_input);
   m.def("wino_output(Tensor[] M, Tensor at, Tensor? bias, int B, int d, int Q, int T) -> Tensor", &wino_output);
   m.def("vectorised_float32() -> bool", &vectorised_float32);
+  m.def("transpose_pad(Tensor x, int before=0, int after=0) -> Tensor", &transpose_pad);
   m.def("dtypes() -> int", &dtypes);
 }
