@@ -400,7 +400,30 @@ def winograd_matrices(m: int, r: int, points) -> tuple[torch.Tensor, torch.Tenso
     return at, g, bt
 
 
-class WinogradConv1d(nn.Module):
+class _Winograd(nn.Module):
+    """What both Winograd modules share: F(m, r)'s transforms and its products' weights, each point's
+    (Cout, Cin) matrix laid out for oneDNN's inner product once; `_correlate` runs them over a
+    channels-last input."""
+
+    def _set_transforms(self, m: int, points, taps: torch.Tensor, bias) -> None:
+        """`taps` (r, Cout, Cin) float64: the correlation y_i = sum_k taps[k] x_(i+k) to compute."""
+        at, g, bt = winograd_matrices(m, taps.shape[0], points)
+        self.m = m
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), layout_batch(32)), requires_grad=False)
+            for w in torch.einsum("ak,koi->aoi", g, taps).float())
+        self.register_buffer("at", at.float(), persistent=False)
+        self.register_buffer("bt", bt.float(), persistent=False)
+        self.bias = bias
+
+    def _correlate(self, x: torch.Tensor, d: int, Q: int, T: int) -> torch.Tensor:
+        """x (B, L, Cin) channels-last -> (B, T, Cout): Q tiles per interleaved convolution of dilation d."""
+        U = torch.ops.omnitts.wino_input(x, self.bt, self.m, d, Q)  # (a, B*Q*d, Cin)
+        M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
+        return torch.ops.omnitts.wino_output(M, self.at, self.bias, x.shape[0], d, Q, T)
+
+
+class WinogradConv1d(_Winograd):
     """`nn.Conv1d` of kernel 7 (float32, no padding, stride 1, groups 1; any dilation) by Winograd's
     F(m, 7), m = 4 by default: each tile of 4 outputs is 10 products of transformed inputs and weights
     instead of 28 multiply-adds, 2.8x fewer (F(3, 7): 9 for 21, 2.3x). Dilation d interleaves d plain
@@ -429,26 +452,15 @@ class WinogradConv1d(nn.Module):
         assert native.available(torch.float32), "WinogradConv1d needs omnitts' native kernels"
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
-        self.m = m
-        at, g, bt = winograd_matrices(m, 7, WINOGRAD_POINTS[: m + 5])
-        # The weight transformed per point (Cout, Cin), each laid out for oneDNN's inner product once.
-        weight = torch.einsum("ak,oik->aoi", g, conv.weight.detach().double()).float()
-        self.weights = nn.ParameterList(
-            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), layout_batch(32)), requires_grad=False)
-            for w in weight)
-        self.register_buffer("at", at.float(), persistent=False)
-        self.register_buffer("bt", bt.float(), persistent=False)
-        self.bias = conv.bias
+        self._set_transforms(m, WINOGRAD_POINTS[: m + 5], conv.weight.detach().double().permute(2, 0, 1), conv.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, L) -> (B, C', L - 6 * dilation)
-        (B, _, L), d = x.shape, self.dilation[0]
+        L, d = x.shape[-1], self.dilation[0]
         T = L - 6 * d
         if T <= 0:
             raise ValueError(f"WinogradConv1d: {L} input positions, the kernel spans {6 * d + 1}")
         Q = -(-T // (self.m * d))  # tiles per interleaved convolution
-        U = torch.ops.omnitts.wino_input(torch.ops.omnitts.transpose_pad(x), self.bt, self.m, d, Q)  # (a, B*Q*d, Cin)
-        M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
-        return torch.ops.omnitts.transpose_pad(torch.ops.omnitts.wino_output(M, self.at, self.bias, B, d, Q, T))
+        return torch.ops.omnitts.transpose_pad(self._correlate(torch.ops.omnitts.transpose_pad(x), d, Q, T))
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
@@ -460,7 +472,7 @@ TRANSPOSED_WINOGRAD_POINTS = (0.0, 1.0, -1.0, 0.5)
 TRANSPOSED_WINOGRAD_OUTPUTS = 3
 
 
-class WinogradConvTranspose1d(nn.Module):
+class WinogradConvTranspose1d(_Winograd):
     """`nn.ConvTranspose1d` of kernel 2s for stride s (float32, no padding, groups 1) by Winograd's
     F(m, 2) over its polyphase form.
 
@@ -479,26 +491,16 @@ class WinogradConvTranspose1d(nn.Module):
         assert native.available(torch.float32), "WinogradConvTranspose1d needs omnitts' native kernels"
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.stride = conv.kernel_size, conv.stride
-        self.m = m
-        at, g, bt = winograd_matrices(m, 2, TRANSPOSED_WINOGRAD_POINTS[:m])
-        w = conv.weight.detach().double()  # (Cin, Cout, 2s)
-        taps = [w[:, :, s:].permute(2, 1, 0).reshape(s * self.out_channels, -1),  # A1, on x[u - 1]
-                w[:, :, :s].permute(2, 1, 0).reshape(s * self.out_channels, -1)]  # A0, on x[u]
-        weight = torch.einsum("ak,koi->aoi", g, torch.stack(taps)).float()
-        self.weights = nn.ParameterList(
-            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), layout_batch(32)), requires_grad=False)
-            for w in weight)
-        self.register_buffer("at", at.float(), persistent=False)
-        self.register_buffer("bt", bt.float(), persistent=False)
-        self.bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(s), requires_grad=False)
+        w = conv.weight.detach().double()  # (Cin, Cout, 2s) -> taps (s * Cout, Cin), phase-major
+        taps = torch.stack([w[:, :, s:].permute(2, 1, 0).reshape(s * self.out_channels, -1),  # A1, on x[u - 1]
+                            w[:, :, :s].permute(2, 1, 0).reshape(s * self.out_channels, -1)])  # A0, on x[u]
+        bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(s), requires_grad=False)
+        self._set_transforms(m, TRANSPOSED_WINOGRAD_POINTS[:m], taps, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', (T - 1) * stride + kernel)
-        (B, C, T), s = x.shape, self.stride[0]
-        Q = -(-(T + 1) // self.m)
-        U = torch.ops.omnitts.wino_input(torch.ops.omnitts.transpose_pad(x, 1, 1), self.bt, self.m, 1, Q)  # (a, B*Q, Cin)
-        M = [torch.ops.mkldnn._linear_pointwise(u, w, None, "none", [], "") for u, w in zip(U, self.weights)]
-        y = torch.ops.omnitts.wino_output(M, self.at, self.bias, B, 1, Q, T + 1)  # (B, T + 1, s * Cout)
-        return torch.ops.omnitts.transpose_pad(y.view(B, (T + 1) * s, self.out_channels))
+        (B, _, T), s = x.shape, self.stride[0]
+        y = self._correlate(torch.ops.omnitts.transpose_pad(x, 1, 1), 1, -(-(T + 1) // self.m), T + 1)
+        return torch.ops.omnitts.transpose_pad(y.view(B, (T + 1) * s, self.out_channels))  # y: (B, T + 1, s * Cout)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
