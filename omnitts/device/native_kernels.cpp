@@ -332,50 +332,56 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
-#if defined(OMNITTS_HAVE_BF16)
-// SnakeBeta over rows of bfloat16 samples: row (b, c) of x (B, C, T; the last dimension contiguous,
-// rows anywhere) -> y contiguous. Computed in float32 and rounded to bfloat16 after every operation,
-// as torch's bfloat16 operations round; the sine is SLEEF's, as torch's vectorised bfloat16 sin.
-inline __m512 round_bf16(__m512 v) { return widen_bf16((__m256i)_mm512_cvtneps_pbh(v)); }
-
-void snake_rows(const uint16_t* x, int64_t batch_stride, int64_t channel_stride, const float* alpha,
-                const float* inv_beta, uint16_t* y, int64_t B, int64_t C, int64_t length) {
+#if defined(__AVX512F__)
+// SnakeBeta over rows: row (b, c) of x (B, C, T; the last dimension contiguous, rows anywhere) -> y
+// contiguous, 16 samples at a time by `lanes(in, out, mask, alpha, inv_beta)`.
+template <typename T, typename Lanes>
+void snake_rows(const T* x, int64_t batch_stride, int64_t channel_stride, const float* alpha, const float* inv_beta,
+                T* y, int64_t B, int64_t C, int64_t length, Lanes lanes) {
   at::parallel_for(0, B * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(length, 1)), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const uint16_t* xr = x + (r / C) * batch_stride + (r % C) * channel_stride;
-      uint16_t* yr = y + r * length;
+      const T* xr = x + (r / C) * batch_stride + (r % C) * channel_stride;
+      T* yr = y + r * length;
       __m512 a = _mm512_set1_ps(alpha[r % C]), ib = _mm512_set1_ps(inv_beta[r % C]);
-      for (int64_t t = 0; t < length; t += kPanel) {
-        __mmask16 mask = first_lanes(length - t);
-        __m512 v = widen_bf16(_mm256_maskz_loadu_epi16(mask, xr + t));
-        __m512 s = round_bf16(Sleef_sinf16_u10(round_bf16(_mm512_mul_ps(v, a))));  // sin(x * alpha)
-        s = round_bf16(_mm512_mul_ps(s, s));                                         // ** 2
-        s = round_bf16(_mm512_mul_ps(s, ib));                                        // * inv_beta
-        _mm256_mask_storeu_epi16(yr + t, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(s, v)));  // + x
-      }
+      for (int64_t t = 0; t < length; t += kPanel) lanes(xr + t, yr + t, first_lanes(length - t), a, ib);
     }
   });
+}
+
+template <typename T, typename Lanes>
+at::Tensor snake_with(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& inv_beta, Lanes lanes) {
+  const int64_t B = x.size(0), C = x.size(1), length = x.size(2);
+  at::Tensor xc = x.stride(2) == 1 || length <= 1 ? x : x.contiguous();
+  at::Tensor a = alpha.to(at::kFloat).contiguous(), ib = inv_beta.to(at::kFloat).contiguous();
+  at::Tensor y = at::empty({B, C, length}, x.options());
+  if (y.numel() > 0)
+    snake_rows((const T*)xc.data_ptr(), xc.stride(0), xc.stride(1), a.data_ptr<float>(), ib.data_ptr<float>(),
+               (T*)y.data_ptr(), B, C, length, lanes);
+  return y;
+}
+#endif
+
+#if defined(OMNITTS_HAVE_BF16)
+// bfloat16: computed in float32 and rounded to bfloat16 after every operation, as torch's bfloat16
+// operations round; the sine is SLEEF's, as torch's vectorised bfloat16 sin.
+inline __m512 round_bf16(__m512 v) { return widen_bf16((__m256i)_mm512_cvtneps_pbh(v)); }
+
+inline void snake_bf16_lanes(const uint16_t* in, uint16_t* out, __mmask16 mask, __m512 a, __m512 ib) {
+  __m512 v = widen_bf16(_mm256_maskz_loadu_epi16(mask, in));
+  __m512 s = round_bf16(Sleef_sinf16_u10(round_bf16(_mm512_mul_ps(v, a))));  // sin(x * alpha)
+  s = round_bf16(_mm512_mul_ps(s, s));                                         // ** 2
+  s = round_bf16(_mm512_mul_ps(s, ib));                                        // * inv_beta
+  _mm256_mask_storeu_epi16(out, mask, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(s, v)));  // + x
 }
 #endif
 
 #if defined(__AVX512F__)
-// SnakeBeta over rows of float32 samples, fused: sin(x * alpha)^2 * inv_beta + x with SLEEF's 3.5-ulp
-// sine (torch's float32 sin is MKL's; this is not bitwise it, hence for runs that are not parity runs).
-void snake_rows_f32(const float* x, int64_t batch_stride, int64_t channel_stride, const float* alpha,
-                    const float* inv_beta, float* y, int64_t B, int64_t C, int64_t length) {
-  at::parallel_for(0, B * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(length, 1)), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + (r / C) * batch_stride + (r % C) * channel_stride;
-      float* yr = y + r * length;
-      __m512 a = _mm512_set1_ps(alpha[r % C]), ib = _mm512_set1_ps(inv_beta[r % C]);
-      for (int64_t t = 0; t < length; t += kPanel) {
-        __mmask16 mask = first_lanes(length - t);
-        __m512 v = _mm512_maskz_loadu_ps(mask, xr + t);
-        __m512 s = Sleef_sinf16_u35(_mm512_mul_ps(v, a));
-        _mm512_mask_storeu_ps(yr + t, mask, _mm512_fmadd_ps(_mm512_mul_ps(s, s), ib, v));
-      }
-    }
-  });
+// float32, fused: sin(x * alpha)^2 * inv_beta + x with SLEEF's 3.5-ulp sine (torch's float32 sin is
+// MKL's; this is not bitwise it, hence for runs that are not parity runs).
+inline void snake_f32_lanes(const float* in, float* out, __mmask16 mask, __m512 a, __m512 ib) {
+  __m512 v = _mm512_maskz_loadu_ps(mask, in);
+  __m512 s = Sleef_sinf16_u35(_mm512_mul_ps(v, a));
+  _mm512_mask_storeu_ps(out, mask, _mm512_fmadd_ps(_mm512_mul_ps(s, s), ib, v));
 }
 #endif
 
@@ -383,32 +389,16 @@ void snake_rows_f32(const float* x, int64_t batch_stride, int64_t channel_stride
 // as it rounds them. float32 only where the build has AVX-512 (`vectorised_float32()`).
 at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& inv_beta) {
   TORCH_CHECK(x.dim() == 3, "snake: x must be (batch, channels, time), got ", x.sizes());
-  int64_t B = x.size(0), C = x.size(1), length = x.size(2);
+  const int64_t C = x.size(1);
   TORCH_CHECK(alpha.numel() == C && inv_beta.numel() == C, "snake: ", C, " channels, alpha has ", alpha.numel(),
               ", inv_beta ", inv_beta.numel());
   TORCH_CHECK(alpha.scalar_type() == x.scalar_type() && inv_beta.scalar_type() == x.scalar_type(),
               "snake: parameters must be in x's dtype ", x.scalar_type());
 #if defined(OMNITTS_HAVE_BF16)
-  if (x.scalar_type() == at::kBFloat16) {
-    at::Tensor xc = x.stride(2) == 1 || length <= 1 ? x : x.contiguous();
-    at::Tensor a = alpha.to(at::kFloat).contiguous(), ib = inv_beta.to(at::kFloat).contiguous();
-    at::Tensor y = at::empty({B, C, length}, x.options());
-    if (y.numel() > 0)
-      snake_rows((const uint16_t*)xc.data_ptr(), xc.stride(0), xc.stride(1), a.data_ptr<float>(), ib.data_ptr<float>(),
-                 (uint16_t*)y.data_ptr(), B, C, length);
-    return y;
-  }
+  if (x.scalar_type() == at::kBFloat16) return snake_with<uint16_t>(x, alpha, inv_beta, snake_bf16_lanes);
 #endif
 #if defined(__AVX512F__)
-  if (x.scalar_type() == at::kFloat) {
-    at::Tensor xc = x.stride(2) == 1 || length <= 1 ? x : x.contiguous();
-    at::Tensor a = alpha.contiguous(), ib = inv_beta.contiguous();
-    at::Tensor y = at::empty({B, C, length}, x.options());
-    if (y.numel() > 0)
-      snake_rows_f32(xc.data_ptr<float>(), xc.stride(0), xc.stride(1), a.data_ptr<float>(), ib.data_ptr<float>(),
-                     y.data_ptr<float>(), B, C, length);
-    return y;
-  }
+  if (x.scalar_type() == at::kFloat) return snake_with<float>(x, alpha, inv_beta, snake_f32_lanes);
 #endif
   TORCH_CHECK(false, "snake: bfloat16, or float32 in an AVX-512 build, got ", x.scalar_type());
 }
