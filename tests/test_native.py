@@ -205,57 +205,54 @@ def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows):
     torch.testing.assert_close(got, x @ weight.float().T + bias, rtol=1e-5, atol=1e-5)
 
 
-def test_snake_kernel_is_bitwise_the_bfloat16_module():
-    """SnakeBeta in bfloat16: contiguous input, a time slice (as the tiled decode passes), lengths off the
-    vector width, channels with their own alpha and beta: bitwise what torch's operations give."""
-    if not native.available(torch.bfloat16):
-        pytest.skip("no native bfloat16 kernel here")
+def _snake_with_and_without_kernel(dtype, seed):
+    """A 12-channel SnakeBeta in `dtype` (each channel its own alpha and beta) and, over contiguous input,
+    a time slice (as the tiled decode passes), lengths off the vector width and extreme values,
+    (x, torch's result, the kernel's) per input."""
     from omnitts.models.codec import SnakeBeta
 
-    torch.manual_seed(5)
-    snake = SnakeBeta(12).to(torch.bfloat16).requires_grad_(False)
+    torch.manual_seed(seed)
+    snake = SnakeBeta(12).to(dtype).requires_grad_(False)
     snake.alpha.data.normal_(0, 0.5)
     snake.beta.data.normal_(0, 0.5)
+    runs = []
     with torch.no_grad():
         for x in (torch.randn(3, 12, 77) * 4, torch.randn(2, 12, 1) * 4, torch.randn(2, 12, 300)[..., 17:233] * 4,
                   torch.tensor([0.0, 1e-30, -2.5, 1e4]).repeat(1, 12, 4)):
-            x = x.bfloat16()
+            x = x.to(dtype)
             snake.kernel = None
             expected = snake(x)
             snake.kernel = torch.ops.omnitts.snake
-            got = snake(x)
-            assert got.shape == x.shape and got.dtype == torch.bfloat16
-            assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
-        with pytest.raises(RuntimeError, match="bfloat16, or float32"):
-            torch.ops.omnitts.snake(torch.randn(1, 12, 5).double(), snake.alpha.double(), snake.beta.double())
-        with pytest.raises(RuntimeError, match="12 channels"):
-            torch.ops.omnitts.snake(torch.randn(1, 12, 5).bfloat16(), snake.alpha[:3], snake.beta)
+            runs.append((x, expected, snake(x)))
+    return snake, runs
+
+
+def test_snake_kernel_is_bitwise_the_bfloat16_module():
+    """SnakeBeta in bfloat16: bitwise what torch's operations give (see `_snake_with_and_without_kernel`)."""
+    if not native.available(torch.bfloat16):
+        pytest.skip("no native bfloat16 kernel here")
+    snake, runs = _snake_with_and_without_kernel(torch.bfloat16, 5)
+    for x, expected, got in runs:
+        assert got.shape == x.shape and got.dtype == torch.bfloat16
+        assert torch.equal(got, expected), (got.float() - expected.float()).abs().max()
+    with pytest.raises(RuntimeError, match="bfloat16, or float32"):
+        torch.ops.omnitts.snake(torch.randn(1, 12, 5).double(), snake.alpha.double(), snake.beta.double())
+    with pytest.raises(RuntimeError, match="12 channels"):
+        torch.ops.omnitts.snake(torch.randn(1, 12, 5).bfloat16(), snake.alpha[:3], snake.beta)
 
 
 def test_float32_snake_kernel_is_the_module_to_rounding():
     """SnakeBeta in float32 (AVX-512 builds): SLEEF's 3.5-ulp sine where torch calls MKL's, so the same
-    values to a few float32 ulps: contiguous input, a time slice, lengths off the vector width, large
-    arguments (range reduction)."""
+    values to a few float32 ulps, large arguments (range reduction) included."""
     if not native.available(torch.float32) or not torch.ops.omnitts.vectorised_float32():
         pytest.skip("no vectorised float32 kernels here")
-    from omnitts.models.codec import SnakeBeta
-
-    torch.manual_seed(6)
-    snake = SnakeBeta(12).requires_grad_(False)
-    snake.alpha.data.normal_(0, 0.5)
-    snake.beta.data.normal_(0, 0.5)
-    with torch.no_grad():
-        for x in (torch.randn(3, 12, 77) * 4, torch.randn(2, 12, 1) * 4, torch.randn(2, 12, 300)[..., 17:233] * 4,
-                  torch.tensor([0.0, 1e-30, -2.5, 1e4]).repeat(1, 12, 4)):
-            snake.kernel = None
-            expected = snake(x)
-            snake.kernel = torch.ops.omnitts.snake
-            got = snake(x)
-            assert got.shape == x.shape and got.dtype == torch.float32 and got.is_contiguous()
-            # sin^2 * inv_beta + x: a few ulps of the sine, scaled by inv_beta (e^0.5-ish), plus x's rounding
-            torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
-        with pytest.raises(RuntimeError, match="12 channels"):
-            torch.ops.omnitts.snake(torch.randn(1, 12, 5), snake.alpha[:3], snake.beta)
+    snake, runs = _snake_with_and_without_kernel(torch.float32, 6)
+    for x, expected, got in runs:
+        assert got.shape == x.shape and got.dtype == torch.float32 and got.is_contiguous()
+        # sin^2 * inv_beta + x: a few ulps of the sine, scaled by inv_beta (e^0.5-ish), plus x's rounding
+        torch.testing.assert_close(got, expected, rtol=2e-6, atol=2e-6)
+    with pytest.raises(RuntimeError, match="12 channels"):
+        torch.ops.omnitts.snake(torch.randn(1, 12, 5), snake.alpha[:3], snake.beta)
 
 
 def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_dir):

@@ -622,6 +622,25 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 inline int64_t tile_start(int64_t n, int64_t m, int64_t d) { return (n / d) * m * d + n % d; }
 
+// sum_j coef[j] * v[j] over A values, in order, the zero coefficients skipped: both transforms' step.
+template <int A>
+inline float combine(const float* coef, const float* v) {
+  float acc = 0.0f;
+  for (int j = 0; j < A; ++j)
+    if (coef[j] != 0.0f) acc += coef[j] * v[j];
+  return acc;
+}
+
+#if defined(__AVX512F__)
+template <int A>
+inline __m512 combine(const float* coef, const __m512* v) {
+  __m512 acc = _mm512_setzero_ps();
+  for (int j = 0; j < A; ++j)
+    if (coef[j] != 0.0f) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(coef[j]), v[j]));
+  return acc;
+}
+#endif
+
 // U[a][n][c] = sum_j bt[a][j] * x[b][p + j * d][c] (zero past L), n = b * Q * d + tile.
 template <int A>
 void wino_input_tiles(const float* x, int64_t L, int64_t C, const float* bt, float* U, int64_t B, int64_t m,
@@ -637,22 +656,12 @@ void wino_input_tiles(const float* x, int64_t L, int64_t C, const float* bt, flo
         __m512 v[A];
         for (int j = 0; j < A; ++j)
           v[j] = p + j * d < L ? _mm512_maskz_loadu_ps(lanes, xb + (p + j * d) * C + c) : _mm512_setzero_ps();
-        for (int a = 0; a < A; ++a) {
-          __m512 acc = _mm512_setzero_ps();
-          for (int j = 0; j < A; ++j)
-            if (bt[a * A + j] != 0.0f) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(bt[a * A + j]), v[j]));
-          _mm512_mask_storeu_ps(U + (a * N + n) * C + c, lanes, acc);
-        }
+        for (int a = 0; a < A; ++a) _mm512_mask_storeu_ps(U + (a * N + n) * C + c, lanes, combine<A>(bt + a * A, v));
 #else
         for (int64_t k = c; k < std::min<int64_t>(c + kPanel, C); ++k) {
           float v[A];
           for (int j = 0; j < A; ++j) v[j] = p + j * d < L ? xb[(p + j * d) * C + k] : 0.0f;
-          for (int a = 0; a < A; ++a) {
-            float acc = 0.0f;
-            for (int j = 0; j < A; ++j)
-              if (bt[a * A + j] != 0.0f) acc += bt[a * A + j] * v[j];
-            U[(a * N + n) * C + k] = acc;
-          }
+          for (int a = 0; a < A; ++a) U[(a * N + n) * C + k] = combine<A>(bt + a * A, v);
         }
 #endif
       }
@@ -676,19 +685,18 @@ void wino_output_tiles(const float* const* M, const float* at, int64_t m, const 
         for (int a = 0; a < A; ++a) v[a] = _mm512_maskz_loadu_ps(lanes, M[a] + n * C + c);
         const __m512 bc = bias ? _mm512_maskz_loadu_ps(lanes, bias + c) : _mm512_setzero_ps();
         for (int64_t i = 0; i < m && p + i * d < T; ++i) {
-          __m512 acc = _mm512_setzero_ps();
-          for (int a = 0; a < A; ++a)
-            if (at[i * A + a] != 0.0f) acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(at[i * A + a]), v[a]));
+          const __m512 acc = combine<A>(at + i * A, v);
           _mm512_mask_storeu_ps(yb + (p + i * d) * C + c, lanes, bias ? _mm512_add_ps(acc, bc) : acc);
         }
 #else
-        for (int64_t k = c; k < std::min<int64_t>(c + kPanel, C); ++k)
+        for (int64_t k = c; k < std::min<int64_t>(c + kPanel, C); ++k) {
+          float v[A];
+          for (int a = 0; a < A; ++a) v[a] = M[a][n * C + k];
           for (int64_t i = 0; i < m && p + i * d < T; ++i) {
-            float acc = 0.0f;
-            for (int a = 0; a < A; ++a)
-              if (at[i * A + a] != 0.0f) acc += at[i * A + a] * M[a][n * C + k];
+            const float acc = combine<A>(at + i * A, v);
             yb[(p + i * d) * C + k] = bias ? acc + bias[k] : acc;
           }
+        }
 #endif
       }
     }
@@ -790,8 +798,9 @@ inline void transpose16(__m512 r[16]) {
     r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
     r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
   }
-  // r[4k + q] now holds, per 128-bit lane L, elements (row 4L'.. of quad k) ... finish across lanes:
-  for (int i = 0; i < 4; ++i) {  // combine quads 0/1 and 2/3 at 128-bit granularity
+  // Within each 128-bit lane the 4 x 4 blocks are now transposed: r[4q + i] holds row i of the
+  // transposed blocks of rows 4q..4q+3. Two rounds of 128-bit shuffles move the blocks into place.
+  for (int i = 0; i < 4; ++i) {
     t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
     t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);
     t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
