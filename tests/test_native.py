@@ -1,5 +1,5 @@
 """omnitts' native CPU kernels: the linear computes what nn.Linear does, bitwise independent of the
-batch; RMSNorm and (bfloat16) SnakeBeta what the modules do; built once per source/torch/CPU, and optional (oneDNN and torch
+batch; RMSNorm, the fused q/k norm and rotation, silu(gate) * up and SnakeBeta what the modules do; built once per source/torch/CPU, and optional (oneDNN and torch
 take over where they cannot be built)."""
 
 from __future__ import annotations
@@ -186,6 +186,67 @@ def test_native_norms_reach_every_norm_of_a_loaded_model(ckpt_dir):
     for m in norms:
         m.kernel = None
     torch.testing.assert_close(fused, talker.model(x, positions), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch, new, heads, kv_heads, table_rows", [(8, 1, 16, 8, 8), (1, 7, 16, 8, 1),
+                                                                     (3, 2, 2, 1, 3), (3, 2, 2, 1, 1)])
+def test_norm_rope_kernel_is_bitwise_the_norm_then_the_rotation(dtype, batch, new, heads, kv_heads, table_rows):
+    """The fused q/k norm and rotation equals the norm kernel followed by `apply_rope`, bit for bit: on
+    the q and k heads of a fused projection (a strided view), rotary tables per row or shared."""
+    if not native.available(dtype):
+        pytest.skip(f"no native {dtype} kernel here")
+    from omnitts.models.layers import apply_rope, rope_cos_sin
+
+    g = torch.Generator().manual_seed(batch * 10 + new)
+    qkv = (torch.randn(batch, new, heads + 2 * kv_heads, 64, generator=g) * 3).to(dtype)
+    qk = qkv.split((heads + kv_heads, kv_heads), dim=2)[0]
+    weight = torch.randn(heads + kv_heads, 64, generator=g).to(dtype)
+    positions = torch.arange(table_rows * new).view(table_rows, new) + 5
+    cos, sin = rope_cos_sin(positions, 64, 1e6, dtype)
+    expected = apply_rope(torch.ops.omnitts.rms_norm(qk, weight, 1e-6).transpose(1, 2), cos, sin)
+    got = torch.ops.omnitts.norm_rope(qk, weight, 1e-6, cos, sin)
+    assert got.shape == (batch, heads + kv_heads, new, 64) and got.dtype == dtype
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8, 1, 6144), (3, 5, 6144), (1, 1, 200), (2, 1, 6184), (4, 7, 2000)])
+def test_silu_mul_kernel_is_bitwise_torch(dtype, shape):
+    """silu(gate) * up over [gate | up] rows equals torch's two kernels bit for bit, row tails (widths
+    that are not whole pairs of torch's vectors: its scalar loop) included."""
+    if not (native.available(dtype) and torch.ops.omnitts.vectorised_float32()
+            and torch.backends.cpu.get_cpu_capability() == "AVX512"):
+        pytest.skip("the kernel is used only where torch runs its AVX-512 kernels")
+    x = (torch.randn(*shape, generator=torch.Generator().manual_seed(shape[-1])) * 4).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    assert torch.equal(torch.ops.omnitts.silu_mul(x), torch.nn.functional.silu(gate) * up)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loaded_talker_takes_the_rope_and_swiglu_kernels_bitwise(ckpt_dir, dtype):
+    """The loader gives every fused attention the norm-and-rotate kernel and (where torch runs AVX-512)
+    every MLP the silu-product kernel; the talker's output is bitwise what the unfused path gives."""
+    torch_dtype = getattr(torch, dtype)
+    if not native.available(torch_dtype):
+        pytest.skip(f"no native {dtype} kernel here")
+    import omnitts
+    from omnitts.models.layers import Attention, GatedMLP
+
+    talker = omnitts.load(ckpt_dir("custom_voice"), dtype=dtype).ckpt.model.talker
+    attentions = [m for m in talker.modules() if isinstance(m, Attention)]
+    mlps = [m for m in talker.modules() if isinstance(m, GatedMLP)]
+    assert attentions and all(m.rope_kernel is not None for m in attentions)
+    swiglu = torch.ops.omnitts.vectorised_float32() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    assert all((m.kernel is not None) == swiglu for m in mlps)
+    x = torch.randn(2, 7, talker.cfg.hidden_size).to(torch_dtype)
+    positions = torch.arange(7).expand(2, 7)
+    fused = talker.model(x, positions)
+    for m in attentions:
+        m.rope_kernel = None
+    for m in mlps:
+        m.kernel = None
+    assert torch.equal(fused, talker.model(x, positions))
 
 
 @needs_f32

@@ -1,13 +1,14 @@
-// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, RMSNorm, SnakeBeta,
-// attention for one query per row, and the transforms and layout changes of the codec's Winograd
-// convolutions.
+// omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, RMSNorm (alone, and
+// fused with q and k's rotary embedding), SwiGLU's silu(gate) * up, SnakeBeta, attention for one
+// query per row, and the
+// transforms and layout changes of the codec's Winograd convolutions.
 //
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
 // where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
-// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::snake, omnitts::decode_attention,
-// omnitts::wino_input, omnitts::wino_output, omnitts::transpose_pad, omnitts::vectorised_float32 and
-// omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
+// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::norm_rope, omnitts::silu_mul, omnitts::snake,
+// omnitts::decode_attention, omnitts::wino_input, omnitts::wino_output, omnitts::transpose_pad,
+// omnitts::vectorised_float32 and omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
 //
 // Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
 // the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
@@ -286,30 +287,30 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   TORCH_CHECK(false, "linear: no kernel for ", x.scalar_type(), " on this CPU");
 }
 
-// y = (x * rsqrt(mean(x^2) + eps)) rounded to x's dtype, times weight (rounded again), per row of D.
-// weight is [D] or [G, D]: row r uses weight row r % G (q and k heads normed together, each with
-// its own weight).
+// y = (x * rsqrt(mean(x^2) + eps)) rounded to x's dtype, times weight (rounded again), one row of D.
+template <typename T>
+inline void norm_row(const T* xr, const T* wr, T* yr, int64_t D, float eps) {
+  auto to_float = [](T v) { return static_cast<float>(v); };
+  float lanes[16] = {0};
+  int64_t d = 0;
+  for (; d + 16 <= D; d += 16)
+    for (int j = 0; j < 16; ++j) { float v = to_float(xr[d + j]); lanes[j] += v * v; }
+  float sum = 0.f;
+  for (int j = 0; j < 16; ++j) sum += lanes[j];
+  for (; d < D; ++d) { float v = to_float(xr[d]); sum += v * v; }
+  float scale = 1.f / std::sqrt(sum / (float)D + eps);
+  for (d = 0; d < D; ++d) {
+    T normed = static_cast<T>(to_float(xr[d]) * scale);
+    yr[d] = static_cast<T>(to_float(normed) * to_float(wr[d]));
+  }
+}
+
+// norm_row over rows: weight is [D] or [G, D], row r using weight row r % G (q and k heads normed
+// together, each with its own weight).
 template <typename T>
 void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t D, int64_t G, float eps) {
-  auto to_float = [](T v) { return static_cast<float>(v); };
   at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = x + r * D;
-      const T* wr = w + (r % G) * D;
-      T* yr = y + r * D;
-      float lanes[16] = {0};
-      int64_t d = 0;
-      for (; d + 16 <= D; d += 16)
-        for (int j = 0; j < 16; ++j) { float v = to_float(xr[d + j]); lanes[j] += v * v; }
-      float sum = 0.f;
-      for (int j = 0; j < 16; ++j) sum += lanes[j];
-      for (; d < D; ++d) { float v = to_float(xr[d]); sum += v * v; }
-      float scale = 1.f / std::sqrt(sum / (float)D + eps);
-      for (d = 0; d < D; ++d) {
-        T normed = static_cast<T>(to_float(xr[d]) * scale);
-        yr[d] = static_cast<T>(to_float(normed) * to_float(wr[d]));
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r) norm_row(x + r * D, w + (r % G) * D, y + r * D, D, eps);
   });
 }
 
@@ -328,6 +329,62 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
     rms_norm_rows(xc.data_ptr<at::BFloat16>(), wc.data_ptr<at::BFloat16>(), y.data_ptr<at::BFloat16>(), rows, D, G, (float)eps);
   } else {
     TORCH_CHECK(false, "rms_norm: float32 or bfloat16 only, got ", x.scalar_type());
+  }
+  return y;
+}
+
+// omnitts::norm_rope is layers.apply_rope(rms_norm(x).transpose(1, 2), cos, sin) in one pass: x
+// (B, T, G, D), any strides but a contiguous last dimension (the q and k heads of the fused
+// projection, a view), weight (G, D), cos and signed sin (B or 1, T, D) -> (B, G, T, D). Each row is
+// normed as rms_norm does, then rotated with apply_rope's three roundings to x's dtype: roll(n) * sin,
+// n * cos, their sum. Bitwise the unfused kernels' result; one call instead of about eight.
+template <typename T>
+void norm_rope_rows(const at::Tensor& x, const T* w, const T* cos, const T* sin, int64_t cos_batch_stride,
+                    T* y, float eps) {
+  int64_t B = x.size(0), Tn = x.size(1), G = x.size(2), D = x.size(3), half = D / 2;
+  const T* xp = (const T*)x.data_ptr();
+  int64_t sb = x.stride(0), st = x.stride(1), sg = x.stride(2);
+  at::parallel_for(0, B * Tn * G, 32, [&](int64_t r0, int64_t r1) {
+    std::vector<T> normed(D);
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t b = r / (Tn * G), t = r / G % Tn, g = r % G;
+      norm_row(xp + b * sb + t * st + g * sg, w + g * D, normed.data(), D, eps);
+      const T* c = cos + b * cos_batch_stride + t * D;
+      const T* s = sin + b * cos_batch_stride + t * D;
+      T* out = y + ((b * G + g) * Tn + t) * D;
+      auto rotate = [&](int64_t j, int64_t partner) {
+        T rolled = static_cast<T>(static_cast<float>(normed[partner]) * static_cast<float>(s[j]));
+        T direct = static_cast<T>(static_cast<float>(normed[j]) * static_cast<float>(c[j]));
+        out[j] = static_cast<T>(static_cast<float>(rolled) + static_cast<float>(direct));
+      };
+      for (int64_t j = 0; j < half; ++j) rotate(j, j + half);
+      for (int64_t j = half; j < D; ++j) rotate(j, j - half);
+    }
+  });
+}
+
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, const at::Tensor& cos,
+                     const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 4 && x.stride(3) == 1, "norm_rope: x must be (B, T, G, D) with a contiguous last dimension");
+  int64_t B = x.size(0), Tn = x.size(1), G = x.size(2), D = x.size(3);
+  TORCH_CHECK(D % 2 == 0, "norm_rope: odd head size ", D);
+  auto dtype = x.scalar_type();
+  TORCH_CHECK(weight.scalar_type() == dtype && cos.scalar_type() == dtype && sin.scalar_type() == dtype,
+              "norm_rope: x, weight, cos and sin must share one dtype");
+  TORCH_CHECK(weight.numel() == G * D, "norm_rope: weight ", weight.sizes(), " for ", G, " heads of ", D);
+  TORCH_CHECK(cos.dim() == 3 && cos.sizes() == sin.sizes() && cos.size(1) == Tn && cos.size(2) == D &&
+              (cos.size(0) == B || cos.size(0) == 1), "norm_rope: cos/sin ", cos.sizes(), " for x ", x.sizes());
+  at::Tensor w = weight.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+  int64_t cb = cos.size(0) == 1 ? 0 : Tn * D;
+  at::Tensor y = at::empty({B, G, Tn, D}, x.options());
+  if (y.numel() == 0) return y;
+  if (dtype == at::kFloat) {
+    norm_rope_rows(x, w.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), cb, y.data_ptr<float>(), (float)eps);
+  } else if (dtype == at::kBFloat16) {
+    norm_rope_rows(x, w.data_ptr<at::BFloat16>(), c.data_ptr<at::BFloat16>(), s.data_ptr<at::BFloat16>(), cb,
+                   y.data_ptr<at::BFloat16>(), (float)eps);
+  } else {
+    TORCH_CHECK(false, "norm_rope: float32 or bfloat16 only, got ", dtype);
   }
   return y;
 }
@@ -401,6 +458,77 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
   if (x.scalar_type() == at::kFloat) return snake_with<float>(x, alpha, inv_beta, snake_f32_lanes);
 #endif
   TORCH_CHECK(false, "snake: bfloat16, or float32 in an AVX-512 build, got ", x.scalar_type());
+}
+
+// omnitts::silu_mul is GatedMLP's silu(gate) * up for x = [gate | up] (rows of 2I, any row stride),
+// one pass instead of three kernels, with torch's arithmetic: silu as torch's vectorised AVX-512 kernel
+// computes it (x / (1 + exp(-x)) in float32 with SLEEF's 1-ulp exp over pairs of whole vectors, the
+// rest of a row with the C library's exp), rounded to x's dtype, then the product rounded again.
+// Bitwise torch's result where torch runs its AVX-512 kernels (the caller checks).
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) { return widen_bf16(_mm256_loadu_si256((const __m256i*)p)); }
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+// float32 -> bfloat16, nearest even (c10::BFloat16's rounding for finite values), 16 at a time.
+inline void store16(at::BFloat16* p, __m512 v) {
+  __m512i bits = _mm512_castps_si512(v);
+  __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(bits));
+}
+inline __m512 round_to(float*, __m512 v) { return v; }
+inline __m512 round_to(at::BFloat16*, __m512 v) {
+  alignas(64) at::BFloat16 r[16];
+  store16(r, v);
+  return load16(r);
+}
+
+template <typename T>
+void silu_mul_rows(const T* x, int64_t row_stride, T* y, int64_t rows, int64_t I) {
+  auto to_float = [](T v) { return static_cast<float>(v); };
+  const __m512 one = _mm512_set1_ps(1.f);
+  // torch's loop takes two vectors of its dtype per step: 64 bfloat16 or 32 float32 values.
+  const int64_t whole = I / (sizeof(T) == 2 ? 64 : 32) * (sizeof(T) == 2 ? 64 : 32);
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* gate = x + r * row_stride;
+      const T* up = gate + I;
+      T* yr = y + r * I;
+      for (int64_t i = 0; i < whole; i += 16) {
+        __m512 v = load16(gate + i);
+        __m512 silu = _mm512_div_ps(v, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+        store16(yr + i, _mm512_mul_ps(round_to(yr, silu), load16(up + i)));
+      }
+      for (int64_t i = whole; i < I; ++i) {
+        float v = to_float(gate[i]);
+        yr[i] = static_cast<T>(to_float(static_cast<T>(v / (1.f + std::exp(-v)))) * to_float(up[i]));
+      }
+    }
+  });
+}
+#endif
+
+at::Tensor silu_mul(const at::Tensor& x) {
+  const int64_t I = x.size(-1) / 2;
+  TORCH_CHECK(x.size(-1) % 2 == 0 && x.stride(-1) == 1, "silu_mul: x must be [gate | up] rows, contiguous within");
+  at::Tensor x2 = x.reshape({-1, 2 * I});
+  TORCH_CHECK(x2.stride(-1) == 1, "silu_mul: rows must be contiguous");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = I;
+  at::Tensor y = at::empty(shape, x.options());
+  int64_t rows = x2.size(0), stride = rows > 1 ? x2.stride(0) : 2 * I;
+#if defined(__AVX512F__)
+  if (y.numel() == 0) return y;
+  if (x.scalar_type() == at::kFloat) {
+    silu_mul_rows(x2.data_ptr<float>(), stride, y.data_ptr<float>(), rows, I);
+    return y;
+  }
+  if (x.scalar_type() == at::kBFloat16) {
+    silu_mul_rows(x2.data_ptr<at::BFloat16>(), stride, y.data_ptr<at::BFloat16>(), rows, I);
+    return y;
+  }
+#endif
+  TORCH_CHECK(false, "silu_mul: float32 or bfloat16 in an AVX-512 build, got ", x.scalar_type());
 }
 
 // One query per row (decode) over a key history: out[b, h] = softmax(scale * K q) . V in float32, for
@@ -881,7 +1009,9 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("pack_linear(Tensor weight, ScalarType dtype) -> Tensor", &pack_linear);
   m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor", &norm_rope);
   m.def("snake(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake);
+  m.def("silu_mul(Tensor x) -> Tensor", &silu_mul);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor", &decode_attention);
   m.def("wino_input(Tensor x, Tensor bt, int m, int d, int Q) -> Tensor", &wino_input);
   m.def("wino_output(Tensor[] M, Tensor at, Tensor? bias, int B, int d, int Q, int T) -> Tensor", &wino_output);

@@ -258,6 +258,10 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
         self.qkv_proj = self.qk_norm = None  # set by `fuse`
+        # `rope_kernel(qk, weight, eps, cos, sin)`: `apply_rope(qk_norm(qk).transpose(1, 2), cos, sin)`
+        # fused, where a device layer provides one (device/cpu_weights.use_native_rope); used once fused,
+        # for inputs of the norm weight's dtype.
+        self.rope_kernel = None
 
     def fuse(self, concat=None) -> None:
         """Replace q/k/v_proj by `qkv_proj = concat([q, k, v])` (default `concat_linears`) and the q/k
@@ -279,16 +283,19 @@ class Attention(nn.Module):
         """x (B, T, hidden) -> q (B, H, T, D), k and v (B, Hkv, T, D): projected, normed, rotated."""
         b, t, _ = x.shape
         h, hk, d = self.heads, self.kv_heads, self.head_dim
+        norm = self.qk_norm
         if self.qkv_proj is not None:
             qk, v = self.qkv_proj(x).view(b, t, h + 2 * hk, d).split((h + hk, hk), dim=2)
-            if self.qk_norm is not None:
-                qk = self.qk_norm(qk)
+            if self.rope_kernel is not None and norm is not None and qk.dtype == norm.weight.dtype == cos.dtype:
+                qk = self.rope_kernel(qk, norm.weight, norm.eps, cos, sin)  # normed, (B, H + Hkv, T, D), rotated
+            else:
+                qk = apply_rope((norm(qk) if norm is not None else qk).transpose(1, 2), cos, sin)
         else:  # unfused (a module used as built, not loaded)
             q, k = self.q_proj(x).view(b, t, h, d), self.k_proj(x).view(b, t, hk, d)
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             qk, v = torch.cat((q, k), dim=2), self.v_proj(x).view(b, t, hk, d)
-        qk = apply_rope(qk.transpose(1, 2), cos, sin)
+            qk = apply_rope(qk.transpose(1, 2), cos, sin)
         return qk[:, :h], qk[:, h:], v.transpose(1, 2)
 
     def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0,
@@ -312,6 +319,9 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.gate_up_proj = None  # set by `fuse`
+        # `kernel(x)`: silu(gate) * up for x = gate_up_proj's output [gate | up], the same arithmetic fused,
+        # where a device layer provides one (device/cpu_weights.use_native_swiglu).
+        self.kernel = None
 
     def fuse(self, concat=None) -> None:
         """Replace gate/up_proj by `gate_up_proj = concat([gate, up])` (default `concat_linears`)."""
@@ -321,7 +331,10 @@ class GatedMLP(nn.Module):
 
     def forward(self, x):
         if self.gate_up_proj is not None:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            both = self.gate_up_proj(x)
+            if self.kernel is not None:
+                return self.down_proj(self.kernel(both))
+            gate, up = both.chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate).mul_(up))

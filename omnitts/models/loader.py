@@ -23,7 +23,8 @@ from torch import nn
 
 from ..config import ModelConfig, load_config
 from ..device.cpu_weights import (PackedLinear, Widener, can_pack, pack_convs, pack_linears, pack_transposed_convs,
-                                  use_cpu_attention, use_native_norms, use_native_snakes, winograd_convs)
+                                  use_cpu_attention, use_native_norms, use_native_rope, use_native_snakes,
+                                  use_native_swiglu, winograd_convs)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
@@ -174,6 +175,8 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         fuse_projections(model.talker, lambda parts: PackedLinear(parts, lm_dtype, max_batch, widen))
         pack_linears(model.talker, lm_dtype, max_batch, widen)
         use_native_norms(model.talker, lm_dtype)
+        use_native_rope(model.talker, lm_dtype)
+        use_native_swiglu(model.talker, lm_dtype)
     else:
         fuse_projections(model.talker)
     # The CPU attends in float32, bfloat16 models included (torch's bfloat16 CPU kernel is the slow one):
