@@ -223,3 +223,42 @@ def test_bfloat16_codec_streams_like_its_whole_decode(ckpt, ckpt_dir, frames, re
     whole, full = decode_codes(half, codes, ref), decode_codes(ckpt, codes, ref)
     assert got.dtype == np.float32 and got.shape == whole.shape == full.shape
     assert _snr_db(whole, got) > 35 and 12 < _snr_db(full, got) < 40
+
+
+def test_channels_last_units_stream_like_their_whole_decode(ckpt_dir):
+    """A codec whose residual units run channels-last (Winograd convs, the channel limit lowered: a
+    bfloat16 model's float32 codec) keeps their causal state channels-last: streams at different rates,
+    batched together, decode what the whole decode of the same codec gives, within Winograd's rounding
+    (the tile grid follows the call)."""
+    from omnitts.device import cpu_weights, native
+    from omnitts.models.codec import ResidualUnit
+
+    if not native.available(torch.float32) or not torch.ops.omnitts.vectorised_float32():
+        pytest.skip("the native kernels do not build here with AVX-512")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
+        ckpt = load_checkpoint(ckpt_dir("base"), dtype="bfloat16")
+    units = [m for m in ckpt.codec.modules() if isinstance(m, ResidualUnit)]
+    assert units and all(m.channels_last is not None for m in units)
+    streams = CodecStreams(ckpt.codec, max_streams=4)
+    unit = units[0]
+    assert streams.state[streams.codec.names[unit.conv1]].shape[1:] == (unit.conv1.span - 1, unit.conv1.conv.in_channels)
+    data = [(_codes(n, n), feed) for n, feed in ((53, 7), (90, 25), (31, 4))]
+    sids = [streams.open(None) for _ in data]
+    outs = [[] for _ in data]
+    for step in range(max(-(-len(c) // f) for c, f in data) + 1):
+        for sid, (codes, feed) in zip(sids, data):
+            if step * feed < len(codes):
+                streams.push(sid, codes[step * feed:(step + 1) * feed])
+            else:
+                streams.finish(sid)
+        got = streams.pump()
+        for sid, out in zip(sids, outs):
+            if sid in got:
+                out.append(got[sid])
+    for sid, out, (codes, _) in zip(sids, outs, data):
+        end = streams.close(sid)
+        got = np.concatenate([end.head, *out, end.tail])
+        want = decode_codes(ckpt, codes)
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1e-4

@@ -304,11 +304,12 @@ def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
 @needs_winograd
 def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch):
     """A bfloat16 model's float32 codec with every kernel-7 conv and every kernel-2s transposed conv on
-    Winograd (the channel limit lowered) decodes, whole and streamed, what the direct convolutions
-    decode within 1e-4 (measured 3.9e-5 on the 0.6B codec's waveform peak of 0.16, its SnakeBeta fused
+    Winograd (the channel limit lowered), its residual units channels-last, decodes, whole and streamed,
+    what the direct convolutions decode within 1e-4 (measured 3.9e-5 on the 0.6B codec's waveform peak of 0.16, its SnakeBeta fused
     too); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
-    from omnitts.device.cpu_weights import WinogradConv1d, WinogradConvTranspose1d
+    from omnitts.device.cpu_weights import ChannelsLastResidualUnit, WinogradConv1d, WinogradConvTranspose1d
+    from omnitts.models.codec import ResidualUnit
 
     folder = ckpt_dir("custom_voice")
     monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
@@ -317,6 +318,10 @@ def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch
     wino, plain = _codecs_with_and_without(folder, WinogradConv1d, "OMNITTS_WINOGRAD", "bfloat16", monkeypatch)
     assert sum(isinstance(m, WinogradConvTranspose1d) for m in wino.modules()) == 4
     assert not any(isinstance(m, WinogradConvTranspose1d) for m in plain.modules())
+    # every residual unit channels-last (the streamed decode's path; whole units take it too)
+    units = [m for m in wino.modules() if isinstance(m, ResidualUnit)]
+    assert units and all(isinstance(m.channels_last, ChannelsLastResidualUnit) for m in units)
+    assert not any(m.channels_last is not None for m in plain.modules() if isinstance(m, ResidualUnit))
     assert next(wino.parameters()).dtype == torch.float32
     codes = torch.randint(0, 2048, (2, 16, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -316,6 +316,22 @@ def test_float32_snake_kernel_is_the_module_to_rounding():
         torch.ops.omnitts.snake(torch.randn(1, 12, 5), snake.alpha[:3], snake.beta)
 
 
+def test_channels_last_snake_is_bitwise_the_float32_kernel():
+    """SnakeBeta over channels-last rows (the codec's channels-last residual units) gives, value for value,
+    the channels-first float32 kernel's bits: 12 channels (a masked vector), 40 (a whole one and a tail)."""
+    if not native.available(torch.float32) or not torch.ops.omnitts.vectorised_float32():
+        pytest.skip("no vectorised float32 kernels here")
+    for channels in (12, 40):
+        g = torch.Generator().manual_seed(channels)
+        x = torch.randn(3, channels, 37, generator=g) * 4
+        alpha, inv_beta = torch.rand(channels, generator=g) + 0.5, torch.rand(channels, generator=g) + 0.5
+        want = torch.ops.omnitts.snake(x, alpha, inv_beta)
+        got = torch.ops.omnitts.snake_channels_last(x.transpose(1, 2).contiguous(), alpha, inv_beta)
+        assert torch.equal(got.transpose(1, 2), want)
+    with pytest.raises(RuntimeError, match="40 channels"):
+        torch.ops.omnitts.snake_channels_last(torch.randn(2, 40), alpha[:3], inv_beta)
+
+
 def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_dir):
     """The loader gives a bfloat16 codec's SnakeBeta layers the kernel (decode unchanged, bitwise), and a
     float32 codec's too where the language models are not float32 (decode within float32 rounding);

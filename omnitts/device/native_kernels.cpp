@@ -7,6 +7,7 @@
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
 // where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
 // omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::norm_rope, omnitts::silu_mul, omnitts::snake,
+// omnitts::snake_channels_last,
 // omnitts::decode_attention, omnitts::wino_input, omnitts::wino_output, omnitts::transpose_pad,
 // omnitts::vectorised_float32 and omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
 //
@@ -458,6 +459,35 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
   if (x.scalar_type() == at::kFloat) return snake_with<float>(x, alpha, inv_beta, snake_f32_lanes);
 #endif
   TORCH_CHECK(false, "snake: bfloat16, or float32 in an AVX-512 build, got ", x.scalar_type());
+}
+
+// SnakeBeta over channels-last rows (..., C), float32 (AVX-512): the same arithmetic per value as
+// `snake`'s float32 kernel, alpha and inv_beta varying along the row. For the codec's channels-last
+// residual units (device/cpu_weights.ChannelsLastResidualUnit).
+at::Tensor snake_channels_last(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& inv_beta) {
+  const int64_t C = x.size(-1);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && alpha.scalar_type() == at::kFloat && inv_beta.scalar_type() == at::kFloat,
+              "snake_channels_last: float32 only");
+  TORCH_CHECK(alpha.numel() == C && inv_beta.numel() == C, "snake_channels_last: ", C, " channels, alpha has ",
+              alpha.numel(), ", inv_beta ", inv_beta.numel());
+#if defined(__AVX512F__)
+  at::Tensor xc = x.contiguous(), a = alpha.contiguous(), ib = inv_beta.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t rows = C ? xc.numel() / C : 0;
+  const float *xp = xc.data_ptr<float>(), *ap = a.data_ptr<float>(), *bp = ib.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(C, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < C; c += kPanel) {
+        __mmask16 mask = first_lanes(C - c);
+        snake_f32_lanes(xp + r * C + c, yp + r * C + c, mask, _mm512_maskz_loadu_ps(mask, ap + c),
+                        _mm512_maskz_loadu_ps(mask, bp + c));
+      }
+  });
+  return y;
+#else
+  TORCH_CHECK(false, "snake_channels_last: needs an AVX-512 build");
+#endif
 }
 
 // omnitts::silu_mul is GatedMLP's silu(gate) * up for x = [gate | up] (rows of 2I, any row stride),
@@ -1012,6 +1042,7 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor", &norm_rope);
   m.def("snake(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake);
   m.def("silu_mul(Tensor x) -> Tensor", &silu_mul);
+  m.def("snake_channels_last(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake_channels_last);
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale) -> Tensor", &decode_attention);
   m.def("wino_input(Tensor x, Tensor bt, int m, int d, int Q) -> Tensor", &wino_input);
   m.def("wino_output(Tensor[] M, Tensor at, Tensor? bias, int B, int d, int Q, int T) -> Tensor", &wino_output);

@@ -75,9 +75,12 @@ class SnakeBeta(nn.Module):
         # (device/cpu_weights.use_native_snakes); used for inputs of the parameters' dtype.
         self.kernel = None
 
+    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(alpha, inv_beta) per channel, as the formula takes them: exp(alpha), 1 / (exp(beta) + 1e-9)."""
+        return self.alpha.exp(), 1.0 / (self.beta.exp() + 1e-9)
+
     def forward(self, x):  # (B, C, T)
-        alpha = self.alpha.exp()
-        inv_beta = 1.0 / (self.beta.exp() + 1e-9)
+        alpha, inv_beta = self.coefficients()
         if self.kernel is not None and x.dtype == alpha.dtype:
             return self.kernel(x, alpha, inv_beta)
         # x + inv_beta * sin(x * alpha) ** 2, in one buffer: the decoder's largest activations pass
@@ -94,8 +97,16 @@ class ResidualUnit(nn.Module):
         self.conv1 = CausalConv(dim, dim, 7, dilation=dilation)
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
+        # The same unit over channels-last activations, where a device layer provides one
+        # (device/cpu_weights.channels_last_units): `channels_last(x, state) -> (y, state)` for x (B, T, C)
+        # and the causal state (B, span - 1, C), the last inputs of conv1; `enter` / `leave` change layouts.
+        self.channels_last = None
 
     def forward(self, x):
+        cl = self.channels_last
+        if cl is not None:
+            y, _ = cl(cl.enter(x), x.new_zeros(x.shape[0], self.conv1.span - 1, x.shape[1]))
+            return cl.leave(y)
         return x + self.conv2(self.act2(self.conv1(self.act1(x))))
 
 

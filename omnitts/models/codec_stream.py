@@ -67,6 +67,8 @@ class StreamingCodec:
         # Keys kept between calls: positions base..start-1, at most window - 1 + KV_ALIGN - 1 of them.
         self.kv_slots = round_up(self.window - 1 + KV_ALIGN - 1, KV_ALIGN)
         self.names = {m: n for n, m in codec.named_modules()}
+        # The kernel-7 convs of residual units a device layer runs channels-last (their state is (B, span - 1, C)).
+        self.channels_last = {m.conv1 for m in codec.modules() if isinstance(m, ResidualUnit) and m.channels_last is not None}
         # RoPE table computed once, on the codec's device like the whole decode's own tables (bitwise
         # equal to them), then gathered per row; `.to` in `_transformer` is a no-op unless the codec moved.
         table = RopeTable(max_window_frames, cfg.head_dim, cfg.rope_theta, self.dtype, self.device)
@@ -86,7 +88,8 @@ class StreamingCodec:
         for module, name in self.names.items():
             if isinstance(module, CausalConv) and module.span > 1:
                 assert module.stride == 1, "the codec decoder's convs all have stride 1"
-                state[name] = torch.zeros(batch, module.conv.in_channels, module.span - 1, **like)
+                shape = (module.span - 1, module.conv.in_channels)  # channels-last: see `_block`
+                state[name] = torch.zeros(batch, *(shape if module in self.channels_last else shape[::-1]), **like)
             elif isinstance(module, CausalTransConv) and module.trim > 0:
                 keep = math.ceil(module.trim / module.conv.stride[0])
                 state[name] = torch.zeros(batch, module.conv.in_channels, keep, **like)
@@ -139,11 +142,30 @@ class StreamingCodec:
         if isinstance(layer, SnakeBeta):
             return layer(x)
         if isinstance(layer, ResidualUnit):
-            return x + layer.conv2(layer.act2(self._conv(layer.conv1, layer.act1(x), st)))
+            return self._layers([layer], x, st)
         assert isinstance(layer, UpsampleBlock), type(layer)
-        for sub in layer.block:
-            x = self._layer(sub, x, st)
-        return x
+        return self._layers(layer.block, x, st)
+
+    def _layers(self, layers, x, st):
+        """`layers` in order; consecutive residual units with a channels-last form (a device layer's) run in
+        it, between one layout change in and one out."""
+        unit = None  # the last channels-last unit run, while x is channels-last
+        for sub in layers:
+            cl = sub.channels_last if isinstance(sub, ResidualUnit) else None
+            if cl is None:
+                if unit is not None:
+                    x, unit = unit.leave(x), None
+                if isinstance(sub, ResidualUnit):
+                    x = x + sub.conv2(sub.act2(self._conv(sub.conv1, sub.act1(x), st)))
+                else:
+                    x = self._layer(sub, x, st)
+                continue
+            if unit is None:
+                x = cl.enter(x)
+            name = self.names[sub.conv1]
+            x, st[name] = cl(x, st[name])
+            unit = cl
+        return unit.leave(x) if unit is not None else x
 
     def _conv(self, conv: CausalConv, x, st):  # (B, C, n) -> (B, C', n)
         if conv.span == 1:
