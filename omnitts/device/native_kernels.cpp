@@ -1,15 +1,15 @@
 // omnitts' CPU kernels: y = x W^T + b for weights packed once into column panels, RMSNorm (alone, and
-// fused with q and k's rotary embedding), SwiGLU's silu(gate) * up, SnakeBeta, attention for one
-// query per row, and the
-// transforms and layout changes of the codec's Winograd convolutions.
+// fused with q and k's rotary embedding), SwiGLU's silu(gate) * up, SnakeBeta (channels-first and
+// channels-last), attention for one query per row, and the transforms and layout changes of the
+// codec's Winograd convolutions.
 //
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
 // where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
-// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::norm_rope, omnitts::silu_mul, omnitts::snake,
-// omnitts::snake_channels_last,
-// omnitts::decode_attention, omnitts::wino_input, omnitts::wino_output, omnitts::transpose_pad,
-// omnitts::vectorised_float32 and omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
+// omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::norm_rope, omnitts::silu_mul,
+// omnitts::snake, omnitts::snake_channels_last, omnitts::decode_attention, omnitts::wino_input,
+// omnitts::wino_output, omnitts::transpose_pad, omnitts::vectorised_float32 and omnitts::dtypes (which
+// dtypes this build runs); threads are torch's own (at::parallel_for).
 //
 // Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
 // the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
