@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from . import native
-from ..models.codec import SnakeBeta
+from ..models.codec import ResidualUnit, SnakeBeta
 from ..models.layers import Attention, DecoderStack, GatedMLP, RMSNorm, concat_biases, float32_attention
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -220,7 +220,7 @@ def use_native_rope(module: nn.Module, dtype: torch.dtype) -> int:
     """Give every fused `Attention` of `dtype` under `module` omnitts' q/k norm-and-rotate kernel (one
     pass over the q and k heads instead of about eight small kernels, bitwise their result), where it is
     built; returns how many. The 0.6B engine runs it ~100 times a frame (talker and code predictor
-    layers): ~65 us -> ~5 us a call at batch 8 (measured, bfloat16)."""
+    layers): ~69 -> ~15 us a call at batch 8 (measured, bfloat16)."""
     if not native.available(dtype):
         return 0
     found = [m for m in module.modules() if isinstance(m, Attention) and m.qk_norm is not None
@@ -233,7 +233,8 @@ def use_native_rope(module: nn.Module, dtype: torch.dtype) -> int:
 def use_native_swiglu(module: nn.Module, dtype: torch.dtype) -> int:
     """Give every fused `GatedMLP` under `module`, a model computing in `dtype`, omnitts' silu(gate) * up
     kernel (one pass instead of three kernels, bitwise torch's AVX-512 arithmetic, hence only where torch
-    runs its AVX-512 kernels); returns how many. 0.6B, batch 8, bfloat16: ~25 -> ~13 us a call, ~100 calls a frame (measured)."""
+    runs its AVX-512 kernels); returns how many. 0.6B, batch 8, bfloat16: ~25 -> ~13 us a call, ~100 calls
+    a frame (measured)."""
     usable = (native.available(dtype) and torch.ops.omnitts.vectorised_float32()
               and torch.backends.cpu.get_cpu_capability() == "AVX512")
     if not usable:
@@ -604,7 +605,8 @@ class ChannelsLastResidualUnit(nn.Module):
         full = torch.cat([state, torch.ops.omnitts.snake_channels_last(x, *self.act1.coefficients())], dim=1)
         h = self.conv1._correlate(full, d, -(-T // (self.conv1.m * d)), T)
         h = torch.ops.omnitts.snake_channels_last(h, *self.act2.coefficients())
-        y = torch.ops.mkldnn._linear_pointwise.binary(h.view(B * T, C), x.reshape(B * T, C), self.weight, self.bias, "add")
+        y = torch.ops.mkldnn._linear_pointwise.binary(h.view(B * T, C), x.reshape(B * T, C), self.weight, self.bias,
+                                                      "add")
         return y.view(B, T, C), full[:, full.shape[1] - self.keep:].contiguous()
 
     def extra_repr(self) -> str:
@@ -616,8 +618,6 @@ def channels_last_units(module: nn.Module) -> int:
     whose SnakeBetas are float32 a `ChannelsLastResidualUnit` (its `channels_last`); returns how many.
     Call it after `winograd_convs` and before `pack_convs` (it takes conv2 as a plain 1x1 `nn.Conv1d`).
     The Winograd rule decides where: never for parity runs."""
-    from ..models.codec import ResidualUnit
-
     found = [m for m in module.modules() if isinstance(m, ResidualUnit) and isinstance(m.conv1.conv, WinogradConv1d)
              and type(m.conv2.conv) is nn.Conv1d and m.act1.alpha.dtype == torch.float32]
     for m in found:

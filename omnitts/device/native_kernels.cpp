@@ -60,6 +60,11 @@ constexpr int kPanel = 16;  // outputs per panel
 // Sixteen bfloat16 values widened to float32, exactly: a bfloat16's bits are a float's top half.
 inline __m512 widen_bf16(__m256i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)); }
 
+// Sixteen float32 values, or sixteen bfloat16 ones widened (exactly), from p on.
+inline __m512 load_row(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_row(const uint16_t* p) { return widen_bf16(_mm256_loadu_si256((const __m256i*)p)); }
+inline __m512 load_row(const at::BFloat16* p) { return load_row(reinterpret_cast<const uint16_t*>(p)); }
+
 // The first min(n, 16) lanes (a row's tail, for masked loads and stores).
 inline __mmask16 first_lanes(int64_t n) { return n >= kPanel ? 0xFFFF : (__mmask16)((1u << n) - 1); }
 
@@ -380,7 +385,8 @@ at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, double eps, 
   at::Tensor y = at::empty({B, G, Tn, D}, x.options());
   if (y.numel() == 0) return y;
   if (dtype == at::kFloat) {
-    norm_rope_rows(x, w.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), cb, y.data_ptr<float>(), (float)eps);
+    norm_rope_rows(x, w.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(), cb, y.data_ptr<float>(),
+                   (float)eps);
   } else if (dtype == at::kBFloat16) {
     norm_rope_rows(x, w.data_ptr<at::BFloat16>(), c.data_ptr<at::BFloat16>(), s.data_ptr<at::BFloat16>(), cb,
                    y.data_ptr<at::BFloat16>(), (float)eps);
@@ -496,22 +502,17 @@ at::Tensor snake_channels_last(const at::Tensor& x, const at::Tensor& alpha, con
 // rest of a row with the C library's exp), rounded to x's dtype, then the product rounded again.
 // Bitwise torch's result where torch runs its AVX-512 kernels (the caller checks).
 #if defined(__AVX512F__)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) { return widen_bf16(_mm256_loadu_si256((const __m256i*)p)); }
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-// float32 -> bfloat16, nearest even (c10::BFloat16's rounding for finite values), 16 at a time.
-inline void store16(at::BFloat16* p, __m512 v) {
+// float32 -> bfloat16 as c10::BFloat16 rounds finite values (nearest even), the bits in each lane's
+// low half; `store_row` packs them, `round_to` widens them back (the value a bfloat16 result holds).
+inline __m512i bf16_bits(__m512 v) {
   __m512i bits = _mm512_castps_si512(v);
   __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  bits = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(bits));
+  return _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
 }
+inline void store_row(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store_row(at::BFloat16* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(bf16_bits(v))); }
 inline __m512 round_to(float*, __m512 v) { return v; }
-inline __m512 round_to(at::BFloat16*, __m512 v) {
-  alignas(64) at::BFloat16 r[16];
-  store16(r, v);
-  return load16(r);
-}
+inline __m512 round_to(at::BFloat16*, __m512 v) { return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(v), 16)); }
 
 template <typename T>
 void silu_mul_rows(const T* x, int64_t row_stride, T* y, int64_t rows, int64_t I) {
@@ -525,9 +526,9 @@ void silu_mul_rows(const T* x, int64_t row_stride, T* y, int64_t rows, int64_t I
       const T* up = gate + I;
       T* yr = y + r * I;
       for (int64_t i = 0; i < whole; i += 16) {
-        __m512 v = load16(gate + i);
+        __m512 v = load_row(gate + i);
         __m512 silu = _mm512_div_ps(v, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_sub_ps(_mm512_setzero_ps(), v))));
-        store16(yr + i, _mm512_mul_ps(round_to(yr, silu), load16(up + i)));
+        store_row(yr + i, _mm512_mul_ps(round_to(yr, silu), load_row(up + i)));
       }
       for (int64_t i = whole; i < I; ++i) {
         float v = to_float(gate[i]);
@@ -595,8 +596,6 @@ float dot_lanes(const float* a, const KV* b, int64_t D) {
 // and value row is loaded (and widened) once for all of them, scores and weights use fused
 // multiply-adds and SLEEF's 1-ulp exp. Per row and head the order of operations is fixed, so a row's
 // result still does not depend on the batch.
-inline __m512 load_row(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load_row(const uint16_t* p) { return widen_bf16(_mm256_loadu_si256((const __m256i*)p)); }
 
 template <typename KV, int G, int C>
 void attend_group(const float* q, const KV* kb, const KV* vb, float* out, const bool* mask, int64_t ms, int64_t S,

@@ -67,8 +67,9 @@ class StreamingCodec:
         # Keys kept between calls: positions base..start-1, at most window - 1 + KV_ALIGN - 1 of them.
         self.kv_slots = round_up(self.window - 1 + KV_ALIGN - 1, KV_ALIGN)
         self.names = {m: n for n, m in codec.named_modules()}
-        # The kernel-7 convs of residual units a device layer runs channels-last (their state is (B, span - 1, C)).
-        self.channels_last = {m.conv1 for m in codec.modules() if isinstance(m, ResidualUnit) and m.channels_last is not None}
+        # The kernel-7 convs of residual units a device layer runs channels-last (state (B, span - 1, C)).
+        self.channels_last = {m.conv1 for m in codec.modules()
+                              if isinstance(m, ResidualUnit) and m.channels_last is not None}
         # RoPE table computed once, on the codec's device like the whole decode's own tables (bitwise
         # equal to them), then gathered per row; `.to` in `_transformer` is a no-op unless the codec moved.
         table = RopeTable(max_window_frames, cfg.head_dim, cfg.rope_theta, self.dtype, self.device)
@@ -88,7 +89,7 @@ class StreamingCodec:
         for module, name in self.names.items():
             if isinstance(module, CausalConv) and module.span > 1:
                 assert module.stride == 1, "the codec decoder's convs all have stride 1"
-                shape = (module.span - 1, module.conv.in_channels)  # channels-last: see `_block`
+                shape = (module.span - 1, module.conv.in_channels)  # channels-last: see `_layers`
                 state[name] = torch.zeros(batch, *(shape if module in self.channels_last else shape[::-1]), **like)
             elif isinstance(module, CausalTransConv) and module.trim > 0:
                 keep = math.ceil(module.trim / module.conv.stride[0])
