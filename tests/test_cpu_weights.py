@@ -301,23 +301,68 @@ def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
     assert winograd_convs(model()) == 0
 
 
+def test_narrow_conv_is_the_convolution_within_rounding():
+    """`NarrowConv1d` (one GEMM over every (output, tap) pair, then shifted sums) computes the module's
+    convolution within float32 rounding: kernels 1 to 7, dilations, several outputs, no bias; a
+    contiguous (B, Cout, T) answer, and the error of a kernel longer than its input."""
+    from omnitts.device.cpu_weights import NarrowConv1d
+
+    torch.manual_seed(3)
+    for cin, cout, k, d, bias in [(96, 1, 7, 1, True), (32, 2, 7, 3, False), (16, 4, 3, 2, True), (40, 1, 1, 1, True)]:
+        conv = nn.Conv1d(cin, cout, k, dilation=d, bias=bias)
+        x = torch.randn(3, cin, 50)
+        with torch.no_grad():
+            want, got = conv(x), NarrowConv1d(conv)(x)
+        assert got.shape == want.shape and got.is_contiguous()
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * want.abs().max().item())
+    with pytest.raises(ValueError, match="input positions"):
+        NarrowConv1d(nn.Conv1d(16, 1, 7, dilation=2))(torch.randn(1, 16, 12))
+
+
+def test_narrow_convs_take_float32_convs_of_few_outputs_outside_parity(monkeypatch):
+    """`narrow_convs` takes float32 convs of stride 1, no padding, groups 1, at least NARROW_MIN_CHANNELS
+    in, fewer out than in and at most 16 (output, tap) pairs; not in parity runs unless `OMNITTS_WINOGRAD=1`, never with
+    `OMNITTS_WINOGRAD=0`."""
+    from omnitts.device.cpu_weights import narrow_convs
+
+    def model():
+        return nn.Sequential(nn.Conv1d(96, 1, 7), nn.Conv1d(32, 2, 7, dilation=3), nn.Conv1d(32, 3, 7),
+                             nn.Conv1d(8, 1, 7), nn.Conv1d(32, 1, 7, stride=2), nn.Conv1d(32, 1, 7, padding=3),
+                             nn.Conv1d(32, 2, 7, groups=2), nn.Conv1d(32, 1, 7).to(torch.bfloat16),
+                             nn.Conv1d(16, 16, 1))
+
+    swapped = model()
+    assert narrow_convs(swapped) == 2
+    assert [type(m).__name__ for m in swapped] == ["NarrowConv1d"] * 2 + ["Conv1d"] * 7
+    assert swapped[1].dilation == (3,) and swapped[1].out_channels == 2
+    assert narrow_convs(model(), parity=True) == 0
+    monkeypatch.setenv("OMNITTS_WINOGRAD", "1")
+    assert narrow_convs(model(), parity=True) == 2
+    monkeypatch.setenv("OMNITTS_WINOGRAD", "0")
+    assert narrow_convs(model()) == 0
+
+
 @needs_winograd
 def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch):
     """A bfloat16 model's float32 codec with every kernel-7 conv and every kernel-2s transposed conv on
-    Winograd (the channel limit lowered), its residual units channels-last, decodes, whole and streamed,
+    Winograd (the channel limits lowered), its residual units channels-last and its last conv a
+    `NarrowConv1d`, decodes, whole and streamed,
     what the direct convolutions decode within 1e-4 (measured 3.9e-5 on the 0.6B codec's waveform peak of 0.16, its SnakeBeta fused
     too); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
-    from omnitts.device.cpu_weights import ChannelsLastResidualUnit, WinogradConv1d, WinogradConvTranspose1d
+    from omnitts.device.cpu_weights import (ChannelsLastResidualUnit, NarrowConv1d, WinogradConv1d,
+                                            WinogradConvTranspose1d)
     from omnitts.models.codec import ResidualUnit
 
     folder = ckpt_dir("custom_voice")
-    monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
+    monkeypatch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 2)  # all but the last conv's one output
+    monkeypatch.setattr(cpu_weights, "NARROW_MIN_CHANNELS", 1)
     kinds = (WinogradConv1d, WinogradConvTranspose1d)
     assert not any(isinstance(m, kinds) for m in omnitts.load(folder, dtype="float32").ckpt.codec.modules())
     wino, plain = _codecs_with_and_without(folder, WinogradConv1d, "OMNITTS_WINOGRAD", "bfloat16", monkeypatch)
     assert sum(isinstance(m, WinogradConvTranspose1d) for m in wino.modules()) == 4
     assert not any(isinstance(m, WinogradConvTranspose1d) for m in plain.modules())
+    assert isinstance(wino.decoder[-1].conv, NarrowConv1d) and type(plain.decoder[-1].conv) is nn.Conv1d
     # every residual unit channels-last (the streamed decode's path; whole units take it too)
     units = [m for m in wino.modules() if isinstance(m, ResidualUnit)]
     assert units and all(isinstance(m.channels_last, ChannelsLastResidualUnit) for m in units)

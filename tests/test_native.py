@@ -361,13 +361,12 @@ def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_di
             torch.testing.assert_close(fused, plain, rtol=0, atol=1e-4 * plain.abs().max().item())
 
 
-@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("m", [2, 3, 4, 5, 6])
 def test_winograd_matrices_compute_the_correlation_exactly(m):
     """A^T ((G w) * (B^T x)) is y_i = sum_k w_k x_(i+k) in exact (float64) arithmetic."""
-    from omnitts.device.cpu_weights import WINOGRAD_POINTS, winograd_matrices
+    from omnitts.device.cpu_weights import winograd_matrices, winograd_points
 
-    points = WINOGRAD_POINTS[: m + 5]
-    at, g, bt = winograd_matrices(m, 7, points)
+    at, g, bt = winograd_matrices(m, 7, winograd_points(m))
     assert at.shape == (m, m + 6) and g.shape == (m + 6, 7) and bt.shape == (m + 6, m + 6)
     gen = torch.Generator().manual_seed(m)
     for _ in range(5):
@@ -386,11 +385,11 @@ def _winograd_cases():
 @needs_f32
 @pytest.mark.parametrize("cin,cout,T,d,B", _winograd_cases())
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("m", [3, 4])
+@pytest.mark.parametrize("m", [3, 4, 5, 6])
 def test_winograd_conv_matches_a_float64_convolution(cin, cout, T, d, B, bias, m):
-    """F(3, 7) and F(4, 7) (the default) within Winograd's rounding (its transforms scale values by up
-    to 3^6 / 2) of the exact result; the direct float32 convolution is ~20x closer, so this bounds, not
-    mirrors, the direct one."""
+    """F(3, 7) to F(6, 7) (the default) within Winograd's rounding (its transforms scale values by up
+    to ~20 and products by up to 32) of the exact result; the direct float32 convolution is ~20-40x
+    closer, so this bounds, not mirrors, the direct one."""
     from omnitts.device.cpu_weights import WinogradConv1d
 
     torch.manual_seed(cin * T + d)
@@ -454,8 +453,9 @@ def test_winograd_kernels_refuse_what_they_do_not_compute():
     bt = torch.eye(9)
     with pytest.raises(RuntimeError, match="float32"):
         torch.ops.omnitts.wino_input(torch.randn(1, 30, 4).double(), bt, 3, 1, 8)
-    with pytest.raises(RuntimeError, match="r = 2 or 7"):
-        torch.ops.omnitts.wino_input(torch.randn(1, 30, 4), bt, 5, 1, 12)
+    for m, alpha in [(5, 9), (7, 13), (5, 6)]:  # r = 5; F(7, 7); F(5, 2)
+        with pytest.raises(RuntimeError, match="F\\(m, r\\) for r = 7 and m = 2 to 6 or r = 2 and m = 2 to 4"):
+            torch.ops.omnitts.wino_input(torch.randn(1, 30, 4), torch.eye(alpha), m, 1, 12)
     products = [torch.randn(8, 4) for _ in range(9)]
     with pytest.raises(RuntimeError, match="outputs from"):
         torch.ops.omnitts.wino_output(products, torch.randn(3, 9), None, 1, 1, 8, 25)

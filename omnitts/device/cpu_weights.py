@@ -22,7 +22,7 @@ the GEMM's rate, so those become one GEMM and an overlap-add (`GemmConvTranspose
 plain convolution (the decoder's first, 44 MB over 4 positions per frame) keeps a reordered weight
 too (`PackedConv1d`, `pack_convs`): torch's `conv1d` reorders it on every call. In bfloat16 runs the
 float32 codec's convolutions take fewer multiplications instead (`winograd_convs`, before the packing,
-which takes what is left): Winograd's F(4, 7) for the kernel-7 ones (`WinogradConv1d`), F(3, 2) over
+which takes what is left): Winograd's F(6, 7) for the kernel-7 ones (`WinogradConv1d`), F(3, 2) over
 the polyphase form of the transposed ones (`WinogradConvTranspose1d`), transforms omnitts' kernels.
 
 Attention (`use_cpu_attention`) is computed in float32, bfloat16 models included (torch's bfloat16 CPU
@@ -390,13 +390,23 @@ def pack_convs(module: nn.Module) -> int:
     return _swap(module, wanted, PackedConv1d)
 
 
-# Winograd F(m, 7): its transforms evaluate at the first m + 5 of these points, and at infinity. Small
-# points keep the transforms' coefficients small. F(3, 7) (the first 8): others tried for 3, 1.5, -3,
-# 1/4, within 30% the same error. F(4, 7)'s 9th: -1/3 keeps F(3, 7)'s error (per conv against float64,
-# 384 / 192 / 96 channels, dilations 1 / 3 / 9: 1.5 / 1.1 / 0.7e-5 of the peak against 1.5 / 1.3 /
-# 0.8e-5), where -3 doubled it and 1.5 made it 4-6x.
+# Winograd F(m, 7): its transforms evaluate at m + 5 finite points, and at infinity. Small points keep
+# the transforms' coefficients small. F(3, 7) (the first 8 of WINOGRAD_POINTS): others tried for 3, 1.5,
+# -3, 1/4, within 30% the same error. F(4, 7)'s 9th: -1/3 keeps F(3, 7)'s error (per conv against
+# float64, 384 / 192 / 96 channels, dilations 1 / 3 / 9: 1.5 / 1.1 / 0.7e-5 of the peak against 1.5 /
+# 1.3 / 0.8e-5), where -3 doubled it and 1.5 made it 4-6x. F(5, 7) and F(6, 7) (the default) take
+# WINOGRAD_POINTS_6's: +-3/2 and +-2/3 after +-1/2 (a float32 simulation, 384 channels against float64,
+# rms relative error: F(4, 7) 4.8e-6, F(6, 7) 9.2e-6; with 3, -1/3, -3, 1/3 instead 9.8e-6, with 1/4, -4
+# 10.3e-6; F(8, 7) 2.2-2.8e-5, not used).
 WINOGRAD_POINTS = (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, -1 / 3)
-WINOGRAD_OUTPUTS = 4  # m: outputs per tile, alpha = m + 6 products per tile instead of 7 * m
+WINOGRAD_POINTS_6 = (0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 1.5, -1.5, 2 / 3, -2 / 3)
+WINOGRAD_OUTPUTS = 6  # m: outputs per tile, alpha = m + 6 products per tile instead of 7 * m
+
+
+def winograd_points(m: int) -> tuple:
+    """F(m, 7)'s m + 5 finite points (m = 2 to 6)."""
+    assert 2 <= m <= 6, m
+    return (WINOGRAD_POINTS if m <= 4 else WINOGRAD_POINTS_6)[: m + 5]
 
 
 def winograd_matrices(m: int, r: int, points) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -454,9 +464,9 @@ class _Winograd(nn.Module):
 
 class WinogradConv1d(_Winograd):
     """`nn.Conv1d` of kernel 7 (float32, no padding, stride 1, groups 1; any dilation) by Winograd's
-    F(m, 7), m = 4 by default: each tile of 4 outputs is 10 products of transformed inputs and weights
-    instead of 28 multiply-adds, 2.8x fewer (F(3, 7): 9 for 21, 2.3x). Dilation d interleaves d plain
-    convolutions, tiled alike.
+    F(m, 7), m = 6 by default: each tile of 6 outputs is 12 products of transformed inputs and weights
+    instead of 42 multiply-adds, 3.5x fewer (F(4, 7): 10 for 28, 2.8x; F(3, 7): 9 for 21, 2.3x).
+    Dilation d interleaves d plain convolutions, tiled alike.
 
     Channels-last inside: the transforms are omnitts' kernels (`wino_input`, `wino_output`: one pass
     each over contiguous channel vectors; `transpose_pad` changes the layout on the way in and out,
@@ -465,14 +475,20 @@ class WinogradConv1d(_Winograd):
     Measured on an AVX-512 EPYC, 2 threads, per call over one 25-frame streaming call's positions or
     one 8-frame slice's (direct -> F(3, 7) -> F(4, 7), ms): 768 channels over 800 positions 31.0 ->
     16.4 -> 13.4, 384 over 1280 12.4 -> 7.0 -> 6.3, 192 over 5120 12.4 -> 8.7 -> 8.1, 96 over 15360
-    9.7 -> 10.2 -> 9.1 (the transforms weigh more against fewer channels).
+    9.7 -> 10.2 -> 9.1 (the transforms weigh more against fewer channels). F(4, 7) -> F(6, 7), the
+    transforms costing about the same per output (~24 input terms, 10 -> 12 output terms), products
+    and transforms only, min of 5 interleaved calls (dilations 1 / 3 / 9, ms): 768 channels over 800
+    positions 14.7 / 14.4 / 14.5 -> 12.5 / 12.0 / 11.8, 384 over 4000 17.7 / 17.8 / 16.9 -> 15.3 / 14.2
+    / 13.8, 192 over 16000 20.5 / 21.7 / 21.7 -> 17.4 / 17.6 / 18.4, 96 over 48000 47.0 / 42.0 / 42.0 ->
+    36.8 / 37.0 / 35.2; F(5, 7) in between.
 
-    The price is rounding: the input transform scales values by up to ~20 and the output transform
-    products by up to 27, so the products' float32 rounding lands ~3e-5 from the exact convolution at
-    unit-scale activations where the direct one is ~8e-7 (see `WINOGRAD_POINTS`); the 0.6B codec's
-    waveform moved by 1.7e-4 of its peak (77.5 dB SNR against the direct decode; F(3, 7) 78.7). Hence
-    the loader keeps float32 runs, the parity runs, on the direct convolutions. Keeps the attributes
-    callers read."""
+    The price is rounding: F(6, 7)'s input transform scales values by up to ~20 (a row's coefficients
+    sum to 70) and its output transform the products by up to 32 (82), so the products' float32
+    rounding lands ~2x F(4, 7)'s distance from the exact convolution (see `WINOGRAD_POINTS`), which is
+    ~3e-5 at unit-scale activations where the direct one is ~8e-7. The 0.6B codec's waveform from
+    fixed random codes: 70 dB SNR against the direct decode (max 4.3e-4 of the peak), F(4, 7) 75 dB.
+    Hence the loader keeps float32 runs, the parity runs, on the direct convolutions. Keeps the
+    attributes callers read."""
 
     def __init__(self, conv: nn.Conv1d, m: int = WINOGRAD_OUTPUTS):
         super().__init__()
@@ -481,7 +497,7 @@ class WinogradConv1d(_Winograd):
         assert native.available(torch.float32), "WinogradConv1d needs omnitts' native kernels"
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
-        self._set_transforms(m, WINOGRAD_POINTS[: m + 5], conv.weight.detach().double().permute(2, 0, 1), conv.bias)
+        self._set_transforms(m, winograd_points(m), conv.weight.detach().double().permute(2, 0, 1), conv.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, L) -> (B, C', L - 6 * dilation)
         L, d = x.shape[-1], self.dilation[0]
@@ -537,11 +553,18 @@ class WinogradConvTranspose1d(_Winograd):
 
 
 # Kernel-7 convs with at least this many input and output channels run as `WinogradConv1d` (float32,
-# where the native kernels build with AVX-512). The 0.6B / 1.7B codec: all 12 kernel-7 convs of its
-# residual units (768, 384, 192, 96 channels), not the first decoder conv (a packed 1024 -> 1536 over
-# few positions, `pack_convs`). The 96-channel ones gain least (F(4, 7), one 8-frame slice of 15360
-# positions: 9.65 -> 9.1 ms; with F(3, 7) they lost, 9.7 -> 10.2); narrower ones are not measured.
+# where the native kernels build with AVX-512). The 0.6B / 1.7B codec: the first decoder conv (1024 ->
+# 1536) and all 12 kernel-7 convs of its residual units (768, 384, 192, 96 channels). The 96-channel
+# ones gain least (one 8-frame slice of 15360 positions: direct 9.65 ms, F(4, 7) 9.1; F(3, 7) lost,
+# 10.2); narrower ones are not measured.
 WINOGRAD_MIN_CHANNELS = 96
+
+
+def _rounding_allowed(parity: bool) -> bool:
+    """Whether a codec may take another summation order than torch's: not in parity runs, unless
+    `OMNITTS_WINOGRAD` says so (`0` never, `1` parity runs too)."""
+    switch = os.environ.get("OMNITTS_WINOGRAD")
+    return switch != "0" and (not parity or switch == "1")
 
 
 def winograd_convs(module: nn.Module, parity: bool = False) -> int:
@@ -552,8 +575,7 @@ def winograd_convs(module: nn.Module, parity: bool = False) -> int:
     many. Call it before `pack_convs` / `pack_transposed_convs`, which take what is left. `parity` (a
     float32 run's codec) keeps the direct convolutions, Winograd's rounding not being parity's;
     `OMNITTS_WINOGRAD` overrides: `0` never, `1` parity runs too."""
-    switch = os.environ.get("OMNITTS_WINOGRAD")
-    if switch == "0" or (parity and switch != "1"):
+    if not _rounding_allowed(parity):
         return 0
     if not (native.available(torch.float32) and onednn_packs(torch.float32) and torch.ops.omnitts.vectorised_float32()):
         return 0
@@ -569,6 +591,61 @@ def winograd_convs(module: nn.Module, parity: bool = False) -> int:
                 and min(m.in_channels, m.out_channels) >= WINOGRAD_MIN_CHANNELS)
 
     return _swap(module, wanted, lambda m: (WinogradConv1d if type(m) is nn.Conv1d else WinogradConvTranspose1d)(m))
+
+class NarrowConv1d(nn.Module):
+    """`nn.Conv1d` with few outputs per position (Cout x kernel <= 16; float32, stride 1, no padding,
+    groups 1), such as the codec's last conv (96 channels -> 1, kernel 7): one GEMM of the input's
+    channels against every (output, tap) pair, (Cout * K, Cin) x (Cin, L), then each output the sum of
+    its taps' rows shifted by the tap's offset. oneDNN's convolution runs this shape far below its rate:
+    the 0.6B codec's, 8 streams x 1926 positions, 2.2 -> 0.4 ms. Another summation order than the
+    direct convolution (float32 rounding, ~1e-7 relative), so not for parity runs (`narrow_convs`).
+    Keeps the attributes callers read."""
+
+    def __init__(self, conv: nn.Conv1d):
+        super().__init__()
+        assert conv.stride == (1,) and conv.padding == (0,) and conv.groups == 1, conv
+        assert conv.weight.dtype == torch.float32, conv.weight.dtype
+        self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
+        self.kernel_size, self.dilation, self.stride = conv.kernel_size, conv.dilation, conv.stride
+        # rows o * K + k: output o's tap k
+        self.taps = nn.Parameter(conv.weight.detach().permute(0, 2, 1).reshape(-1, conv.in_channels).contiguous(),
+                                 requires_grad=False)
+        self.bias = conv.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, Cin, L) -> (B, Cout, L - (K - 1) * dilation)
+        (K,), (d,) = self.kernel_size, self.dilation
+        T = x.shape[-1] - (K - 1) * d
+        if T <= 0:
+            raise ValueError(f"NarrowConv1d: {x.shape[-1]} input positions, the kernel spans {(K - 1) * d + 1}")
+        z = torch.matmul(self.taps, x).unflatten(1, (self.out_channels, K))  # (B, Cout, K, L)
+        y = z[:, :, 0, :T].clone() if self.bias is None else z[:, :, 0, :T] + self.bias[:, None]
+        for k in range(1, K):
+            y += z[:, :, k, k * d: k * d + T]
+        return y
+
+    def extra_repr(self) -> str:
+        return f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, dilation={self.dilation}"
+
+
+NARROW_MIN_CHANNELS = 16  # input channels, below which a direct convolution is cheap anyway
+
+
+def narrow_convs(module: nn.Module, parity: bool = False) -> int:
+    """Replace, in place, every float32 `nn.Conv1d` under `module` of at least `NARROW_MIN_CHANNELS`
+    input channels, fewer outputs than inputs and at most 16 (output, tap) pairs (stride 1, no padding, groups 1) by a `NarrowConv1d`; returns how many.
+    Like `winograd_convs`, not for parity runs (another summation order), and `OMNITTS_WINOGRAD`
+    overrides alike."""
+    if not _rounding_allowed(parity):
+        return 0
+
+    def wanted(m):
+        return (type(m) is nn.Conv1d and m.weight.dtype == torch.float32 and m.in_channels >= NARROW_MIN_CHANNELS
+                and m.out_channels < m.in_channels and m.out_channels * m.kernel_size[0] <= 16
+                and m.stride == (1,) and m.padding == (0,)
+                and m.groups == 1)
+
+    return _swap(module, wanted, NarrowConv1d)
+
 
 class ChannelsLastResidualUnit(nn.Module):
     """A codec `ResidualUnit`, x + conv2(act2(conv1(act1(x)))), over channels-last activations (B, T, C):

@@ -860,11 +860,11 @@ void wino_output_tiles(const float* const* M, const float* at, int64_t m, const 
   });
 }
 
-// F(m, r) for r = 7 or 2 and m = 2, 3 or 4: alpha = m + r - 1 points.
+// F(m, r) for r = 7 and m = 2 to 6, or r = 2 and m = 2 to 4: alpha = m + r - 1 points, 3 to 5 or 8 to 12.
 void check_wino(int64_t m, int64_t alpha, const char* op) {
   const int64_t r = alpha - m + 1;
-  TORCH_CHECK((r == 7 || r == 2) && m >= 2 && m <= 4, op, ": F(m, r) for r = 2 or 7 and m = 2, 3 or 4, got m ", m,
-              ", alpha ", alpha);
+  TORCH_CHECK(m >= 2 && ((r == 7 && m <= 6) || (r == 2 && m <= 4)), op,
+              ": F(m, r) for r = 7 and m = 2 to 6 or r = 2 and m = 2 to 4, got m ", m, ", alpha ", alpha);
 }
 
 // The kernels instantiated per alpha (callers check it with check_wino first).
@@ -879,7 +879,9 @@ WinoInputFn wino_input_for(int64_t alpha) {
     case 5: return &wino_input_tiles<5>;
     case 8: return &wino_input_tiles<8>;
     case 9: return &wino_input_tiles<9>;
-    default: return &wino_input_tiles<10>;
+    case 10: return &wino_input_tiles<10>;
+    case 11: return &wino_input_tiles<11>;
+    default: return &wino_input_tiles<12>;
   }
 }
 
@@ -890,7 +892,9 @@ WinoOutputFn wino_output_for(int64_t alpha) {
     case 5: return &wino_output_tiles<5>;
     case 8: return &wino_output_tiles<8>;
     case 9: return &wino_output_tiles<9>;
-    default: return &wino_output_tiles<10>;
+    case 10: return &wino_output_tiles<10>;
+    case 11: return &wino_output_tiles<11>;
+    default: return &wino_output_tiles<12>;
   }
 }
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
-from ..device.cpu_weights import (PackedLinear, Widener, can_pack, channels_last_units, pack_convs, pack_linears,
-                                  pack_transposed_convs, use_cpu_attention, use_native_norms, use_native_rope,
-                                  use_native_snakes, use_native_swiglu, winograd_convs)
+from ..device.cpu_weights import (PackedLinear, Widener, can_pack, channels_last_units, narrow_convs, pack_convs,
+                                  pack_linears, pack_transposed_convs, use_cpu_attention, use_native_norms,
+                                  use_native_rope, use_native_snakes, use_native_swiglu, winograd_convs)
 from ..device.features import resolve_dtype
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
@@ -194,6 +194,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
         # (Winograd's rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
         parity = lm_dtype == torch.float32
         winograd_convs(codec, parity=parity)
+        narrow_convs(codec, parity=parity)
         channels_last_units(codec)
         pack_transposed_convs(codec)
         pack_convs(codec)
