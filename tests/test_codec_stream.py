@@ -188,7 +188,7 @@ def test_time_slices_equal_one_pass(ckpt, rows):
     codes = torch.randint(0, 2048, (rows, 16, 25), generator=torch.Generator().manual_seed(rows))
     start, base, kv_len = [0] * rows, [0] * rows, [25] * rows
     outs = {}
-    for tile in (1, 8, None):  # one frame per slice, the CPU default, one slice (devices)
+    for tile in (1, 8, 16, None):  # one frame per slice, 8, the CPU default, one slice (devices)
         codec = StreamingCodec(ckpt.codec, tile_frames=tile)
         state = codec.new_state(rows)
         wav1, state = codec.step(codes[..., :12], state, start, base, [12] * rows)
@@ -196,7 +196,7 @@ def test_time_slices_equal_one_pass(ckpt, rows):
         outs[tile] = torch.cat([wav1, wav2], -1), state
     wav, state = outs[None]
     assert wav.shape == (rows, 1, 25 * ckpt.codec.cfg.samples_per_frame)
-    for tile in (1, 8):
+    for tile in (1, 8, 16):
         assert (outs[tile][0] - wav).abs().max() <= 2e-6  # float rounding only; lost state is ~1e-2
         for name, tensor in state.items():
             # Inner activations (up to ~3 here) carry the same rounding, amplified by the random

@@ -68,7 +68,7 @@ class CodecStreams:
     """
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
-                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = 8):
+                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = 16):
         """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`)."""
         assert 0 < left_context <= window_frames
         # RoPE positions stay below the window length (context included): calls are never padded.
