@@ -215,14 +215,19 @@ def _warm_engine(tts, batch: int, prompts_text: list[str], warm: int, timed: int
     return engine
 
 
-def omnitts_steps(tts, batch: int, prompts_text: list[str], warm: int, timed: int) -> float:
-    """Seconds per engine step (one frame for `batch` rows; generation only, no codec), warm."""
-    engine = _warm_engine(tts, batch, prompts_text, warm, timed)
-    started = time.perf_counter()
-    for _ in range(timed):
-        engine.step()
-    engine.pending[0].result()  # the last frame's codes are on the host
-    return (time.perf_counter() - started) / timed
+def omnitts_steps(tts, batch: int, prompts_text: list[str], warm: int, timed: int, rounds: int = 3) -> float:
+    """Seconds per engine step (one frame for `batch` rows; generation only, no codec), warm: the median
+    over `rounds` rounds of `timed` steps each (one round of four float32 batch-1 steps once read 147 ms
+    in a slow stretch of this VM, where the same run's paired steps' median was 107)."""
+    engine = _warm_engine(tts, batch, prompts_text, warm, timed * rounds)
+    per_round = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(timed):
+            engine.step()
+        engine.pending[0].result()  # the round's last frame's codes are on the host
+        per_round.append((time.perf_counter() - started) / timed)
+    return statistics.median(per_round)
 
 
 def roofline_pairs(tts, prompts_text: list[str], warm: int, timed: int, nbytes: int) -> dict:

@@ -54,6 +54,7 @@ def test_frame_bytes_and_flops(tts_factory):
 def test_engine_steps_and_batch1_run(tts_factory):
     tts = tts_factory("custom_voice", max_batch=4)
     assert lib.omnitts_steps(tts, 3, ["One text.", "Another text here."], warm=1, timed=2) > 0
+    assert lib.omnitts_steps(tts, 2, ["One text."], warm=1, timed=1, rounds=5) > 0  # the budget covers 5 rounds
     b1 = lib.omnitts_batch1(tts, "A short line.", (2, 4), warm=1)
     assert [f for f, _ in b1["walls"]] == [2, 4]
     pairs = lib.roofline_pairs(tts, ["A short line."], warm=1, timed=3, nbytes=1 << 20)
