@@ -17,6 +17,8 @@ import os
 import numpy as np
 import torch
 
+from ..models.codec_stream import TILE_FRAMES
+
 
 class Transfer:
     """A finished host copy (CPU: the copy is synchronous)."""
@@ -115,13 +117,10 @@ class Backend:
 
     name = "cpu"
     supports_graphs = False
-    # Streamed codec decode: frames (over all rows) per time slice of the late upsampling layers,
-    # sized so a slice's activations stay in the CPU's caches (see models/codec_stream.py) while its
-    # calls stay few; None = one slice per call (devices run a whole chunk in parallel). 8 -> 16,
-    # 0.6B, in-process A/B, ms per frame (min of 4-5 rounds): bfloat16 run's codec at 8 streams 18.8
-    # -> 17.1, 4 streams 16.9 -> 16.2, one 18.7 -> 18.6; float32 (parity) codec at 8 streams 31.6 -> 31.0
-    # (the same waveform to the bit); 32 lost at 8 streams (18.7).
-    codec_tile_frames: int | None = 16
+    # Streamed codec decode: frames (over all rows) per time slice of the late upsampling layers
+    # (models/codec_stream.TILE_FRAMES, sized for a CPU's caches); None = one slice per call (devices
+    # run a whole chunk in parallel).
+    codec_tile_frames: int | None = TILE_FRAMES
 
     def __init__(self, eager: bool = False):
         self.eager = eager or os.environ.get("OMNITTS_EAGER") == "1" or not self.supports_graphs

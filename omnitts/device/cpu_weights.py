@@ -592,6 +592,7 @@ def winograd_convs(module: nn.Module, parity: bool = False) -> int:
 
     return _swap(module, wanted, lambda m: (WinogradConv1d if type(m) is nn.Conv1d else WinogradConvTranspose1d)(m))
 
+
 class NarrowConv1d(nn.Module):
     """`nn.Conv1d` with few outputs per position (Cout x kernel <= 16; float32, stride 1, no padding,
     groups 1), such as the codec's last conv (96 channels -> 1, kernel 7): one GEMM of the input's
@@ -641,8 +642,7 @@ def narrow_convs(module: nn.Module, parity: bool = False) -> int:
     def wanted(m):
         return (type(m) is nn.Conv1d and m.weight.dtype == torch.float32 and m.in_channels >= NARROW_MIN_CHANNELS
                 and m.out_channels < m.in_channels and m.out_channels * m.kernel_size[0] <= 16
-                and m.stride == (1,) and m.padding == (0,)
-                and m.groups == 1)
+                and m.stride == (1,) and m.padding == (0,) and m.groups == 1)
 
     return _swap(module, wanted, NarrowConv1d)
 

@@ -38,6 +38,12 @@ from .layers import RopeTable
 
 # Decoder layers from this index on (the 2nd upsampling block onwards) run in time slices, see `step`.
 TILED_FROM = 2
+# Frames (over all rows) per time slice of those layers on a CPU (`StreamingCodec`'s `tile_frames`, the
+# CPU backend's `codec_tile_frames`): small enough that a slice's activations stay in the CPU's caches,
+# big enough that its calls stay few. 8 -> 16, 0.6B, in-process A/B, ms per frame (min of 4-5 rounds):
+# bfloat16 run's codec at 8 streams 18.8 -> 17.1, 4 streams 16.9 -> 16.2, one 18.7 -> 18.6; float32
+# (parity) codec at 8 streams 31.6 -> 31.0 (the same waveform to the bit); 32 lost at 8 streams (18.7).
+TILE_FRAMES = 16
 
 # Keys are laid out at window position mod KV_ALIGN, like the reference's SIMD lanes (8 floats on AVX2,
 # 16 on AVX-512); 16 covers both.
@@ -56,7 +62,7 @@ def next_base(end: int, window: int) -> int:
 class StreamingCodec:
     """Runs a `CodecDecoder`'s modules chunk by chunk with explicit per-row state (no parameters of its own)."""
 
-    def __init__(self, codec: CodecDecoder, max_window_frames: int = 400, tile_frames: int | None = 16):
+    def __init__(self, codec: CodecDecoder, max_window_frames: int = 400, tile_frames: int | None = TILE_FRAMES):
         """`max_window_frames` bounds the window positions (RoPE table size) a call may use;
         `tile_frames`: frames (over all rows) per time slice of the late decoder layers (None: one slice)."""
         self.codec = codec
@@ -123,7 +129,7 @@ class StreamingCodec:
         # x 1920 samples per frame, 0.7 MB, through ~20 passes). Run them over time slices of about
         # `tile_frames` frames in all, each slice carrying the causal state to the next, so a slice's
         # activations stay in cache: at batch 8-16 this halved the decode's time (measured with the direct
-        # convolutions; 16 frames a slice is the backend default, see device/base.py).
+        # convolutions; the slice size: `TILE_FRAMES`).
         rate = x.shape[-1] // codes.shape[-1]  # samples per frame at this point
         tile = self.tile_frames or codes.shape[0] * codes.shape[-1]
         step = max(1, tile // codes.shape[0]) * rate

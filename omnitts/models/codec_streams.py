@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .codec import CodecDecoder
-from .codec_stream import KV_ALIGN, StreamingCodec, next_base, round_up
+from .codec_stream import KV_ALIGN, TILE_FRAMES, StreamingCodec, next_base, round_up
 
 HOLD = KV_ALIGN - 1  # frames that must follow a chunk whose window length is not yet known
 
@@ -68,7 +68,7 @@ class CodecStreams:
     """
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
-                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = 16):
+                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES):
         """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`)."""
         assert 0 < left_context <= window_frames
         # RoPE positions stay below the window length (context included): calls are never padded.
