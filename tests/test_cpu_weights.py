@@ -52,6 +52,24 @@ def test_pack_linears_widens_one_at_a_time(use_native, monkeypatch):
     torch.testing.assert_close(model[0](x), wide(x), rtol=1e-5, atol=1e-5)
 
 
+
+@needs_native
+def test_packed_linears_in_a_huge_page_arena_compute_the_same():
+    """Weights packed into the arena (as the loader does) give bitwise what torch-allocated ones give."""
+    from omnitts.device.hugepages import HugePageArena
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(64, 48).to(torch.bfloat16), nn.Linear(48, 33))
+    twin = nn.Sequential(nn.Linear(64, 48), nn.Linear(48, 33))
+    twin.load_state_dict(model.state_dict())
+    twin[0].to(torch.bfloat16)
+    arena = HugePageArena()
+    assert pack_linears(model, torch.float32, arena=arena) == 2 and pack_linears(twin, torch.float32) == 2
+    x = torch.randn(5, 64)
+    assert torch.equal(model(x), twin(x))
+    if arena.on:
+        assert model[0].weight.data_ptr() % (2 << 20) == 0  # the arena's first chunk starts on a huge page
+
 @needs_pack
 def test_widening_reuses_one_buffer_and_packs_stay_independent(monkeypatch):
     """Weights widened in one shared buffer (for oneDNN): each packed linear keeps its own weight."""

@@ -250,14 +250,15 @@ def test_loaded_talker_takes_the_rope_and_swiglu_kernels_bitwise(ckpt_dir, dtype
 
 
 @needs_f32
-@pytest.mark.parametrize("rows", [1, 3, 8, 33])
-def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows):
-    """float32 compute over bfloat16-stored weights (kept narrow, widened as read) gives exactly what
-    the same kernel gives over the widened float32 weights: widening is exact, the sums the same."""
+@pytest.mark.parametrize("rows, depth", [(1, 80), (3, 80), (8, 80), (33, 80), (1, 81), (5, 81)])
+def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows, depth):
+    """float32 compute over bfloat16-stored weights (kept narrow, in (k, k + 1) pairs, widened as read)
+    gives exactly what the same kernel gives over the widened float32 weights: widening is exact, the
+    sums the same, in the same order; an odd input size's last k has a zero partner it never uses."""
     torch.manual_seed(rows)
-    weight = torch.randn(72, 80).bfloat16()
+    weight = torch.randn(72, depth).bfloat16()
     bias = torch.randn(72)
-    x = torch.randn(rows, 80)
+    x = torch.randn(rows, depth)
     narrow = torch.ops.omnitts.pack_linear(weight, torch.float32)
     wide = torch.ops.omnitts.pack_linear(weight.float(), torch.float32)
     assert narrow.dtype == torch.bfloat16 and wide.dtype == torch.float32
@@ -265,6 +266,27 @@ def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows):
     assert torch.equal(got, torch.ops.omnitts.linear(x, wide, 72, bias))
     torch.testing.assert_close(got, x @ weight.float().T + bias, rtol=1e-5, atol=1e-5)
 
+
+
+@needs_f32
+@pytest.mark.parametrize("dtype, stored, depth", [(torch.float32, torch.float32, 40), (torch.float32, torch.bfloat16, 41),
+                                                  (torch.bfloat16, torch.bfloat16, 40)])
+def test_pack_linear_into_given_memory(dtype, stored, depth):
+    """pack_linear writes into memory the caller chose (`out`, of `packed_shape`): the very same packed
+    weight as its own allocation; a wrong shape or dtype is refused, naming the one it needs."""
+    from omnitts.device.cpu_weights import packed_shape
+
+    if not native.available(dtype):
+        pytest.skip(f"no native {dtype} kernel here")
+    weight = torch.randn(37, depth).to(stored)
+    own = torch.ops.omnitts.pack_linear(weight, dtype)
+    out = torch.full(packed_shape(37, depth, stored), 7.0, dtype=stored)  # stale values must not survive
+    assert torch.ops.omnitts.pack_linear(weight, dtype, out).data_ptr() == out.data_ptr()
+    assert own.shape == out.shape and torch.equal(own, out)
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        torch.ops.omnitts.pack_linear(weight, dtype, torch.empty(own.shape[0], own.shape[1] + 32, dtype=stored))
+    with pytest.raises(RuntimeError, match="out must be a contiguous"):
+        torch.ops.omnitts.pack_linear(weight, dtype, torch.empty(own.shape, dtype=torch.float16))
 
 def _snake_with_and_without_kernel(dtype, seed):
     """A 12-channel SnakeBeta in `dtype` (each channel its own alpha and beta) and, over contiguous input,

@@ -44,10 +44,12 @@ import torch
 from torch import nn
 
 from . import native
+from .hugepages import HugePageArena
 from ..models.codec import ResidualUnit, SnakeBeta
 from ..models.layers import Attention, DecoderStack, GatedMLP, RMSNorm, concat_biases, float32_attention
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
+PANEL = 16  # outputs per panel of omnitts' packed weight
 # The K/V history dtypes omnitts' decode attention kernel reads as stored (bfloat16 widened as read).
 ATTENTION_KV_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -79,7 +81,7 @@ class PackedLinear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear | list[nn.Linear], dtype: torch.dtype | None = None, batch: int = 1,
-                 widen: "Widener | None" = None):
+                 widen: "Widener | None" = None, arena: HugePageArena | None = None):
         super().__init__()
         parts = linear if isinstance(linear, list) else [linear]
         self.in_features = parts[0].in_features
@@ -92,8 +94,10 @@ class PackedLinear(nn.Module):
             # float32 from bfloat16-stored weights (as published): the kernel widens them as it reads
             # (exact), so they are kept in bfloat16, half the bytes to read per frame and to pack.
             narrow = dtype == torch.float32 and all(w.dtype == torch.bfloat16 for w in weights)
-            weight = (widen or Widener())(weights, torch.bfloat16 if narrow else dtype)
-            packed = torch.ops.omnitts.pack_linear(weight, dtype)
+            stored = torch.bfloat16 if narrow else dtype
+            weight = (widen or Widener())(weights, stored)
+            out = arena.empty(packed_shape(self.out_features, self.in_features, stored), stored) if arena else None
+            packed = torch.ops.omnitts.pack_linear(weight, dtype, out)
         else:
             weight = (widen or Widener())(weights, dtype)
             packed = torch.ops.mkldnn._reorder_linear_weight(weight, layout_batch(batch))
@@ -111,6 +115,13 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed for {kernel}"
 
 
+def packed_shape(out_features: int, in_features: int, stored: torch.dtype) -> tuple[int, int]:
+    """The shape of omnitts' packed weight (`native_kernels.cpp`, pack_linear): panels of 16 outputs, each
+    [K][16], bfloat16 ones in (k, k + 1) pairs with K rounded up to even."""
+    depth = in_features + in_features % 2 if stored == torch.bfloat16 else in_features
+    return -(-out_features // PANEL), depth * PANEL
+
+
 def layout_batch(batch: int) -> int:
     """The batch size oneDNN lays a packed weight out for, given the most rows a call will have.
 
@@ -123,12 +134,12 @@ def layout_batch(batch: int) -> int:
 
 
 def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1,
-                 widen: "Widener | None" = None) -> int:
+                 widen: "Widener | None" = None, arena: HugePageArena | None = None) -> int:
     """Replace every `nn.Linear` under `module` by a `PackedLinear` (weights converted to `dtype`
-    first, one at a time, in `widen`'s buffer; laid out for calls of up to `batch` rows), in place;
-    returns how many."""
+    first, one at a time, in `widen`'s buffer; laid out for calls of up to `batch` rows; omnitts' own
+    packed weights placed in `arena` where given), in place; returns how many."""
     widen = widen or Widener()
-    return _swap(module, lambda m: type(m) is nn.Linear, lambda m: PackedLinear(m, dtype, batch, widen))
+    return _swap(module, lambda m: type(m) is nn.Linear, lambda m: PackedLinear(m, dtype, batch, widen, arena))
 
 
 class Widener:

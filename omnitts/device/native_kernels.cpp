@@ -11,8 +11,8 @@
 // omnitts::wino_output, omnitts::transpose_pad, omnitts::vectorised_float32 and omnitts::dtypes (which
 // dtypes this build runs); threads are torch's own (at::parallel_for).
 //
-// Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16,
-// the pairs VDPBF16PS multiplies), the last panel zero-padded. A panel is one contiguous stream, so a
+// Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16: the
+// pairs VDPBF16PS multiplies, or that float32 widens with a shift and a mask), the last panel zero-padded. A panel is one contiguous stream, so a
 // batch-1 product reads the weight front to back at close to the memory's streaming rate, where a
 // row-major GEMV keeps one stream per row in flight.
 //
@@ -45,6 +45,7 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 #include <utility>
 #include <optional>
 #include <vector>
@@ -74,6 +75,12 @@ struct Vec {
   static Vec zero() { return {_mm512_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
   static Vec load(const uint16_t* p) { return {widen_bf16(_mm256_loadu_si256((const __m256i*)p))}; }
+  // From sixteen (k, k + 1) pairs of bfloat16 weights, k's or k + 1's widened exactly: by a shift or by a
+  // mask (where loading sixteen bfloat16 alone costs a widening shuffle each).
+  static Vec load_even(const uint16_t* p) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16))}; }
+  static Vec load_odd(const uint16_t* p) {
+    return {_mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32((int)0xFFFF0000u)))};
+  }
   void fma(const Vec& w, float x) { v = _mm512_fmadd_ps(w.v, _mm512_set1_ps(x), v); }
   void store(float* out, const float* bias, int n) const {
     __mmask16 mask = first_lanes(n);
@@ -93,6 +100,16 @@ struct Vec {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q)), 16));
     };
     return {widen(p), widen(p + 8)};
+  }
+  static Vec load_even(const uint16_t* p) {  // as the AVX-512 ones, in two halves
+    auto half = [](const uint16_t* q) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)q), 16)); };
+    return {half(p), half(p + 16)};
+  }
+  static Vec load_odd(const uint16_t* p) {
+    auto half = [](const uint16_t* q) {
+      return _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i*)q), _mm256_set1_epi32((int)0xFFFF0000u)));
+    };
+    return {half(p), half(p + 16)};
   }
   void fma(const Vec& w, float x) {
     __m256 b = _mm256_set1_ps(x);
@@ -119,12 +136,29 @@ void tile_f32(const W* w, int64_t panel_stride, const float* x, int64_t ldx, int
   Vec acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = Vec::zero();
-  for (int64_t k = 0; k < K; ++k) {
-    Vec wv[P];
-    for (int p = 0; p < P; ++p) wv[p] = Vec::load(w + p * panel_stride + k * kPanel);
-    for (int r = 0; r < R; ++r) {
-      float xv = x[r * ldx + k];
-      for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
+  if constexpr (std::is_same_v<W, uint16_t>) {  // bfloat16 weights in (k, k + 1) pairs, K rounded up to even
+    for (int64_t k = 0; k < K; k += 2) {
+      Vec wv[P];
+      for (int p = 0; p < P; ++p) wv[p] = Vec::load_even(w + p * panel_stride + k * kPanel);
+      for (int r = 0; r < R; ++r) {
+        float xv = x[r * ldx + k];
+        for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
+      }
+      if (k + 1 == K) break;  // an odd K's last k: its partner is padding
+      for (int p = 0; p < P; ++p) wv[p] = Vec::load_odd(w + p * panel_stride + k * kPanel);  // again, from L1
+      for (int r = 0; r < R; ++r) {
+        float xv = x[r * ldx + k + 1];
+        for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; ++k) {
+      Vec wv[P];
+      for (int p = 0; p < P; ++p) wv[p] = Vec::load(w + p * panel_stride + k * kPanel);
+      for (int r = 0; r < R; ++r) {
+        float xv = x[r * ldx + k];
+        for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
+      }
     }
   }
   for (int r = 0; r < R; ++r)
@@ -216,32 +250,48 @@ void for_each_tile(int64_t M, int64_t panels, F tile) {
 
 // The packed weight for computing in `dtype`, zero-padded to whole panels:
 //   float32 from float32:   [panels, K, 16] float32
-//   float32 from bfloat16:  [panels, K, 16] bfloat16, widened to float32 as the kernel reads it (exact:
-//                           the same products as float32 weights, from half the bytes)
+//   float32 from bfloat16:  [panels, K'/2, 16, 2] bfloat16 (K' = K rounded up to even, the odd tail zero):
+//                           widened to float32 as the kernel reads it (exact: the same products as float32
+//                           weights, from half the bytes), a pair of k at a time
 //   bfloat16:               [panels, K/2, 16, 2] bfloat16 (the pairs VDPBF16PS multiplies)
-at::Tensor pack_linear(const at::Tensor& weight, c10::ScalarType dtype) {
+int64_t packed_depth(int64_t K, c10::ScalarType stored) { return stored == at::kBFloat16 ? (K + 1) / 2 * 2 : K; }
+
+// Into `out` where given (memory the caller chose, e.g. on huge pages), which must be exactly that shape and dtype.
+at::Tensor pack_linear(const at::Tensor& weight, c10::ScalarType dtype, const c10::optional<at::Tensor>& into) {
   TORCH_CHECK(weight.dim() == 2, "pack_linear: weight must be 2-D, got ", weight.sizes());
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "pack_linear: float32 or bfloat16 only");
   int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(dtype == at::kFloat || K % 2 == 0, "pack_linear: bfloat16 needs an even input size, got ", K);
   int64_t panels = (N + kPanel - 1) / kPanel;
   auto stored = dtype == at::kFloat && weight.scalar_type() == at::kBFloat16 ? at::kBFloat16 : dtype;
+  int64_t depth = packed_depth(K, stored);
   at::Tensor w = weight.to(stored).contiguous();
-  at::Tensor out = at::empty({panels, K * kPanel}, weight.options().dtype(stored));
+  at::Tensor out;
+  if (into.has_value() && into->defined()) {
+    out = *into;
+    TORCH_CHECK(out.scalar_type() == stored && out.dim() == 2 && out.size(0) == panels &&
+                    out.size(1) == depth * kPanel && out.is_contiguous(),
+                "pack_linear: out must be a contiguous ", stored, " [", panels, ", ", depth * kPanel, "], got ",
+                out.scalar_type(), " ", out.sizes());
+  } else {
+    out = at::empty({panels, depth * kPanel}, weight.options().dtype(stored));
+  }
   int64_t elem = w.element_size();
   const char* src = (const char*)w.data_ptr();
   char* dst = (char*)out.data_ptr();
-  int64_t group = dtype == at::kBFloat16 ? 2 : 1;  // consecutive k kept together per output
+  int64_t group = stored == at::kBFloat16 ? 2 : 1;  // consecutive k kept together per output
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      char* panel = dst + p * K * kPanel * elem;
+      char* panel = dst + p * depth * kPanel * elem;
       int64_t rows = std::min<int64_t>(kPanel, N - p * kPanel);
-      if (rows < kPanel) std::memset(panel, 0, K * kPanel * elem);
+      if (rows < kPanel || depth > K) std::memset(panel, 0, depth * kPanel * elem);
       const char* first = src + p * kPanel * K * elem;
       // Written in order (reading 16 rows side by side): the panel is one sequential stream.
-      for (int64_t k = 0; k < K; k += group)
+      for (int64_t k = 0; k < K; k += group) {
+        int64_t n = std::min<int64_t>(group, K - k);
         for (int64_t j = 0; j < rows; ++j)
-          std::memcpy(panel + (k * kPanel + j * group) * elem, first + (j * K + k) * elem, group * elem);
+          std::memcpy(panel + (k * kPanel + j * group) * elem, first + (j * K + k) * elem, n * elem);
+      }
     }
   });
   return out;
@@ -250,10 +300,11 @@ at::Tensor pack_linear(const at::Tensor& weight, c10::ScalarType dtype) {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias) {
   int64_t K = x.size(-1);
-  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == K * kPanel, "linear: packed weight does not match input size ", K);
   bool narrow = x.scalar_type() == at::kFloat && packed.scalar_type() == at::kBFloat16;  // float32 from bfloat16
   TORCH_CHECK(x.scalar_type() == packed.scalar_type() || narrow, "linear: input is ", x.scalar_type(), ", weight ",
               packed.scalar_type());
+  int64_t stride = packed_depth(K, packed.scalar_type()) * kPanel;
+  TORCH_CHECK(packed.dim() == 2 && packed.size(1) == stride, "linear: packed weight does not match input size ", K);
   int64_t panels = packed.size(0);
   TORCH_CHECK(out_features <= panels * kPanel && out_features > (panels - 1) * kPanel, "linear: bad out_features");
   at::Tensor x2 = x.reshape({-1, K}).contiguous();
@@ -267,7 +318,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
     TORCH_CHECK(b.numel() == out_features, "linear: bias has ", b.numel(), " values for ", out_features, " outputs");
   }
   if (M == 0) return y;
-  int64_t stride = K * kPanel;
   // One tile table over the whole output: weights w, inputs xp, outputs yp, bias bp (or null).
   auto run = [&](const auto* w, const auto* xp, auto* yp, const auto* bp, const auto& tiles) {
     for_each_tile(M, panels, [&](int rows, int p, int64_t m0, int64_t p0) {
@@ -1039,7 +1089,7 @@ int64_t dtypes() {
 }  // namespace
 
 TORCH_LIBRARY(omnitts, m) {
-  m.def("pack_linear(Tensor weight, ScalarType dtype) -> Tensor", &pack_linear);
+  m.def("pack_linear(Tensor weight, ScalarType dtype, Tensor? out=None) -> Tensor", &pack_linear);
   m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor", &norm_rope);

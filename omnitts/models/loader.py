@@ -26,6 +26,7 @@ from ..device.cpu_weights import (PackedLinear, Widener, can_pack, channels_last
                                   pack_linears, pack_transposed_convs, use_cpu_attention, use_native_norms,
                                   use_native_rope, use_native_snakes, use_native_swiglu, winograd_convs)
 from ..device.features import resolve_dtype
+from ..device.hugepages import HugePageArena
 from ..errors import CheckpointError
 from ..recipe import CODEC_DTYPES
 from ..tokenizer import TextTokenizer
@@ -171,9 +172,10 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
                 keep_stored=("model.text_embedding.weight",) + (linears if packing else ()))
     # q/k/v and gate/up projections merged: fewer, larger matrix products and one q/k norm and rotation.
     if packing:
-        widen = Widener()
-        fuse_projections(model.talker, lambda parts: PackedLinear(parts, lm_dtype, max_batch, widen))
-        pack_linears(model.talker, lm_dtype, max_batch, widen)
+        # Packed weights on huge pages: every batch-1 step streams them all (see device/hugepages.py).
+        widen, arena = Widener(), HugePageArena()
+        fuse_projections(model.talker, lambda parts: PackedLinear(parts, lm_dtype, max_batch, widen, arena))
+        pack_linears(model.talker, lm_dtype, max_batch, widen, arena)
         use_native_norms(model.talker, lm_dtype)
         use_native_rope(model.talker, lm_dtype)
         use_native_swiglu(model.talker, lm_dtype)
