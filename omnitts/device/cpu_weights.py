@@ -455,13 +455,16 @@ class _Winograd(nn.Module):
     (Cout, Cin) matrix laid out for oneDNN's inner product once; `_correlate` runs them over a
     channels-last input."""
 
-    def _set_transforms(self, m: int, points, taps: torch.Tensor, bias) -> None:
-        """`taps` (r, Cout, Cin) float64: the correlation y_i = sum_k taps[k] x_(i+k) to compute."""
-        at, g, bt = winograd_matrices(m, taps.shape[0], points)
+    def _set_transforms(self, m: int, points, taps: torch.Tensor, bias, exact: torch.dtype = torch.float64) -> None:
+        """`taps` (Cout, Cin, r): the correlation y_i = sum_k taps[..., k] x_(i+k) to compute; G's products
+        summed in `exact` (float64 unless float32 is already exact for these points), then float32."""
+        at, g, bt = winograd_matrices(m, taps.shape[-1], points)
         self.m = m
+        cout, cin, r = taps.shape
+        points_major = (taps.reshape(-1, r).to(exact) @ g.T.to(exact)).float().T.contiguous()  # (a, Cout * Cin)
         self.weights = nn.ParameterList(
-            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), layout_batch(32)), requires_grad=False)
-            for w in torch.einsum("ak,koi->aoi", g, taps).float())
+            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.view(cout, cin), layout_batch(32)), requires_grad=False)
+            for w in points_major)
         self.register_buffer("at", at.float(), persistent=False)
         self.register_buffer("bt", bt.float(), persistent=False)
         self.bias = bias
@@ -508,7 +511,7 @@ class WinogradConv1d(_Winograd):
         assert native.available(torch.float32), "WinogradConv1d needs omnitts' native kernels"
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.dilation = conv.kernel_size, conv.dilation
-        self._set_transforms(m, winograd_points(m), conv.weight.detach().double().permute(2, 0, 1), conv.bias)
+        self._set_transforms(m, winograd_points(m), conv.weight.detach(), conv.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, L) -> (B, C', L - 6 * dilation)
         L, d = x.shape[-1], self.dilation[0]
@@ -547,11 +550,14 @@ class WinogradConvTranspose1d(_Winograd):
         assert native.available(torch.float32), "WinogradConvTranspose1d needs omnitts' native kernels"
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
         self.kernel_size, self.stride = conv.kernel_size, conv.stride
-        w = conv.weight.detach().double()  # (Cin, Cout, 2s) -> taps (s * Cout, Cin), phase-major
-        taps = torch.stack([w[:, :, s:].permute(2, 1, 0).reshape(s * self.out_channels, -1),  # A1, on x[u - 1]
-                            w[:, :, :s].permute(2, 1, 0).reshape(s * self.out_channels, -1)])  # A0, on x[u]
+        # (Cin, Cout, 2s) -> taps (s * Cout, Cin, 2), phase-major: tap 0 is A1 (on x[u - 1]), tap 1 A0 (on x[u])
+        w = conv.weight.detach().view(self.in_channels, self.out_channels, 2, s).flip(2)
+        taps = w.permute(3, 1, 0, 2).reshape(s * self.out_channels, self.in_channels, 2)
         bias = None if conv.bias is None else nn.Parameter(conv.bias.detach().repeat(s), requires_grad=False)
-        self._set_transforms(m, TRANSPOSED_WINOGRAD_POINTS[:m], taps, bias)
+        # Points 0, +-1 (m <= 3): each of G's rows is one tap or half the sum or difference of two, which
+        # float32 rounds once, as float64 then float32 would.
+        self._set_transforms(m, TRANSPOSED_WINOGRAD_POINTS[:m], taps, bias,
+                             exact=torch.float32 if m <= 3 else torch.float64)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, T) -> (B, C', (T - 1) * stride + kernel)
         (B, _, T), s = x.shape, self.stride[0]
