@@ -360,6 +360,25 @@ def test_narrow_convs_take_float32_convs_of_few_outputs_outside_parity(monkeypat
     assert narrow_convs(model()) == 0
 
 
+
+@needs_winograd
+def test_transposed_winograd_weights_in_float32_are_float64s_rounded():
+    """F(3, 2)'s weight transform (points 0, +-1) is done in float32: each product weight is one tap or
+    half a sum or difference of two, rounded once, so it equals the float64 transform rounded (bitwise)."""
+    from omnitts.device.cpu_weights import TRANSPOSED_WINOGRAD_POINTS, WinogradConvTranspose1d
+
+    torch.manual_seed(5)
+    conv = nn.ConvTranspose1d(24, 16, kernel_size=8, stride=4)
+    fast = WinogradConvTranspose1d(conv)
+    exact = WinogradConvTranspose1d(conv)
+    w = conv.weight.detach().view(24, 16, 2, 4).flip(2).permute(3, 1, 0, 2).reshape(64, 24, 2)
+    exact._set_transforms(3, TRANSPOSED_WINOGRAD_POINTS[:3], w, exact.bias, exact=torch.float64)
+    dense = [[t.to_dense() if t.is_mkldnn else t for t in m.weights] for m in (fast, exact)]
+    assert len(dense[0]) == 4 and all(torch.equal(a, b) for a, b in zip(*dense))
+    x = torch.randn(2, 24, 9)
+    torch.testing.assert_close(fast(x), conv(x), rtol=1e-5, atol=1e-5)
+    assert all(t.abs().sum() > 0 for t in dense[0])
+
 @needs_winograd
 def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch):
     """A bfloat16 model's float32 codec with every kernel-7 conv and every kernel-2s transposed conv on
