@@ -8,9 +8,16 @@ but a region torch allocates is neither asked nor 2 MiB-aligned. `HugePageArena`
 chunks, 2 MiB-aligned, asks for huge pages before anything touches them, and hands out tensors from
 them; pages never touched (a chunk's unused tail) cost no memory.
 
-Measured on this project's 2-core AVX-512 EPYC VM (in one process, interleaved, 0.9 GB of packed
-weights): the bfloat16 GEMV read 41 -> 48 GB/s, float32 over bfloat16-stored weights 31 -> 33, and a
-plain `sum` 40 -> 54; the float32 0.6B batch-1 step 125 -> 120 ms (median of 8).
+Measured on this project's 2-core AVX-512 EPYC VM, in one process, alternating 4 KiB -> 2 MiB pages: over
+0.9 GB of packed weights the bfloat16 GEMV read 41 -> 48 GB/s, float32 over bfloat16-stored weights
+31 -> 33, a plain `sum` 40 -> 54 (a fast phase; in slow ones ~5% apart); the 0.6B batch-1 step (median
+of 8 rounds of 4) 98.1 -> 90.0 ms in float32, 96.2 -> 87.3 in bfloat16, the bfloat16 batch-8 step
+148.8 -> 138.9.
+
+The price is at load, on VMs like that one: first-touching 1.1 GB of huge pages took 0.6-1.3 s where
+4 KiB pages took 0.3 s, and up to ~5 s more right after another large process exited (the host
+probably backs each freshly used 2 MiB block again). A batch run repays it after a few hundred frames;
+`OMNITTS_HUGEPAGES=0` keeps the faster load for short jobs.
 
 Where the OS has no such call (not Linux), or `OMNITTS_HUGEPAGES=0`, tensors come from torch's own
 allocator: same values, just the 4 KiB pages.
