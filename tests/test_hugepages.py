@@ -81,3 +81,18 @@ def test_turned_off_gives_ordinary_tensors(monkeypatch):
     arena = HugePageArena()
     t = arena.empty((5, 3), torch.bfloat16)
     assert t.shape == (5, 3) and t.dtype == torch.bfloat16 and not arena.on
+
+
+@needs_linux
+def test_a_kernel_refusing_the_advice_still_gives_memory(monkeypatch):
+    """A kernel without transparent huge pages answers madvise(MADV_HUGEPAGE) with EINVAL: the arena
+    carries on with ordinary pages (an advice value no kernel knows stands in for that refusal)."""
+    import mmap
+
+    monkeypatch.setattr(mmap, "MADV_HUGEPAGE", 12345)
+    region = mmap.mmap(-1, HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with pytest.raises(OSError):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    t = HugePageArena().empty((1000,), torch.float32)
+    t.fill_(2.5)
+    assert torch.all(t == 2.5) and t.data_ptr() % HUGE_PAGE == 0

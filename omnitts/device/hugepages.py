@@ -71,7 +71,10 @@ class HugePageArena:
     def _map(nbytes: int) -> torch.Tensor:
         size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
         region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        region.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: faults then take whole huge pages
+        try:
+            region.madvise(mmap.MADV_HUGEPAGE)  # before the first touch: faults then take whole huge pages
+        except OSError:
+            pass  # a kernel built without transparent huge pages refuses (EINVAL): 4 KiB pages, same memory
         raw = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` alive while any view lives
         skip = -raw.data_ptr() % HUGE_PAGE
         return raw[skip:skip + size]
