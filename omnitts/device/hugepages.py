@@ -59,7 +59,7 @@ class HugePageArena:
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if not self.on:
             return torch.empty(shape, dtype=dtype)
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         start = -(-self._used // ALIGN) * ALIGN
         if self._chunk is None or start + nbytes > self._chunk.numel():
             self._chunk = self._map(max(self.chunk_bytes, nbytes))

@@ -74,7 +74,6 @@ struct Vec {
   __m512 v;
   static Vec zero() { return {_mm512_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Vec load(const uint16_t* p) { return {widen_bf16(_mm256_loadu_si256((const __m256i*)p))}; }
   // From sixteen (k, k + 1) pairs of bfloat16 weights, k's or k + 1's widened exactly: by a shift or by a
   // mask (where loading sixteen bfloat16 alone costs a widening shuffle each).
   static Vec load_even(const uint16_t* p) { return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16))}; }
@@ -95,12 +94,6 @@ struct Vec {
   __m256 lo, hi;
   static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static Vec load(const uint16_t* p) {  // bfloat16 widened exactly: its bits are a float's top half
-    auto widen = [](const uint16_t* q) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)q)), 16));
-    };
-    return {widen(p), widen(p + 8)};
-  }
   static Vec load_even(const uint16_t* p) {  // as the AVX-512 ones, in two halves
     auto half = [](const uint16_t* q) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)q), 16)); };
     return {half(p), half(p + 16)};
@@ -136,29 +129,25 @@ void tile_f32(const W* w, int64_t panel_stride, const float* x, int64_t ldx, int
   Vec acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = Vec::zero();
+  auto accumulate = [&](const Vec* wv, int64_t k) {  // acc[r][p] += wv[p] * x[r][k]
+    for (int r = 0; r < R; ++r) {
+      float xv = x[r * ldx + k];
+      for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
+    }
+  };
+  Vec wv[P];
   if constexpr (std::is_same_v<W, uint16_t>) {  // bfloat16 weights in (k, k + 1) pairs, K rounded up to even
     for (int64_t k = 0; k < K; k += 2) {
-      Vec wv[P];
       for (int p = 0; p < P; ++p) wv[p] = Vec::load_even(w + p * panel_stride + k * kPanel);
-      for (int r = 0; r < R; ++r) {
-        float xv = x[r * ldx + k];
-        for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
-      }
+      accumulate(wv, k);
       if (k + 1 == K) break;  // an odd K's last k: its partner is padding
       for (int p = 0; p < P; ++p) wv[p] = Vec::load_odd(w + p * panel_stride + k * kPanel);  // again, from L1
-      for (int r = 0; r < R; ++r) {
-        float xv = x[r * ldx + k + 1];
-        for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
-      }
+      accumulate(wv, k + 1);
     }
   } else {
     for (int64_t k = 0; k < K; ++k) {
-      Vec wv[P];
       for (int p = 0; p < P; ++p) wv[p] = Vec::load(w + p * panel_stride + k * kPanel);
-      for (int r = 0; r < R; ++r) {
-        float xv = x[r * ldx + k];
-        for (int p = 0; p < P; ++p) acc[r][p].fma(wv[p], xv);
-      }
+      accumulate(wv, k);
     }
   }
   for (int r = 0; r < R; ++r)
