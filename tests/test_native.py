@@ -269,7 +269,8 @@ def test_float32_from_bfloat16_storage_is_bitwise_float32_weights(rows, depth):
 
 
 @needs_f32
-@pytest.mark.parametrize("dtype, stored, depth", [(torch.float32, torch.float32, 40), (torch.float32, torch.bfloat16, 41),
+@pytest.mark.parametrize("dtype, stored, depth", [(torch.float32, torch.float32, 40),
+                                                  (torch.float32, torch.bfloat16, 41),
                                                   (torch.bfloat16, torch.bfloat16, 40)])
 def test_pack_linear_into_given_memory(dtype, stored, depth):
     """pack_linear writes into memory the caller chose (`out`, of `packed_shape`): the very same packed

@@ -463,7 +463,8 @@ class _Winograd(nn.Module):
         cout, cin, r = taps.shape
         points_major = (taps.reshape(-1, r).to(exact) @ g.T.to(exact)).float().T.contiguous()  # (a, Cout * Cin)
         self.weights = nn.ParameterList(
-            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.view(cout, cin), layout_batch(32)), requires_grad=False)
+            nn.Parameter(torch.ops.mkldnn._reorder_linear_weight(w.view(cout, cin), layout_batch(32)),
+                         requires_grad=False)
             for w in points_major)
         self.register_buffer("at", at.float(), persistent=False)
         self.register_buffer("bt", bt.float(), persistent=False)
@@ -650,8 +651,8 @@ NARROW_MIN_CHANNELS = 16  # input channels, below which a direct convolution is 
 
 def narrow_convs(module: nn.Module, parity: bool = False) -> int:
     """Replace, in place, every float32 `nn.Conv1d` under `module` of at least `NARROW_MIN_CHANNELS`
-    input channels, fewer outputs than inputs and at most 16 (output, tap) pairs (stride 1, no padding, groups 1) by a `NarrowConv1d`; returns how many.
-    Like `winograd_convs`, not for parity runs (another summation order), and `OMNITTS_WINOGRAD`
+    input channels, fewer outputs than inputs and at most 16 (output, tap) pairs (stride 1, no padding,
+    groups 1) by a `NarrowConv1d`; returns how many. Like `winograd_convs`, not for parity runs (another summation order), and `OMNITTS_WINOGRAD`
     overrides alike."""
     if not _rounding_allowed(parity):
         return 0
