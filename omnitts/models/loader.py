@@ -204,7 +204,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     encoder = None
     if cfg.model_type == "base":
         encoder = CodecEncoder(cfg.codec)
-        load_strict(encoder.mimi, codec_files, "encoder.", torch.float32, dev)
+        load_strict(encoder.published_layout(), codec_files, "encoder.", torch.float32, dev)
     _check_prefixes(weights, ("talker.", "speaker_encoder.") if model.speaker_encoder is not None else ("talker.",))
     for module in (model, codec, encoder):
         if module is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..config import TOKENIZER_TYPE, load_config
+from ..models.codec_encoder import mimi_encoder, published_layout
 from .text_tokenizer import write_text_tokenizer
 
 SPEAKERS = {"ryan": 3061, "vivian": 3065, "serena": 3066, "aiden": 2861, "eric": 2875, "dylan": 2878}
@@ -203,13 +204,12 @@ def build_checkpoint(folder, kind: str = "custom_voice", preset: str = "tiny-0.6
 
 
 def _mimi_encoder(encoder_config: dict, gen: torch.Generator) -> dict:
-    """State dict of a random Mimi encoder half (what the official Qwen3TTSTokenizerV2Encoder keeps)."""
-    from transformers import MimiConfig, MimiModel
-
-    mimi = MimiModel(MimiConfig(**copy.deepcopy(encoder_config)))
-    mimi.upsample = mimi.decoder_transformer = mimi.decoder = None
-    _randomise(mimi, gen)
-    return mimi.state_dict()
+    """State dict of a random Mimi encoder half (what the official Qwen3TTSTokenizerV2Encoder keeps), under
+    the published tensor names whatever layout the installed transformers gives Mimi."""
+    mimi = mimi_encoder(copy.deepcopy(encoder_config))
+    published = published_layout(mimi)
+    _randomise(published, gen)
+    return published.state_dict()
 
 
 def _write_json(path: Path, data: dict) -> None:
