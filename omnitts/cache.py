@@ -1,4 +1,4 @@
-"""Where omnitts keeps what it builds once per machine (converted tokenizers, the native kernel)."""
+"""Where omnitts keeps what it builds once per machine (the native CPU kernels)."""
 
 from __future__ import annotations
 

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from pathlib import Path
 
-from .cache import cache_root
 from .errors import CheckpointError
 
 _FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "added_tokens.json")
-_LOADED: dict[str, object] = {}  # digest of the tokenizer files -> loaded tokenizer (this process)
+_LOADED: dict[str, str] = {}  # digest of the tokenizer files -> tokenizer.json text (this process)
+
+# The Qwen2 pre-tokenizer regex, as the published checkpoints' tokenizer defines it (public regex, verbatim).
+QWEN2_PRETOKENIZER_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 
 # The pattern transformers 4.57.3 installs when `fix_mistral_regex=True` (public regex, verbatim).
 MISTRAL_PRETOKENIZER_REGEX = (
@@ -42,7 +44,7 @@ class TextTokenizer:
         if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
         # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
-        self._tok = tokenizers.Tokenizer.from_str(_load_cached(ckpt))
+        self._tok = tokenizers.Tokenizer.from_str(_backend_json(ckpt))
         self.official_regex = official_regex
         if official_regex:
             pre = self._tok.pre_tokenizer
@@ -69,58 +71,75 @@ class TextTokenizer:
         return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
 
 
-def _load_cached(ckpt: Path) -> str:
-    """The checkpoint's fast tokenizer as `tokenizer.json` text, converted from vocab.json + merges.txt once.
+def _backend_json(ckpt: Path) -> str:
+    """The checkpoint's fast tokenizer as `tokenizer.json` text (kept in memory, per set of files).
 
-    Published checkpoints ship no tokenizer.json, so transformers would rebuild the fast tokenizer
-    from the BPE files on every load (seconds for a 151k vocabulary, plus importing transformers'
-    tokenizer stack). The conversion runs once through transformers and its `tokenizer.json` is kept
-    under ~/.cache/omnitts/tokenizers/<digest of the files> and in memory; later loads read it with
-    the `tokenizers` library alone and tokenize identically.
+    A checkpoint that ships a `tokenizer.json` is read as it is. The published ones ship only the
+    Qwen2 byte-level BPE files (vocab.json, merges.txt, tokenizer_config.json), from which
+    `_qwen2_from_bpe_files` builds the fast tokenizer with the `tokenizers` library alone, the same
+    document transformers 4.57 converts them to (and the same ids as 5.x), without importing
+    transformers: a cold first load is ~0.2-0.4 s instead of transformers' import and conversion.
     """
     digest = hashlib.sha256()
     for name in _FILES:
         if (ckpt / name).is_file():
             digest.update(name.encode() + b"\0" + (ckpt / name).read_bytes())
     key = digest.hexdigest()[:24]
-    if key in _LOADED:
-        return _LOADED[key]
-    cached = cache_root() / "tokenizers" / key
-    if (cached / "tokenizer.json").is_file():
-        _LOADED[key] = (cached / "tokenizer.json").read_text(encoding="utf-8")
-        return _LOADED[key]
-    try:
-        # fix_mistral_regex=False: keep the checkpoint's own regex, and silence transformers' warning
-        # about it (TextTokenizer applies the official swap itself when asked to).
-        tok = _tokenizer_class(ckpt).from_pretrained(str(ckpt), local_files_only=True, fix_mistral_regex=False)
-    except Exception as exc:  # transformers raises many types here; the file is what matters
-        raise CheckpointError(f"{ckpt}: cannot load the text tokenizer ({type(exc).__name__}: {exc})") from None
-    text = tok.backend_tokenizer.to_str()
-    try:
-        tmp = cached.with_name(f".{key}.{os.getpid()}.tmp")
-        tok.save_pretrained(str(tmp))
-        os.replace(tmp, cached)
-    except OSError:  # a read-only or full cache, or another process won the race: only costs speed
-        shutil.rmtree(tmp, ignore_errors=True)
-    _LOADED[key] = text
-    return text
+    if key not in _LOADED:
+        if (ckpt / "tokenizer.json").is_file():
+            _LOADED[key] = (ckpt / "tokenizer.json").read_text(encoding="utf-8")
+        else:
+            _LOADED[key] = _qwen2_from_bpe_files(ckpt).to_str()
+    return _LOADED[key]
 
 
-# What AutoTokenizer resolves these checkpoints' `tokenizer_class` to, imported directly: importing
-# AutoTokenizer pulls in transformers' generation stack and scikit-learn (about 3 of its 6 s here).
+# What `tokenizer_class` names in a checkpoint whose vocab.json + merges.txt are a Qwen2 byte-level BPE.
 _QWEN2 = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 
 
-def _tokenizer_class(ckpt: Path):
-    """The fast tokenizer class for the checkpoint: Qwen2's for the published ones, else AutoTokenizer."""
+def _qwen2_from_bpe_files(ckpt: Path):
+    """A `tokenizers.Tokenizer` from Qwen2's slow-tokenizer files: the byte-level BPE with NFC, the Qwen2
+    pre-tokenizer regex, and the added tokens of tokenizer_config.json at the ids it gives them."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    config_path = ckpt / "tokenizer_config.json"
     try:
-        name = json.loads((ckpt / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        name = None  # no or odd config: let AutoTokenizer decide (and report)
-    if name in _QWEN2:
-        from transformers.models.qwen2.tokenization_qwen2_fast import Qwen2TokenizerFast
-
-        return Qwen2TokenizerFast
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        vocab = json.loads((ckpt / "vocab.json").read_text(encoding="utf-8"))
+        lines = (ckpt / "merges.txt").read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{ckpt}: cannot read the text tokenizer files ({type(exc).__name__}: {exc})") from None
+    if not isinstance(config, dict) or config.get("tokenizer_class", "Qwen2Tokenizer") not in _QWEN2:
+        name = config.get("tokenizer_class") if isinstance(config, dict) else None
+        raise CheckpointError(f"{config_path}: tokenizer_class {name!r} is not supported without a tokenizer.json "
+                              f"(omnitts builds {' / '.join(_QWEN2)} from vocab.json + merges.txt)")
+    merges = []
+    for number, line in enumerate(lines, 1):
+        if not line or (number == 1 and line.startswith("#version")):
+            continue
+        pair = line.split(" ")
+        if len(pair) != 2:
+            raise CheckpointError(f"{ckpt / 'merges.txt'}:{number}: expected two symbols separated by one space")
+        merges.append((pair[0], pair[1]))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    try:
+        added = sorted((int(i), t) for i, t in (config.get("added_tokens_decoder") or {}).items())
+        tok.add_tokens([AddedToken(t["content"], single_word=t.get("single_word", False), lstrip=t.get("lstrip", False),
+                                   rstrip=t.get("rstrip", False), normalized=t.get("normalized", True),
+                                   special=t.get("special", False)) for _, t in added])
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"{config_path}: added_tokens_decoder is malformed ({type(exc).__name__}: {exc})") from None
+    for token_id, token in added:
+        # Added tokens take the ids after the vocabulary, in id order: the file's ids must be those.
+        if tok.token_to_id(token["content"]) != token_id:
+            raise CheckpointError(f"{config_path}: added token {token['content']!r} has id {token_id}, but "
+                                  f"vocab.json ({len(vocab)} entries) puts it at {tok.token_to_id(token['content'])}")
+    return tok

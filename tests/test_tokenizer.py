@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import omnitts.tokenizer as tokenizer_module
+from omnitts.errors import CheckpointError
 from omnitts.tokenizer import TextTokenizer
 
 TRICKY = [
@@ -22,40 +23,85 @@ def folder(ckpt_dir):
     return ckpt_dir("custom_voice")
 
 
-def test_native_ids_equal_a_fresh_transformers_load(folder, tmp_path, monkeypatch):
-    """The converted-and-cached tokenizer tokenizes exactly like loading the checkpoint files directly."""
-    monkeypatch.setenv("OMNITTS_CACHE_DIR", str(tmp_path))
+def _transformers_tokenizer(folder):
+    return AutoTokenizer.from_pretrained(str(folder), fix_mistral_regex=False)
+
+
+def test_ids_equal_the_installed_transformers_load(folder):
+    """Built with `tokenizers` alone, the tokenizer gives the ids transformers gives for the same files,
+    special tokens included (whichever transformers, 4.57 or 5.x, is installed)."""
     tokenizer_module._LOADED.clear()
-    first = TextTokenizer(folder)  # converts and writes the cache
-    tokenizer_module._LOADED.clear()
-    cached = TextTokenizer(folder)  # reads tokenizer.json from the cache
-    assert list(tmp_path.glob("tokenizers/*/tokenizer.json"))
-    direct = AutoTokenizer.from_pretrained(str(folder), fix_mistral_regex=False)
-    for text in TRICKY:
+    ours, again = TextTokenizer(folder), TextTokenizer(folder)  # the second reuses this process's build
+    direct = _transformers_tokenizer(folder)
+    for text in TRICKY + ["<|im_start|>assistant\nHi<|im_end|>\n", "<tts_pad><tts_text_bos>x<think>"]:
         expected = direct(text, add_special_tokens=False)["input_ids"]
-        assert first.encode(text) == cached.encode(text) == expected
+        assert ours.encode(text) == again.encode(text) == expected
 
 
-def test_first_conversion_skips_the_generation_stack(folder, tmp_path):
-    """A first load (empty cache) converts through Qwen2's own class: the same tokenizer.json as
-    AutoTokenizer's, without importing transformers' generation stack or scikit-learn."""
+def test_a_first_load_imports_no_transformers(folder):
+    """The published files become the same fast tokenizer transformers converts them to (every part that
+    decides ids), built in a fresh process that never imports transformers."""
     import json
-    import os
     import subprocess
     import sys
 
     script = (
         "import json, sys\n"
-        "from omnitts.tokenizer import TextTokenizer\n"
-        f"TextTokenizer({str(folder)!r})\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('sklearn', 'transformers.generation')))))\n"
+        "import omnitts.tokenizer as t\n"
+        f"t.TextTokenizer({str(folder)!r})\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'sklearn'))))\n"
+        f"print(t._LOADED.popitem()[1])\n"
     )
-    env = {**os.environ, "OMNITTS_CACHE_DIR": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
-    converted = next(tmp_path.glob("tokenizers/*/tokenizer.json")).read_text(encoding="utf-8")
-    auto = AutoTokenizer.from_pretrained(str(folder), fix_mistral_regex=False).backend_tokenizer.to_str()
-    assert json.loads(converted) == json.loads(auto)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    imported, built = out.split("\n", 1)
+    assert json.loads(imported) == []
+    ours = json.loads(built)
+    theirs = json.loads(_transformers_tokenizer(folder).backend_tokenizer.to_str())
+    # transformers 5 swapped the post-processor for an empty template; with add_special_tokens=False
+    # neither adds or changes ids, so it is not compared.
+    for part in ("model", "normalizer", "pre_tokenizer", "decoder", "added_tokens"):
+        assert ours[part] == theirs[part], part
+
+
+def _copy_files(folder, tmp_path):
+    import shutil
+
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(folder / name, tmp_path / name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda c: c.update(tokenizer_class="LlamaTokenizer"), "tokenizer_class 'LlamaTokenizer' is not supported"),
+    (lambda c: c["added_tokens_decoder"].update({"151999": {"content": "<x>"}}), "added token '<x>' has id 151999"),
+    (lambda c: c.update(added_tokens_decoder=[1, 2]), "added_tokens_decoder is malformed"),
+])
+def test_tokenizer_config_errors_name_the_file(folder, tmp_path, damage, message):
+    import json
+
+    copy = _copy_files(folder, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text(encoding="utf-8"))
+    damage(config)
+    (copy / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=message) as info:
+        TextTokenizer(copy)
+    assert "tokenizer_config.json" in str(info.value)
+
+
+def test_a_malformed_merges_line_is_named(folder, tmp_path):
+    copy = _copy_files(folder, tmp_path)
+    lines = (copy / "merges.txt").read_text(encoding="utf-8").splitlines()
+    lines[4] = "a b c"
+    (copy / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"merges\.txt:5: expected two symbols"):
+        TextTokenizer(copy)
+
+
+def test_a_shipped_tokenizer_json_is_used_as_is(folder, tmp_path):
+    copy = _copy_files(folder, tmp_path)
+    (copy / "tokenizer.json").write_text(TextTokenizer(folder)._tok.to_str(), encoding="utf-8")
+    (copy / "merges.txt").write_text("not read\n", encoding="utf-8")
+    assert TextTokenizer(copy).encode(TRICKY[0]) == TextTokenizer(folder).encode(TRICKY[0])
 
 
 def test_prompt_wrappers_keep_role_and_tail_tokens_separate(folder):

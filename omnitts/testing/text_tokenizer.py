@@ -32,10 +32,7 @@ import functools
 import json
 from pathlib import Path
 
-# The Qwen2 pre-tokenizer regex (what transformers builds for Qwen2Tokenizer; verbatim).
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+from ..tokenizer import QWEN2_PRETOKENIZER_REGEX
 
 TRAIN_VOCAB_LIMIT = 4096  # upper bound on the learned vocabulary (bytes + merges)
 MODEL_MAX_LENGTH = 131072
@@ -171,7 +168,7 @@ def _train() -> tuple[list[tuple[str, str]], dict[str, int]]:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     trainer = trainers.BpeTrainer(vocab_size=TRAIN_VOCAB_LIMIT, min_frequency=2, show_progress=False,
