@@ -200,3 +200,22 @@ def test_same_device_reads_a_missing_index_as_any():
     assert not same_device(torch.device("cuda:1"), "cuda:0")
     assert not same_device(torch.device("cpu"), "cuda")
     assert same_device(torch.device("cpu"), "cpu")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_without_sdpa_gqa_repeats_kv_heads_to_the_same_result(monkeypatch, causal):
+    """torch 2.4's sdpa has no `enable_gqa`: K/V heads are repeated instead, bitwise the same attention."""
+    import omnitts.models.layers as layers
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 3, 8, generator=gen), torch.randn(2, 2, 3, 8, generator=gen),
+               torch.randn(2, 2, 3, 8, generator=gen))
+    mask = None if causal else torch.rand(2, 1, 3, 3, generator=gen) > 0.3
+    if mask is not None:
+        mask[..., 0] = True  # every query sees a key
+    native = layers.sdpa_attention(q, k, v, mask, causal)
+    monkeypatch.setattr(layers, "SDPA_GQA", False)
+    repeated = layers.sdpa_attention(q, k, v, mask, causal)
+    assert torch.equal(native, repeated)
+    head = F.scaled_dot_product_attention(q[:, 3:], k[:, 1:], v[:, 1:], attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(repeated[:, 3:], head)  # query head 3 reads KV head 1

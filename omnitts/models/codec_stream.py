@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from .codec import CausalConv, CausalTransConv, CodecDecoder, ConvNeXtBlock, ResidualUnit, SnakeBeta, UpsampleBlock
-from .layers import RopeTable
+from .layers import RopeTable, sdpa_attention
 
 # Decoder layers from this index on (the 2nd upsampling block onwards) run in time slices, see `step`.
 TILED_FROM = 2
@@ -235,11 +235,10 @@ class StreamingCodec:
         idx = slot[:, None, :, None].expand(b, attn.kv_heads, n, attn.head_dim)
         keys, values = keys.scatter(2, idx, k), values.scatter(2, idx, v)
         out = torch.empty_like(q)
-        gqa = attn.heads != attn.kv_heads
         for length in sorted(set(kv_len)):
             rows = [r for r in range(b) if kv_len[r] == length]
             sel = slice(None) if len(rows) == b else torch.tensor(rows, device=x.device)
             # Every query sees at least its own key (slot pos - base < kv_len): no fully masked row.
-            out[sel] = F.scaled_dot_product_attention(q[sel], keys[sel, :, :length], values[sel, :, :length],
-                                                      attn_mask=mask[sel, :, :, :length], enable_gqa=gqa)
+            out[sel] = sdpa_attention(q[sel], keys[sel, :, :length], values[sel, :, :length],
+                                      mask[sel, :, :, :length], causal=False)
         return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1)), keys, values

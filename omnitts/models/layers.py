@@ -103,14 +103,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.add_(x * cos.unsqueeze(1))
 
 
+def _sdpa_takes_enable_gqa() -> bool:
+    """Whether this torch's sdpa has `enable_gqa` (torch 2.5 added it), tried once on a tiny input."""
+    x = torch.zeros(1, 2, 1, 2)
+    try:
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+SDPA_GQA = _sdpa_takes_enable_gqa()
+
+
 def sdpa_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """The default kernel: q (B, H, T, D), k/v (B, Hkv, S, D), `mask` boolean broadcastable to
     (B, H, T, S) with True = attend -> (B, H, T, D).
 
-    enable_gqa: each KV head serves its query group without materialising repeated K/V.
+    enable_gqa: each KV head serves its query group without materialising repeated K/V; a torch
+    without it (2.4) gets the K/V heads repeated, the same products per head.
     """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1 and not SDPA_GQA:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+                                          **({"enable_gqa": groups > 1} if SDPA_GQA else {}))
 
 
 def float32_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
