@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from omnitts.device import get_backend
 from omnitts.device.fake import FakeGraphBackend
-from omnitts.device.npu import FusionAttention
+from omnitts.device.npu import FusionAttention, torch_npu_mismatch
 from omnitts.engine import Engine, EngineConfig
 from omnitts.errors import OmniTTSError
 from omnitts.models.layers import FrameKVCache, StaticKVCache, sdpa_attention
@@ -200,3 +200,29 @@ def test_torch_npu_is_imported_only_when_npu_is_chosen(cv, monkeypatch):
     with pytest.raises(OmniTTSError, match="--device npu needs torch_npu"):
         get_backend("npu")
     assert "torch_npu" in recorder.asked
+
+
+@pytest.mark.parametrize("torch_version, npu_version, ok", [
+    ("2.14.0", "2.14.0", True), ("2.14.1+cpu", "2.14.0", True), ("2.12.0", "2.12.0.post3", True),
+    ("2.11.0+cpu", "2.11.0.post3", True), ("2.13.0+cpu", "2.14.0", False), ("2.14.0", "2.13.0", False),
+])
+def test_torch_npu_pairs_are_matched_by_release_line(torch_version, npu_version, ok):
+    problem = torch_npu_mismatch(torch_version, npu_version)
+    assert (problem is None) == ok
+    if not ok:
+        line = ".".join(torch_version.split(".")[:2])
+        assert npu_version in problem and torch_version in problem and f'"torch=={line}.*"' in problem
+
+
+def test_a_mismatched_torch_npu_is_named_before_it_is_imported(monkeypatch):
+    """A torch_npu built for another torch fails inside its own import with errors that do not say why:
+    the backend compares the installed releases first and never imports the wrong one."""
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "2.99.0" if name == "torch_npu" else real(name))
+    recorder = _ImportRecorder()
+    monkeypatch.setattr(sys, "meta_path", [recorder, *sys.meta_path])
+    with pytest.raises(OmniTTSError, match=r"torch_npu 2\.99\.0 is built for torch 2\.99, but torch is "):
+        get_backend("npu")
+    assert "torch_npu" not in recorder.asked

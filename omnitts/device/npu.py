@@ -14,7 +14,28 @@ from ..errors import OmniTTSError
 from .accelerator import AcceleratorBackend
 
 
+def torch_npu_mismatch(torch_version: str, npu_version: str) -> str | None:
+    """Why a torch_npu release cannot run on this torch, or None. Each torch_npu release is built for
+    exactly one torch release line (2.14.0 for torch 2.14.*, 2.12.0.post3 for 2.12.0, ...): a pair whose
+    major.minor differ fails inside `import torch_npu` with errors that do not name the cause."""
+    line = ".".join(torch_version.split("+")[0].split(".")[:2])
+    npu_line = ".".join(npu_version.split(".")[:2])
+    if line == npu_line:
+        return None
+    return (f"torch_npu {npu_version} is built for torch {npu_line}, but torch is {torch_version}: install the "
+            f"matching pair, e.g. pip install \"omnitts[npu]\" \"torch=={line}.*\" (keeps torch, picks its "
+            f"torch_npu) or pip install \"torch_npu=={line}.*\"")
+
+
 def import_torch_npu():
+    from importlib import metadata
+
+    try:
+        mismatch = torch_npu_mismatch(torch.__version__, metadata.version("torch_npu"))
+    except metadata.PackageNotFoundError:
+        mismatch = None  # not installed (or vendored without metadata): the import below says so
+    if mismatch:
+        raise OmniTTSError(f"--device npu: {mismatch}")
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
     except Exception as exc:  # ImportError, or the CANN toolkit's own errors
