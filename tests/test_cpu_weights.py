@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import omnitts
@@ -296,7 +295,7 @@ def test_winograd_takes_wide_float32_kernel7_convs_only(monkeypatch):
     not for parity runs unless `OMNITTS_WINOGRAD=1`;
     `OMNITTS_WINOGRAD=0` leaves every conv alone."""
     from omnitts.device import cpu_weights
-    from omnitts.device.cpu_weights import WinogradConv1d, winograd_convs
+    from omnitts.device.cpu_weights import winograd_convs
 
     def model():
         return nn.Sequential(nn.Conv1d(16, 16, 7, dilation=3), nn.Conv1d(16, 16, 3), nn.Conv1d(16, 16, 7, groups=2),
@@ -493,6 +492,7 @@ def test_native_decode_attention_matches_sdpa_and_is_batch_invariant():
 def _check_decode_attention(heads, kv_heads, dim):
     """The kernel's vectorised shapes (head_dim 32/64/128, groups of 1/2/4) and the generic loop (others)."""
     from omnitts.device.cpu_weights import native_attention
+    from omnitts.models.layers import sdpa_attention
 
     batch, capacity = 5, 40
     cache_k, cache_v = torch.randn(2, batch, kv_heads, capacity, dim)
@@ -502,7 +502,7 @@ def _check_decode_attention(heads, kv_heads, dim):
         lengths = torch.tensor([keys, 1, max(1, keys // 2), keys, max(1, keys - 3)])
         mask = (torch.arange(keys)[None] < lengths[:, None])[:, None, None, :]
         for m in (mask, None, mask[:1]):
-            want = F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
+            want = sdpa_attention(q, k, v, m, False)
             got = native_attention(q, k, v, m, False)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         got = native_attention(q, k, v, mask, False)
@@ -518,5 +518,4 @@ def _check_decode_attention(heads, kv_heads, dim):
     torch.testing.assert_close(half.float(), native_attention(q.bfloat16().float(), k, v, mask, False), rtol=0, atol=1e-2)
     several = torch.randn(batch, heads, 3, dim)
     causal = native_attention(several, k[:, :, :3], v[:, :, :3], None, True)
-    assert torch.equal(causal, F.scaled_dot_product_attention(several, k[:, :, :3], v[:, :, :3], is_causal=True,
-                                                               enable_gqa=True))
+    assert torch.equal(causal, sdpa_attention(several, k[:, :, :3], v[:, :, :3], None, True))

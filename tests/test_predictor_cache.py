@@ -15,7 +15,6 @@ import types
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from omnitts.device import get_backend
 from omnitts.device.fake import FakeGraphBackend
@@ -128,8 +127,7 @@ class StubTorchNpu(types.ModuleType):
         assert sparse_mode == 0 and actual_seq_qlen is None and actual_seq_kvlen is None and keep_prob == 1.0
         assert scale == pytest.approx(query.shape[-1] ** -0.5)
         self.calls.append((tuple(query.shape), tuple(key.shape), tuple(atten_mask.shape)))
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=~atten_mask, scale=scale,
-                                             enable_gqa=key.shape[1] != head_num)  # True = masked, inverted
+        out = sdpa_attention(query, key, value, ~atten_mask, False)  # True = masked, inverted; default scale
         stats = torch.zeros((query.shape[0], head_num, sq, 8))
         return out, stats, stats.clone(), torch.empty(0), 0, 0, 0
 
