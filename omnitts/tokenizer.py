@@ -44,7 +44,11 @@ class TextTokenizer:
         if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
         # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
-        self._tok = tokenizers.Tokenizer.from_str(_backend_json(ckpt))
+        text = _backend_json(ckpt)
+        try:
+            self._tok = tokenizers.Tokenizer.from_str(text)
+        except Exception as exc:  # only a shipped tokenizer.json can be malformed here
+            raise CheckpointError(f"{ckpt / 'tokenizer.json'}: not a tokenizers document ({exc})") from None
         self.official_regex = official_regex
         if official_regex:
             pre = self._tok.pre_tokenizer
@@ -115,14 +119,17 @@ def _qwen2_from_bpe_files(ckpt: Path):
                               f"(omnitts builds {' / '.join(_QWEN2)} from vocab.json + merges.txt)")
     merges = []
     for number, line in enumerate(lines, 1):
-        if not line or (number == 1 and line.startswith("#version")):
+        pair = line.split()
+        if not pair or (number == 1 and line.startswith("#version")):
             continue
-        pair = line.split(" ")
         if len(pair) != 2:
-            raise CheckpointError(f"{ckpt / 'merges.txt'}:{number}: expected two symbols separated by one space")
+            raise CheckpointError(f"{ckpt / 'merges.txt'}:{number}: expected two symbols separated by a space")
         merges.append((pair[0], pair[1]))
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
-                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+                                   end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    except Exception as exc:  # tokenizers raises plain Exceptions (a merge of unknown symbols, a vocab that is no map)
+        raise CheckpointError(f"{ckpt}: vocab.json and merges.txt do not make a BPE tokenizer ({exc})") from None
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),

@@ -97,6 +97,21 @@ def test_a_malformed_merges_line_is_named(folder, tmp_path):
         TextTokenizer(copy)
 
 
+def test_a_merge_of_unknown_symbols_is_named(folder, tmp_path):
+    copy = _copy_files(folder, tmp_path)
+    with (copy / "merges.txt").open("a", encoding="utf-8") as merges:
+        merges.write("\u4e00\u4e01 \u4e02\n")
+    with pytest.raises(CheckpointError, match="vocab.json and merges.txt do not make a BPE tokenizer"):
+        TextTokenizer(copy)
+
+
+def test_a_malformed_tokenizer_json_is_named(folder, tmp_path):
+    copy = _copy_files(folder, tmp_path)
+    (copy / "tokenizer.json").write_text('{"model": 3}', encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: not a tokenizers document"):
+        TextTokenizer(copy)
+
+
 def test_a_shipped_tokenizer_json_is_used_as_is(folder, tmp_path):
     copy = _copy_files(folder, tmp_path)
     (copy / "tokenizer.json").write_text(TextTokenizer(folder)._tok.to_str(), encoding="utf-8")
