@@ -143,6 +143,35 @@ def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tm
         assert not list(tmp_path.glob("native/*/*.so"))
 
 
+@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"OMNITTS_NATIVE": "0"}], ids=["no-compiler", "native-off"])
+def test_without_native_kernels_auto_on_a_bf16_cpu_synthesizes(ckpt_dir, tmp_path, env):
+    """No compiler, or OMNITTS_NATIVE=0, on a CPU with native bf16: `auto` is bfloat16 for the language models
+    with the float32 codec of a non-parity run, and every layer runs on oneDNN and torch (the codec's set-up
+    once asked the unloaded library whether it vectorises float32, and the load died)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import json, warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "import omnitts\n"
+        "from omnitts.device import features\n"
+        "features.cpu_flags = lambda: frozenset({'avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_bf16'})\n"
+        f"tts = omnitts.load({str(ckpt_dir('custom_voice'))!r}, dtype='auto')\n"
+        "audio = tts.synthesize('Fallback check.', speaker='ryan', greedy=True, max_frames=6)\n"
+        "print(json.dumps({'dtype': str(tts.ckpt.dtype), 'frames': audio.frames,\n"
+        "                  'finite': bool(abs(audio.samples).max() <= 1.0)}))\n"
+    )
+    run_env = {**os.environ, "OMNITTS_CACHE_DIR": str(tmp_path), **env}
+    done = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["dtype"] == "torch.bfloat16" and got["frames"] > 0 and got["finite"], got
+    assert not list(tmp_path.glob("native/*/*.so"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_kernel_matches_the_module(dtype):
     """One row per call or many, one weight or one per head (the fused q/k norm), strided input."""

@@ -246,7 +246,7 @@ def use_native_swiglu(module: nn.Module, dtype: torch.dtype) -> int:
     kernel (one pass instead of three kernels, bitwise torch's AVX-512 arithmetic, hence only where torch
     runs its AVX-512 kernels); returns how many. 0.6B, batch 8, bfloat16: ~25 -> ~13 us a call, ~100 calls
     a frame (measured)."""
-    usable = (native.available(dtype) and torch.ops.omnitts.vectorised_float32()
+    usable = (native.available(dtype) and native.vectorised_float32()
               and torch.backends.cpu.get_cpu_capability() == "AVX512")
     if not usable:
         return 0
@@ -263,7 +263,7 @@ def use_native_snakes(module: nn.Module, dtype: torch.dtype, parity: bool = Fals
     run's codec, which keeps torch's arithmetic as Winograd's rule does): one pass instead of three, with
     SLEEF's 3.5-ulp sine where torch calls MKL's, ~1e-7 relative apart (0.6B shapes, isolated: the
     codec's SnakeBetas 1.45 -> 0.28 ms per frame)."""
-    fused_float32 = dtype == torch.float32 and not parity and torch.ops.omnitts.vectorised_float32()
+    fused_float32 = dtype == torch.float32 and not parity and native.vectorised_float32()
     usable = native.available(dtype) and (dtype == torch.bfloat16 or fused_float32)
     return _use_kernel(module, SnakeBeta, dtype, torch.ops.omnitts.snake if usable else None)
 
@@ -595,7 +595,7 @@ def winograd_convs(module: nn.Module, parity: bool = False) -> int:
     `OMNITTS_WINOGRAD` overrides: `0` never, `1` parity runs too."""
     if not _rounding_allowed(parity):
         return 0
-    if not (native.available(torch.float32) and onednn_packs(torch.float32) and torch.ops.omnitts.vectorised_float32()):
+    if not (native.available(torch.float32) and onednn_packs(torch.float32) and native.vectorised_float32()):
         return 0
 
     def wanted(m):

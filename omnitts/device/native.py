@@ -50,6 +50,11 @@ def available(dtype: torch.dtype) -> bool:
     return bool(bits & _DTYPE_BITS.get(dtype, 0))
 
 
+def vectorised_float32() -> bool:
+    """Whether the loaded kernels vectorise float32 (AVX-512 builds); False where they are off or unbuilt."""
+    return bool(_loaded_dtypes()) and bool(torch.ops.omnitts.vectorised_float32())
+
+
 @functools.cache
 def _loaded_dtypes() -> int:
     """The kernel's dtype bits once its library is loaded; 0 where it is off or cannot be built."""
