@@ -153,19 +153,27 @@ class Pipeline:
                 failures, exhausted = self._fill(source, ready)
                 yield from failures
             self._feed(ready, exhausted)
-            engine = self.engine
-            if engine is None or not engine.has_work():
+            finished = self._step(exhausted)
+            if finished is None:
                 if exhausted and not ready:
                     return
                 continue
-            if exhausted:  # the last requests: longest budget first, so no long one runs on alone at the end
-                engine.scheduler.longest_first = True
-            finished = engine.step()
-            self._stream(engine, finished)
             for seq in finished:
                 outcome = self._finished(seq, ready)
                 if outcome is not None:
                     yield outcome
+
+    def _step(self, exhausted: bool) -> list | None:
+        """One engine step and its codec work; None when there is no work. The engine is held only in
+        here, so when the next `_feed` rebuilds it the old one (its cache, its graph pools) is freed first."""
+        engine = self.engine
+        if engine is None or not engine.has_work():
+            return None
+        if exhausted:  # the last requests: longest budget first, so no long one runs on alone at the end
+            engine.scheduler.longest_first = True
+        finished = engine.step()
+        self._stream(engine, finished)
+        return finished
 
     def _fill(self, source, ready: deque) -> tuple[list[Outcome], bool]:
         """Prepare jobs until `lookahead` requests wait; returns (failed outcomes, source exhausted)."""

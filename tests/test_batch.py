@@ -310,3 +310,33 @@ def test_generate_prepared_equals_generate(tts_factory):
     (direct,) = tts.generate([(request, params)])
     assert prepared.frames == 5 and np.array_equal(prepared.codes, direct.codes)
     assert np.array_equal(prepared.samples, direct.samples)
+
+
+def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatch):
+    """When a larger job needs a new engine, the old one (its K/V cache and graph pools, up to the cache
+    budget on a GPU) is gone before the new one allocates: both alive at once is an out-of-memory there."""
+    import gc
+    import weakref
+
+    import omnitts.pipeline as pipeline_module
+
+    tts = tts_factory("custom_voice", max_batch=2)
+    built, alive_at_build = [], []
+    real_engine = pipeline_module.Engine
+
+    def engine(*args, **kwargs):
+        gc.collect()
+        alive_at_build.append(sum(ref() is not None for ref in built))
+        new = real_engine(*args, **kwargs)
+        built.append(weakref.ref(new))
+        return new
+
+    monkeypatch.setattr(pipeline_module, "Engine", engine)
+
+    def jobs():
+        for i, frames in enumerate([3, 3, 3, 90, 90]):  # the 90-frame items need a bigger engine
+            yield Job(Request(f"Item {i}.", speaker="ryan", id=str(i)), tts.default_params(greedy=True, max_frames=frames))
+
+    outcomes = list(Pipeline(tts, lookahead=2).run(jobs()))
+    assert len(outcomes) == 5 and len(built) >= 2
+    assert alive_at_build == [0] * len(built), alive_at_build

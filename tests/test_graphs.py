@@ -212,3 +212,66 @@ def test_bench_device_runs_on_the_cpu_fake(tmp_path, load_script):
     assert report["host_syncs"].startswith("0 host syncs in 2 steps")
     assert [row["concurrency"] for row in report["omnitts"]] == [1, 2]
     assert all(row["frames_per_s"] > 0 and row["steps"] > 0 for row in report["omnitts"])
+
+
+def test_capture_orders_the_state_copies_around_the_side_stream_warm_up():
+    """The clones that undo the warm-up are taken on the current stream *before* the side stream is told
+    to wait for it, so the warm-up's writes on the side stream cannot overtake them; the restore runs only
+    after the current stream has waited for the side one. Checked on a fake device API that logs the
+    stream calls beside the tensor copies (a busy GPU would otherwise restore already-changed state)."""
+    import contextlib
+
+    from torch.overrides import TorchFunctionMode
+
+    from omnitts.device.accelerator import AcceleratorBackend
+
+    log = []
+
+    class FakeStream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits for {other.name}")
+
+    class Api:
+        current = FakeStream("current")
+
+        def Stream(self):
+            return FakeStream("side")
+
+        def current_stream(self):
+            return self.current
+
+        @contextlib.contextmanager
+        def stream(self, stream):
+            log.append(f"on {stream.name}")
+            yield
+            log.append(f"off {stream.name}")
+
+        @contextlib.contextmanager
+        def graph(self, graph, pool=None):
+            log.append("capture")
+            yield
+
+    class Backend(AcceleratorBackend):
+        name = "fake"
+        api = Api()
+
+        def new_graph(self, fn, state, output):
+            return object()
+
+    class Copies(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.clone, torch.Tensor.copy_):
+                log.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    state = [torch.zeros(3), torch.ones(2)]
+    with Copies():
+        Backend(eager=False).capture(lambda: state[0].add_(1), None, state, state[0])
+    wait_side, wait_current = log.index("side waits for current"), log.index("current waits for side")
+    assert [i for i, entry in enumerate(log) if entry == "clone"] == [wait_side - 2, wait_side - 1], log
+    assert log.index("on side") > wait_side and wait_current > log.index("off side"), log
+    assert all(i > wait_current for i, entry in enumerate(log) if entry == "copy_"), log
+    assert log[-1] == "capture", log

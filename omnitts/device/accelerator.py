@@ -67,8 +67,8 @@ class AcceleratorBackend(Backend):
     def capture(self, fn, pool, state, output) -> Graph:
         api = self.api
         side = api.Stream()
-        side.wait_stream(api.current_stream())
-        saved = [t.clone() for t in state]
+        saved = [t.clone() for t in state]  # on the current stream, so before the side stream's wait below:
+        side.wait_stream(api.current_stream())  # the warm-up's writes cannot overtake these clones
         with api.stream(side):
             for _ in range(2):  # warm-up: lazy initialisation and allocator state before capture
                 fn()
