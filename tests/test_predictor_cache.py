@@ -224,3 +224,58 @@ def test_a_mismatched_torch_npu_is_named_before_it_is_imported(monkeypatch):
     with pytest.raises(OmniTTSError, match=r"torch_npu 2\.99\.0 is built for torch 2\.99, but torch is "):
         get_backend("npu")
     assert "torch_npu" not in recorder.asked
+
+
+class _RefusingBackend(FakeGraphBackend):
+    """A device whose graph capture fails, as CANN < 8.1 (no aclmdlRICaptureBegin) or a stream shortage does."""
+
+    capture_fallback = True
+
+    def capture(self, fn, pool, state, output):
+        self.attempts = getattr(self, "attempts", 0) + 1
+        raise RuntimeError("aclmdlRICaptureBegin: capture is not supported by this CANN")
+
+
+def test_a_refused_capture_runs_eager_frames_with_one_warning(cv):
+    """Capture failure of any kind falls back to eager frames, warning once, with the codes eager gives;
+    later sampling plans do not try again."""
+    eager = engine_codes(cv, FakeGraphBackend(eager=True), greedy=False)
+    backend = _RefusingBackend()
+    with pytest.warns(RuntimeWarning, match="graph capture failed .*frames run eagerly") as caught:
+        codes = engine_codes(cv, backend, greedy=False) + engine_codes(cv, backend, greedy=True)
+    assert len([w for w in caught if "graph capture failed" in str(w.message)]) == 1
+    assert backend.attempts == 1 and backend.eager and not backend.captured
+    assert all(np.array_equal(a, b) for a, b in zip(codes[:4], eager))
+    assert all(np.array_equal(a, b) for a, b in zip(codes[4:], engine_codes(cv, FakeGraphBackend(eager=True))))
+
+
+def test_the_fake_raises_its_graph_rules_instead_of_falling_back():
+    from omnitts.device.fake import GraphRuleError
+
+    state = [torch.zeros(2)]
+    with pytest.raises(GraphRuleError):
+        FakeGraphBackend().frame_steps(_SyncingRunner(state[0]), 1, 8, state, state[0], [1], [8])
+
+
+class _SyncingRunner:
+    """A frame that reads a value back to the host: a graph cannot record that."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def frame(self, batch, span):
+        if self.tensor.sum().item() > 1e9:
+            self.tensor.zero_()
+
+
+def test_task_queue_level_2_turns_npu_graphs_off_with_a_warning(monkeypatch):
+    """TASK_QUEUE_ENABLE=2 (exported by many Ascend guides) makes NPU graph capture fail: the backend says
+    so and runs eager frames; the Ascend recipe sets level 1."""
+    from omnitts.device import npu
+
+    monkeypatch.setattr(npu, "import_torch_npu", lambda: None)
+    monkeypatch.setenv("TASK_QUEUE_ENABLE", "2")
+    with pytest.warns(RuntimeWarning, match="TASK_QUEUE_ENABLE=2 makes NPU graph capture fail"):
+        assert npu.NpuBackend().eager
+    monkeypatch.setenv("TASK_QUEUE_ENABLE", "1")  # what recipes/ascend-910b.toml sets (tests/test_recipe.py)
+    assert not npu.NpuBackend().eager

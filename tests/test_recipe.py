@@ -29,7 +29,9 @@ def test_shipped_recipes_load(name, device):
     assert recipe.device == device and recipe.max_batch >= 1 and recipe.codec_chunk_frames > 0
     if device != "cpu":
         assert recipe.graph_buckets[-1] == recipe.max_batch and recipe.dtype == "bfloat16"
-        assert recipe.env == {f"PYTORCH_{device.upper()}_ALLOC_CONF": "expandable_segments:True"}
+        # NPU graphs also need task queue level 1 (many Ascend guides export 2, under which capture fails).
+        extra = {"TASK_QUEUE_ENABLE": "1"} if device == "npu" else {}
+        assert recipe.env == {f"PYTORCH_{device.upper()}_ALLOC_CONF": "expandable_segments:True", **extra}
 
 
 def test_unknown_key_names_file_key_and_valid_keys(tmp_path):

@@ -69,12 +69,14 @@ class AcceleratorBackend(Backend):
         side = api.Stream()
         saved = [t.clone() for t in state]  # on the current stream, so before the side stream's wait below:
         side.wait_stream(api.current_stream())  # the warm-up's writes cannot overtake these clones
-        with api.stream(side):
-            for _ in range(2):  # warm-up: lazy initialisation and allocator state before capture
-                fn()
-        api.current_stream().wait_stream(side)
-        for tensor, copy in zip(state, saved):  # the warm-up must leave no trace in the slots
-            tensor.copy_(copy)
+        try:
+            with api.stream(side):
+                for _ in range(2):  # warm-up: lazy initialisation and allocator state before capture
+                    fn()
+        finally:  # the warm-up must leave no trace in the slots, even when it fails
+            api.current_stream().wait_stream(side)
+            for tensor, copy in zip(state, saved):
+                tensor.copy_(copy)
         graph = self.new_graph(fn, state, output)
         with self.capturing():
             with api.graph(graph, pool=pool):

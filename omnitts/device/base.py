@@ -13,6 +13,7 @@ order, one memory pool) lives here; a backend only says how to make, capture and
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -117,6 +118,9 @@ class Backend:
 
     name = "cpu"
     supports_graphs = False
+    # A device's capture failure falls back to eager frames with one warning (the CPU fake sets this off:
+    # a broken graph rule is a bug to surface, not to run around).
+    capture_fallback = True
     # Streamed codec decode: frames (over all rows) per time slice of the late upsampling layers
     # (models/codec_stream.TILE_FRAMES, sized for a CPU's caches); None = one slice per call (devices
     # run a whole chunk in parallel).
@@ -138,7 +142,15 @@ class Backend:
         """
         if self.eager:
             return EagerSteps(runner)
-        return GraphSteps(self, runner, max_batch, max_positions, state, output, graph_buckets, span_buckets)
+        try:
+            return GraphSteps(self, runner, max_batch, max_positions, state, output, graph_buckets, span_buckets)
+        except RuntimeError as error:  # the device refused the capture (old CANN, stream resources, memory)
+            if not self.capture_fallback:
+                raise
+            warnings.warn(f"omnitts: {self.name} graph capture failed ({type(error).__name__}: {error}); frames run "
+                          "eagerly from here on (slower; --eager skips the attempt)", RuntimeWarning, stacklevel=2)
+            self.eager = True  # one warning: later sampling plans go straight to eager frames
+            return EagerSteps(runner)
 
     def to_host(self, tensor: torch.Tensor) -> Transfer:
         return Transfer(tensor.detach().cpu().numpy().copy())

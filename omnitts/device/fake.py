@@ -190,6 +190,7 @@ class FakeGraphBackend(AcceleratorBackend):
     """The accelerator backend's capture and replay code, on the CPU, with graph rules enforced."""
 
     name = "cpu"
+    capture_fallback = False  # a graph-rule violation is raised, not run around
 
     def __init__(self, eager: bool = False, predictor_attention=None, check_trace: bool = True):
         """`check_trace=False` skips the per-replay trace comparison (about halves a replay's cost)."""

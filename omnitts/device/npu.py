@@ -8,6 +8,9 @@ contract is checked on the CPU against a stub torch_npu (tests/test_predictor_ca
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch
 
 from ..errors import OmniTTSError
@@ -94,6 +97,12 @@ class NpuBackend(AcceleratorBackend):
     def __init__(self, eager: bool = False):
         import_torch_npu()
         super().__init__(eager=eager)
+        if not self.eager and os.environ.get("TASK_QUEUE_ENABLE") == "2":
+            # Many Ascend guides export level 2; NPU graph capture refuses to run under it.
+            warnings.warn("omnitts: TASK_QUEUE_ENABLE=2 makes NPU graph capture fail, so frames run eagerly; export "
+                          "TASK_QUEUE_ENABLE=1 for graphs (recipes/ascend-910b.toml sets it)", RuntimeWarning,
+                          stacklevel=2)
+            self.eager = True
 
     def new_graph(self, fn, state, output):
         return torch.npu.NPUGraph()
