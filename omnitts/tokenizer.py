@@ -44,11 +44,7 @@ class TextTokenizer:
         if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
         # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
-        text = _backend_json(ckpt)
-        try:
-            self._tok = tokenizers.Tokenizer.from_str(text)
-        except Exception as exc:  # only a shipped tokenizer.json can be malformed here
-            raise CheckpointError(f"{ckpt / 'tokenizer.json'}: not a tokenizers document ({exc})") from None
+        self._tok = _backend(ckpt)
         self.official_regex = official_regex
         if official_regex:
             pre = self._tok.pre_tokenizer
@@ -75,26 +71,34 @@ class TextTokenizer:
         return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
 
 
-def _backend_json(ckpt: Path) -> str:
-    """The checkpoint's fast tokenizer as `tokenizer.json` text (kept in memory, per set of files).
+def _backend(ckpt: Path):
+    """A fresh `tokenizers.Tokenizer` for the checkpoint.
 
     A checkpoint that ships a `tokenizer.json` is read as it is. The published ones ship only the
     Qwen2 byte-level BPE files (vocab.json, merges.txt, tokenizer_config.json), from which
     `_qwen2_from_bpe_files` builds the fast tokenizer with the `tokenizers` library alone, the same
     document transformers 4.57 converts them to (and the same ids as 5.x), without importing
-    transformers: a cold first load is ~0.2-0.4 s instead of transformers' import and conversion.
+    transformers: ~0.2 s a process on the test files, where transformers' import and conversion took
+    1.0-2.1 s and reading back its cached conversion ~0.2 s. Later instances in the process are copies
+    of the first, through its `tokenizer.json` text.
     """
+    from tokenizers import Tokenizer
+
     digest = hashlib.sha256()
     for name in _FILES:
         if (ckpt / name).is_file():
             digest.update(name.encode() + b"\0" + (ckpt / name).read_bytes())
     key = digest.hexdigest()[:24]
     if key not in _LOADED:
-        if (ckpt / "tokenizer.json").is_file():
-            _LOADED[key] = (ckpt / "tokenizer.json").read_text(encoding="utf-8")
-        else:
-            _LOADED[key] = _qwen2_from_bpe_files(ckpt).to_str()
-    return _LOADED[key]
+        if not (ckpt / "tokenizer.json").is_file():
+            tok = _qwen2_from_bpe_files(ckpt)
+            _LOADED[key] = tok.to_str()
+            return tok  # the first instance is the built object itself (no text round trip)
+        _LOADED[key] = (ckpt / "tokenizer.json").read_text(encoding="utf-8")
+    try:
+        return Tokenizer.from_str(_LOADED[key])
+    except Exception as exc:  # only a shipped tokenizer.json can be malformed here
+        raise CheckpointError(f"{ckpt / 'tokenizer.json'}: not a tokenizers document ({exc})") from None
 
 
 # What `tokenizer_class` names in a checkpoint whose vocab.json + merges.txt are a Qwen2 byte-level BPE.
