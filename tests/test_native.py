@@ -111,11 +111,18 @@ def test_a_failed_build_says_why_and_leaves_nothing_behind(tmp_path, monkeypatch
     assert list(target.parent.iterdir()) == []  # no half-written library
 
 
+def _environ_without_native_switch() -> dict:
+    """This process's environment less OMNITTS_NATIVE: each case sets the switch it tests, whatever the
+    shell that runs the suite exported."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "OMNITTS_NATIVE"}
+
+
 def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tmp_path):
     """In a fresh process (a process keeps the library it loaded): no kernel, one warning saying why,
     nothing cached, and packed linears still compute nn.Linear's result through oneDNN."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -135,7 +142,7 @@ def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tm
     )
     for env, warned in (({"CXX": "/nonexistent/g++"}, ["compiler '/nonexistent/g++' not found"]),
                         ({"OMNITTS_NATIVE": "0"}, [])):
-        run_env = {**os.environ, "OMNITTS_CACHE_DIR": str(tmp_path), **env}
+        run_env = {**_environ_without_native_switch(), "OMNITTS_CACHE_DIR": str(tmp_path), **env}
         done = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True, check=True)
         got = json.loads(done.stdout.strip().splitlines()[-1])
         assert got["have"] == [False, False] and not got["native"] and got["close"], got
@@ -149,7 +156,6 @@ def test_without_native_kernels_auto_on_a_bf16_cpu_synthesizes(ckpt_dir, tmp_pat
     with the float32 codec of a non-parity run, and every layer runs on oneDNN and torch (the codec's set-up
     once asked the unloaded library whether it vectorises float32, and the load died)."""
     import json
-    import os
     import subprocess
     import sys
 
@@ -164,7 +170,7 @@ def test_without_native_kernels_auto_on_a_bf16_cpu_synthesizes(ckpt_dir, tmp_pat
         "print(json.dumps({'dtype': str(tts.ckpt.dtype), 'frames': audio.frames,\n"
         "                  'finite': bool(abs(audio.samples).max() <= 1.0)}))\n"
     )
-    run_env = {**os.environ, "OMNITTS_CACHE_DIR": str(tmp_path), **env}
+    run_env = {**_environ_without_native_switch(), "OMNITTS_CACHE_DIR": str(tmp_path), **env}
     done = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
