@@ -275,3 +275,45 @@ def test_capture_orders_the_state_copies_around_the_side_stream_warm_up():
     assert log.index("on side") > wait_side and wait_current > log.index("off side"), log
     assert all(i > wait_current for i, entry in enumerate(log) if entry == "copy_"), log
     assert log[-1] == "capture", log
+
+
+def test_the_fake_rejects_every_host_sync_a_device_graph_cannot_record():
+    """Syncs that reach the device through the dispatcher (boolean-mask indexing, one-argument where,
+    masked_select, repeat_interleave by a tensor, nonzero, a scalar read) and `.cpu()`, which on the CPU
+    fake dispatches nothing at all, each refuse to be captured; static-shape look-alikes are fine."""
+    backend = FakeGraphBackend()
+    x = torch.arange(4.0)
+    state = [torch.zeros(4), torch.ones(4, dtype=torch.long)]
+    mask = torch.tensor([True, False, True, False])
+    bad = {
+        "boolean-mask index": lambda: state[0][:2].copy_(x[mask]),
+        "one-argument where": lambda: state[1][:2].copy_(torch.where(mask)[0]),
+        "masked_select": lambda: state[0][:2].copy_(x.masked_select(mask)),
+        "repeat_interleave by a tensor": lambda: state[0].copy_(x[:2].repeat_interleave(torch.tensor([1, 3])[:2])),
+        "nonzero": lambda: state[1][:2].copy_(x.nonzero()[:2, 0]),
+        "scalar read": lambda: state[0].add_(x.sum().item()),
+        "cpu": lambda: state[0].copy_(x.cpu()),
+    }
+    for name, fn in bad.items():
+        with pytest.raises(GraphRuleError):
+            capture(backend, fn, state)
+    fine = [lambda: state[0].copy_(torch.where(mask, x, -x)), lambda: state[0].copy_(x.masked_fill(mask, 0.0)),
+            lambda: state[0].copy_(x[:2].repeat_interleave(2)), lambda: state[1].copy_(x.long()[torch.arange(4)])]
+    for fn in fine:
+        capture(backend, fn, state).replay()
+
+
+def test_the_fake_trace_names_the_op_whose_output_shape_changed():
+    """The trace records outputs too, so a shape the data decides is reported at the op that made it
+    (bincount), not at the first op that happens to consume it."""
+    backend = FakeGraphBackend()
+    state = [torch.zeros(1), torch.zeros(1, dtype=torch.long), torch.zeros(1)]  # the last is the output
+
+    def frame():  # bincount's length is the data's largest value + 1: a shape the data decides
+        state[0].add_(torch.bincount(state[1]).sum())
+        state[1].add_(1)
+
+    graph = capture(backend, frame, state)
+    with pytest.raises(GraphRuleError, match=r"differs from the capture \(op \d+: captured aten\.bincount"):
+        graph.replay()
+        graph.replay()

@@ -2,15 +2,17 @@
 
 `FakeGraphBackend` is the accelerator backend (the same capture code as CUDA and NPU) running on a
 fake device API. Rules a captured frame must obey, and how the fake enforces them:
-  - no host sync during capture: `.item()`, `.tolist()`, `.numpy()`, `bool(t)`, `int(t)`,
-    data-dependent shapes (`nonzero`, `unique`, `masked_select`) raise `GraphRuleError`;
+  - no host sync during capture: `.item()`, `.tolist()`, `.numpy()`, `.cpu()`, `bool(t)`, `int(t)`,
+    data-dependent shapes (`nonzero`, `unique`, `masked_select`, `x[mask]`, one-argument `where`,
+    `repeat_interleave` by a tensor) raise `GraphRuleError`, at the Python call or, for those reached
+    from C++, at the dispatcher;
   - no RNG during capture (noise is a counter-based hash computed in the frame): torch's sampling
     functions raise;
   - no tensor made from host data during capture (a real graph would bake the values in, or
     refuse the host-to-device copy): `torch.tensor`, `as_tensor`, `from_numpy`, `Tensor.new_tensor`
     raise (`torch.full` / `arange` / `zeros` with fixed sizes are fine);
   - no Python value that changes between replays: capture records the aten ops the frame runs
-    with their non-tensor arguments (shapes, scalars, slices; `OpTrace`), and every replay re-runs
+    with their non-tensor arguments (shapes, scalars, slices) and output shapes (`OpTrace`), and every replay re-runs
     the frame under the same recorder and raises if any op or argument differs (a real graph
     would silently replay the value seen at capture);
   - capture does not execute: the slot state is restored after the capture run, as if nothing ran;
@@ -38,7 +40,11 @@ class GraphRuleError(RuntimeError):
     """Code under capture did something a real device graph cannot record."""
 
 
-_SYNCS = ["item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique"]
+_SYNCS = ["item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "nonzero", "unique", "cpu"]
+# The same syncs as the dispatcher sees them, reached from C++ too (`x[mask]`, one-argument `where`,
+# `repeat_interleave` by a tensor of counts): a scalar read or an output whose size the data decides.
+_SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.argwhere",
+             "aten.unique", "aten._unique", "aten.repeat_interleave.Tensor", "aten.repeat_interleave.self_Tensor")
 _TORCH_SYNCS = ["nonzero", "unique", "masked_select", "argwhere"]
 _RNG_TENSOR = ["exponential_", "uniform_", "normal_", "random_", "bernoulli_", "geometric_", "cauchy_",
                "log_normal_"]
@@ -90,20 +96,35 @@ def _forbidden(syncs: bool, rng: bool, host_data: bool):
 
 
 class OpTrace(TorchDispatchMode):
-    """Records each aten op run under it with its non-tensor arguments (tensors by dtype and shape).
+    """Records each aten op run under it with its non-tensor arguments and its outputs (tensors by dtype
+    and shape); with `rules`, also refuses the syncs of `_SYNC_OPS` and indexing by a boolean mask.
 
     Two runs of a graph-safe frame give equal traces: anything a replay would not re-evaluate
-    (a Python int that grows, a length read on the host) shows up as a differing argument.
+    (a Python int that grows, a length read on the host, an output sized by the data) shows up as a
+    differing argument or output.
     """
 
-    def __init__(self):
+    def __init__(self, rules: bool = False):
         super().__init__()
+        self.rules = rules
         self.ops: list[tuple] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self.ops.append((str(func), tree_map(_describe, args), tree_map(_describe, kwargs)))
-        return func(*args, **kwargs)
+        if self.rules:
+            _check_op(str(func), args)
+        out = func(*args, **kwargs)
+        self.ops.append((str(func), tree_map(_describe, args), tree_map(_describe, kwargs), tree_map(_describe, out)))
+        return out
+
+
+def _check_op(name: str, args) -> None:
+    if name.startswith(_SYNC_OPS):
+        raise GraphRuleError(f"host sync `{name}` during graph capture")
+    if name.startswith(("aten.index.", "aten.index_put")) and len(args) > 1:
+        masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)]
+        if masks:
+            raise GraphRuleError(f"host sync `{name}` by a boolean mask during graph capture")
 
 
 def _describe(value):
@@ -137,7 +158,7 @@ class FakeGraph:
         saved = [t.clone() for t in self.state]
         self.active = True
         try:
-            with graph_rules(), OpTrace() as trace:
+            with graph_rules(), OpTrace(rules=True) as trace:
                 yield
         finally:
             self.active = False
