@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +185,26 @@ def test_graph_buckets_are_configurable(cv):
         np.testing.assert_array_equal(eager[i].codes(), graphed[i].codes(), err_msg=f"request {i}")
     with pytest.raises(ValueError, match="graph_buckets"):
         EngineConfig(graph_buckets=(0, 2))
+
+
+def test_compaction_copies_only_the_positions_a_moved_row_has(cv, monkeypatch):
+    """A finished request's slot takes the last running one: its K/V are copied up to its length (the frame
+    in flight included), not the slot's whole capacity, and every request still equals its slow path."""
+    from omnitts.engine.state import SlotCache
+
+    moves, real = [], SlotCache.move_row
+
+    def move_row(self, src, dst, length):
+        moves.append((length, self.capacity, self.k[0][src, :, length:].abs().sum().item()))
+        real(self, src, dst, length)
+
+    monkeypatch.setattr(SlotCache, "move_row", move_row)
+    jobs = cv_jobs(cv, n=4)
+    jobs = [(req, replace(params, max_frames=frames)) for (req, params), frames in zip(jobs, (4, 14, 6, 20))]
+    done = run_engine(cv, jobs, max_num_seqs=4, max_positions=256)
+    assert moves, "no compaction happened"
+    for length, capacity, beyond in moves:
+        # Four requests in four fresh slots: a moved row has nothing written past the length copied.
+        assert 0 < length < capacity and beyond == 0, (length, capacity, beyond)
+    for i, (req, params) in enumerate(jobs):
+        np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")

@@ -219,8 +219,11 @@ class Engine:
                 seq.finished_at = self.steps_run
                 finished.append(seq)
                 moved = self.scheduler.release(seq)
-                if moved is not None:
-                    move_row(self.state.per_row() + self.cache.tensors(), *moved)
+                if moved is not None:  # the last running request moved into the freed slot
+                    src, dst = moved
+                    move_row(self.state.per_row(), src, dst)
+                    # Its positions so far, the frame in flight included (queued before this copy).
+                    self.cache.move_row(src, dst, self.cache_lengths([self.scheduler.running[dst]])[0])
         return finished
 
     def _device_state(self) -> list:
