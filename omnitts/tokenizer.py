@@ -130,8 +130,9 @@ def _qwen2_from_bpe_files(ckpt: Path):
             raise CheckpointError(f"{ckpt / 'merges.txt'}:{number}: expected two symbols separated by a space")
         merges.append((pair[0], pair[1]))
     try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
-                                   end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None,
+                                   continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                                   byte_fallback=False))
     except Exception as exc:  # tokenizers raises plain Exceptions (a merge of unknown symbols, a vocab that is no map)
         raise CheckpointError(f"{ckpt}: vocab.json and merges.txt do not make a BPE tokenizer ({exc})") from None
     tok.normalizer = normalizers.NFC()
@@ -147,7 +148,8 @@ def _qwen2_from_bpe_files(ckpt: Path):
                                    rstrip=t.get("rstrip", False), normalized=t.get("normalized", True),
                                    special=t.get("special", False)) for _, t in added])
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        raise CheckpointError(f"{config_path}: added_tokens_decoder is malformed ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{config_path}: added_tokens_decoder is malformed "
+                              f"({type(exc).__name__}: {exc})") from None
     for token_id, token in added:
         # Added tokens take the ids after the vocabulary, in id order: the file's ids must be those.
         if tok.token_to_id(token["content"]) != token_id:
