@@ -105,10 +105,22 @@ def _backend(ckpt: Path):
 _QWEN2 = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
 
 
+def set_qwen2_pretokenization(tok) -> None:
+    """Give a `tokenizers.Tokenizer` Qwen2's text preparation: NFC, then the Qwen2 regex split, then bytes
+    to byte-level symbols (what the test checkpoints' BPE is trained under, too)."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
 def _qwen2_from_bpe_files(ckpt: Path):
     """A `tokenizers.Tokenizer` from Qwen2's slow-tokenizer files: the byte-level BPE with NFC, the Qwen2
     pre-tokenizer regex, and the added tokens of tokenizer_config.json at the ids it gives them."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
     config_path = ckpt / "tokenizer_config.json"
     try:
@@ -135,11 +147,7 @@ def _qwen2_from_bpe_files(ckpt: Path):
                                    byte_fallback=False))
     except Exception as exc:  # tokenizers raises plain Exceptions (a merge of unknown symbols, a vocab that is no map)
         raise CheckpointError(f"{ckpt}: vocab.json and merges.txt do not make a BPE tokenizer ({exc})") from None
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    set_qwen2_pretokenization(tok)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     try:

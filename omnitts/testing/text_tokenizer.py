@@ -32,7 +32,7 @@ import functools
 import json
 from pathlib import Path
 
-from ..tokenizer import QWEN2_PRETOKENIZER_REGEX
+from ..tokenizer import set_qwen2_pretokenization
 
 TRAIN_VOCAB_LIMIT = 4096  # upper bound on the learned vocabulary (bytes + merges)
 MODEL_MAX_LENGTH = 131072
@@ -163,14 +163,10 @@ def _bytes_to_unicode() -> list[str]:
 
 def _train() -> tuple[list[tuple[str, str]], dict[str, int]]:
     """Learn merges on CORPUS with the Qwen2 normaliser/pre-tokenizer; return (merges, vocab)."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    set_qwen2_pretokenization(tokenizer)
     trainer = trainers.BpeTrainer(vocab_size=TRAIN_VOCAB_LIMIT, min_frequency=2, show_progress=False,
                                   special_tokens=[], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(CORPUS.splitlines() * 2, trainer=trainer)  # twice: every corpus word merges
