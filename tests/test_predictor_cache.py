@@ -249,14 +249,6 @@ def test_a_refused_capture_runs_eager_frames_with_one_warning(cv):
     assert all(np.array_equal(a, b) for a, b in zip(codes[4:], engine_codes(cv, FakeGraphBackend(eager=True))))
 
 
-def test_the_fake_raises_its_graph_rules_instead_of_falling_back():
-    from omnitts.device.fake import GraphRuleError
-
-    state = [torch.zeros(2)]
-    with pytest.raises(GraphRuleError):
-        FakeGraphBackend().frame_steps(_SyncingRunner(state[0]), 1, 8, state, state[0], [1], [8])
-
-
 class _SyncingRunner:
     """A frame that reads a value back to the host: a graph cannot record that."""
 
@@ -266,6 +258,14 @@ class _SyncingRunner:
     def frame(self, batch, span):
         if self.tensor.sum().item() > 1e9:
             self.tensor.zero_()
+
+
+def test_the_fake_raises_its_graph_rules_instead_of_falling_back():
+    from omnitts.device.fake import GraphRuleError
+
+    state = [torch.zeros(2)]
+    with pytest.raises(GraphRuleError):
+        FakeGraphBackend().frame_steps(_SyncingRunner(state[0]), 1, 8, state, state[0], [1], [8])
 
 
 def test_task_queue_level_2_turns_npu_graphs_off_with_a_warning(monkeypatch):
