@@ -11,7 +11,7 @@ from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, Voi
 from .params import SamplingParams
 from .request import Request, Voice
 from .result import Audio, Result
+from .version import __version__
 
 __all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams",
-           "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError"]
-__version__ = "0.1.0"
+           "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError", "__version__"]

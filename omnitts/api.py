@@ -20,17 +20,17 @@ from typing import Iterable, Iterator, Union
 
 import torch
 
-from .audio import load_reference
-from .errors import OmniTTSError, RequestError, VoiceError
+from .checkpoint import Checkpoint, load_checkpoint
 from .engine import EngineConfig
+from .engine.pipeline import Job, Pipeline
+from .engine.reference import decode_codes, generate_codes
+from .errors import OmniTTSError, RequestError, VoiceError
 from .info import checkpoint_info
-from .models.loader import Checkpoint, load_checkpoint
+from .io.audio import load_reference
 from .params import SamplingParams
-from .pipeline import Job, Pipeline
-from .prompt import Prompt, PromptBuilder, resolve
-from .reference import decode_codes, generate_codes
 from .request import Request, Voice
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
+from .text.prompt import Prompt, PromptBuilder, resolve
 from .voice import checkpoint_identity, load_voice
 
 KV_BUDGET_BYTES = 4 * 2**30  # default talker-cache budget of one generate() call
@@ -273,7 +273,7 @@ class TTS:
 
     def _stream_item(self, i: int, item, greedy, max_frames, seed, sampling) -> tuple[Request, SamplingParams]:
         """One `stream` item -> (Request with an id, SamplingParams)."""
-        from .manifest import parse_item
+        from .batch.manifest import parse_item
 
         params = None
         if isinstance(item, tuple):

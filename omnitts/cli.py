@@ -109,9 +109,9 @@ def synth(
     running ones (twice: drops them too); either way the same command resumes. Exit code 1 if any
     item failed. Engine settings come from the flags, else from --recipe, else the defaults shown.
     """
-    from .batch import Batch, Settings
+    from .batch.manifest import BadLine, column_map, iter_manifest
+    from .batch.outdir import Batch, Settings
     from .config import load_config
-    from .manifest import BadLine, column_map, iter_manifest
 
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch,
@@ -164,7 +164,7 @@ def synth(
                    "again to resume", err=True)
         raise typer.Exit(130)
     if export_dataset is not None and batch.tally.done + batch.tally.skipped:
-        from .batch import export_dataset as export
+        from .batch.export import export_dataset as export
 
         count = export(out, items(), export_dataset)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
@@ -180,11 +180,17 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
     Returns whether a Ctrl-C stopped the run early.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from .api import load
-    from .pipeline import Pipeline
+    from .engine.pipeline import Pipeline
 
     console = Console(stderr=True)
     tally = batch.tally
@@ -284,8 +290,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
     datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise.
     """
+    from .batch.manifest import BadLine, column_map, iter_manifest
     from .config import load_config
-    from .manifest import BadLine, column_map, iter_manifest
 
     good = bad = 0
     try:
@@ -405,7 +411,7 @@ def _write_demo_reference(path: Path) -> None:
     """A 1.5 s voice-like reference clip (a gliding harmonic tone with a syllable rhythm), 16 kHz."""
     import numpy as np
 
-    from .audio import write_audio
+    from .io.audio import write_audio
 
     rate = 16000
     t = np.arange(int(rate * 1.5)) / rate
@@ -441,10 +447,10 @@ def voice_clone(
     --text "..." -o out.wav speaks the text in the cloned voice right away.
     """
     from .api import load
-    from .audio import FORMATS, load_reference
     from .config import load_config
-    from .prompt import resolve
+    from .io.audio import FORMATS, load_reference
     from .request import Request
+    from .text.prompt import resolve
 
     if save is None and text is None:
         _fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o OUT.wav, or both")

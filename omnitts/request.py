@@ -1,38 +1,15 @@
-"""One synthesis request and the cloned voice it may use."""
+"""One synthesis request: what to say, in which voice, and how."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
+from .voice import Voice
 
-@dataclass
-class Voice:
-    """A cloned voice (Base checkpoints): speaker embedding, plus reference codes and text for ICL.
-
-    `ref_codes` is None in x-vector-only mode. Build one with `TTS.clone_voice` (or let a request's
-    `ref_audio` build it); reuse it across requests to encode the reference only once. `save` writes
-    it to a file that `TTS.load_voice` reads back (format in voice.py).
-    """
-
-    x_vector: torch.Tensor  # (talker hidden,) float32
-    ref_codes: torch.Tensor | None  # (frames, 16) int64
-    ref_text: str | None
-    checkpoint: str | None = None  # identity of the checkpoint that encoded it (voice.checkpoint_identity)
-    meta: dict[str, str] = field(default_factory=dict)  # ref_audio, ref_seconds, checkpoint_name, ...
-
-    @property
-    def icl(self) -> bool:
-        return self.ref_codes is not None
-
-    def save(self, path) -> Path:
-        """Write this voice to `path` (.safetensors), atomically; see `voice.save_voice`."""
-        from .voice import save_voice
-
-        return save_voice(self, path)
+__all__ = ["Request", "Voice"]  # Voice lives in voice.py; importable from here as before
 
 
 @dataclass

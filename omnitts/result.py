@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .audio import write_audio
+from .io.audio import write_audio
 
 
 @dataclass(eq=False)  # samples are arrays: compare them explicitly

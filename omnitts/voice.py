@@ -23,7 +23,7 @@ speech_tokenizer/model.safetensors. The talker's weights are not read (they are 
 it takes a fraction of a second; a copy of the checkpoint in another folder has the same identity.
 A voice is refused by a checkpoint whose identity differs (`TTS.load_voice`).
 
-This module reads and writes files; it knows nothing of models (the API encodes and checks voices).
+This module holds the `Voice` type and reads and writes its files; it knows nothing of models (the API encodes and checks voices).
 """
 
 from __future__ import annotations
@@ -31,19 +31,45 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from .atomic import atomic_write
 from .errors import CheckpointError, VoiceError
-from .request import Voice
+from .io.atomic import atomic_write
+from .version import __version__
 
 FORMAT = "omnitts-voice"
 FORMAT_VERSION = 1
 MODES = ("icl", "x_vector_only")
 READ_CHUNK = 16 * 2**20
+
+
+@dataclass
+class Voice:
+    """A cloned voice (Base checkpoints): speaker embedding, plus reference codes and text for ICL.
+
+    `ref_codes` is None in x-vector-only mode. Build one with `TTS.clone_voice` (or let a request's
+    `ref_audio` build it); reuse it across requests to encode the reference only once. `save` writes
+    it to a file that `TTS.load_voice` reads back (format in voice.py).
+    """
+
+    x_vector: torch.Tensor  # (talker hidden,) float32
+    ref_codes: torch.Tensor | None  # (frames, 16) int64
+    ref_text: str | None
+    checkpoint: str | None = None  # identity of the checkpoint that encoded it (voice.checkpoint_identity)
+    meta: dict[str, str] = field(default_factory=dict)  # ref_audio, ref_seconds, checkpoint_name, ...
+
+    @property
+    def icl(self) -> bool:
+        return self.ref_codes is not None
+
+    def save(self, path) -> Path:
+        """Write this voice to `path` (.safetensors), atomically; see `save_voice`."""
+        return save_voice(self, path)
+
 
 
 def checkpoint_identity(folder) -> str:
@@ -97,8 +123,6 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     `identity` (default `voice.checkpoint`) is the checkpoint the voice belongs to; `meta` adds or
     overrides string metadata (default `voice.meta`: ref_audio, ref_seconds, checkpoint_name).
     """
-    from . import __version__
-
     path = Path(path)
     identity = identity or voice.checkpoint
     if not identity:

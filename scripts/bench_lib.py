@@ -12,8 +12,8 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path

@@ -23,6 +23,7 @@ import sys  # noqa: E402
 
 def first_frame(ckpt: str, dtype: str, text: str, speaker: str) -> dict:
     import torch  # noqa: F401
+
     import omnitts
     from omnitts.engine import Engine, plan
     from omnitts.request import Request

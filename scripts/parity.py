@@ -211,7 +211,7 @@ def compare_engine(reference: Path, frames: int, paths: dict, device: str) -> tu
 
 
 def compare_tokens(reference: Path, paths: dict) -> tuple[list[dict], bool]:
-    from omnitts.tokenizer import TextTokenizer
+    from omnitts.text.tokenizer import TextTokenizer
 
     ref = np.load(reference / "tokenize.npz", allow_pickle=True)
     official = TextTokenizer(paths["cv-0.6b"], official_regex=True)

@@ -9,8 +9,8 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from omnitts.cli import app
+from omnitts.engine.pipeline import Job, Pipeline
 from omnitts.params import derive_seed
-from omnitts.pipeline import Job, Pipeline
 from omnitts.request import Request
 
 runner = CliRunner()
@@ -126,12 +126,12 @@ def test_pipeline_reads_jobs_lazily_and_grows_the_engine(tts_factory):
 
 def test_interrupted_rerun_reports_how_to_resume(ckpt_dir, tmp_path, monkeypatch):
     """A Ctrl-C that escapes (the second press) leaves a clean directory and says how to resume."""
-    import omnitts.batch
+    import omnitts.batch.outdir
 
     rows = [{"id": f"u{i}", "text": f"Line {i}.", "speaker": "ryan"} for i in range(4)]
     manifest = _manifest(tmp_path / "m.jsonl", rows)
     out = tmp_path / "out"
-    real_save = omnitts.batch.Batch.save
+    real_save = omnitts.batch.outdir.Batch.save
     calls = {"n": 0}
 
     def save_then_interrupt(self, outcome):
@@ -140,13 +140,13 @@ def test_interrupted_rerun_reports_how_to_resume(ckpt_dir, tmp_path, monkeypatch
             raise KeyboardInterrupt
         return real_save(self, outcome)
 
-    monkeypatch.setattr(omnitts.batch.Batch, "save", save_then_interrupt)
+    monkeypatch.setattr(omnitts.batch.outdir.Batch, "save", save_then_interrupt)
     args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3",
             "--max-batch", "1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 130 and "run the same command again to resume" in result.output
     assert [r["id"] for r in _records(out)] == ["u0"]
-    monkeypatch.setattr(omnitts.batch.Batch, "save", real_save)
+    monkeypatch.setattr(omnitts.batch.outdir.Batch, "save", real_save)
     assert runner.invoke(app, args + ["-q"]).exit_code == 0
     assert sorted(r["id"] for r in _records(out)) == ["u0", "u1", "u2", "u3"]
     assert all(sf.info(out / f"u{i}.wav").frames == 3 * 1920 for i in range(4))
@@ -241,9 +241,9 @@ def test_pipeline_starts_the_last_jobs_longest_first(tts_factory, monkeypatch):
 
 
 def test_long_text_runs_as_parallel_pieces_joined_with_crossfades(tts_factory, monkeypatch):
+    from omnitts.engine.join import crossfade_samples
     from omnitts.engine.scheduler import Scheduler
-    from omnitts.join import crossfade_samples
-    from omnitts.text_split import split_text
+    from omnitts.text.split import split_text
 
     tts = tts_factory("custom_voice")
     text = ("The first sentence is here. A second one follows it. Then there is a third. "
@@ -318,7 +318,7 @@ def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatc
     import gc
     import weakref
 
-    import omnitts.pipeline as pipeline_module
+    import omnitts.engine.pipeline as pipeline_module
 
     tts = tts_factory("custom_voice", max_batch=2)
     built, alive_at_build = [], []

@@ -10,7 +10,7 @@ import soundfile as sf
 from typer.testing import CliRunner
 
 from omnitts.cli import app
-from omnitts.loudness import DEFAULT_CEILING, integrated_loudness
+from omnitts.io.loudness import DEFAULT_CEILING, integrated_loudness
 
 pyln = pytest.importorskip("pyloudnorm")
 runner = CliRunner()

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
+from omnitts.checkpoint import load_checkpoint
+from omnitts.engine.reference import decode_codes
 from omnitts.models.codec_stream import StreamingCodec
 from omnitts.models.codec_streams import HOLD, CodecStreams
-from omnitts.models.loader import load_checkpoint
-from omnitts.reference import decode_codes
 
 ATOL = 1e-5
 

@@ -386,8 +386,12 @@ def test_loaded_codec_with_winograd_convs_decodes_the_same(ckpt_dir, monkeypatch
     what the direct convolutions decode within 1e-4 (measured 3.9e-5 on the 0.6B codec's waveform peak of 0.16, its SnakeBeta fused
     too); a float32 model (the parity runs) keeps them direct."""
     from omnitts.device import cpu_weights
-    from omnitts.device.cpu_weights import (ChannelsLastResidualUnit, NarrowConv1d, WinogradConv1d,
-                                            WinogradConvTranspose1d)
+    from omnitts.device.cpu_weights import (
+        ChannelsLastResidualUnit,
+        NarrowConv1d,
+        WinogradConv1d,
+        WinogradConvTranspose1d,
+    )
     from omnitts.models.codec import ResidualUnit
 
     folder = ckpt_dir("custom_voice")
@@ -439,8 +443,8 @@ def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
     float32 models get the same kernel, their cache stays float32; float16 ones keep a float32 one."""
     from omnitts.device.cpu_weights import native_attention
     from omnitts.engine import Engine, EngineConfig
+    from omnitts.engine.reference import generate_codes
     from omnitts.models.layers import DecoderStack, float32_attention
-    from omnitts.reference import generate_codes
     from omnitts.request import Request
 
     built = native.available(torch.float32)

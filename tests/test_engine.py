@@ -10,10 +10,10 @@ import torch
 
 from omnitts.device.fake import FakeGraphBackend, GraphRuleError, graph_rules
 from omnitts.engine import Engine, EngineConfig
+from omnitts.engine.reference import generate_codes
 from omnitts.errors import RequestError
-from omnitts.reference import generate_codes
-from omnitts.sampling import FramePlan
 from omnitts.request import Request
+from omnitts.sampling import FramePlan
 
 
 def run_engine(tts, jobs, backend=None, **config):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnitts.join import crossfade_samples, join_pieces, joint_fades, piece_seed
+from omnitts.engine.join import crossfade_samples, join_pieces, joint_fades, piece_seed
 
 RATE = 24000
 
@@ -91,7 +91,7 @@ def test_piece_seeds():
 
 def test_stream_joiner_equals_join_pieces_for_any_arrival_order():
     """Chunks of any piece, in any order, of any length (including empty and short pieces)."""
-    from omnitts.join import StreamJoiner
+    from omnitts.engine.join import StreamJoiner
 
     rng = np.random.default_rng(7)
     rate = 1000  # a 50-sample crossfade
@@ -117,7 +117,7 @@ def test_stream_joiner_equals_join_pieces_for_any_arrival_order():
 
 
 def test_stream_joiner_holds_back_only_a_fade_of_the_current_piece():
-    from omnitts.join import StreamJoiner
+    from omnitts.engine.join import StreamJoiner
 
     out = []
     joiner = StreamJoiner(2, 1000, out.append)

@@ -15,8 +15,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnitts.device.cpu_weights import PackedLinear, Widener, can_pack
-from omnitts.models.layers import (Attention, DecoderStack, GatedMLP, KVCache, RMSNorm, RopeTable, apply_rope,
-                                   concat_linears, fuse_projections, rope_cos_sin)
+from omnitts.models.layers import (
+    Attention,
+    DecoderStack,
+    GatedMLP,
+    KVCache,
+    RMSNorm,
+    RopeTable,
+    apply_rope,
+    concat_linears,
+    fuse_projections,
+    rope_cos_sin,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
 

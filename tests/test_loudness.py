@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnitts.loudness import (DEFAULT_CEILING, HOLD_MS, LOOKAHEAD_MS, integrated_loudness, k_weighting,
-                              limiter_gain, normalize_loudness)
+from omnitts.io.loudness import (
+    DEFAULT_CEILING,
+    HOLD_MS,
+    LOOKAHEAD_MS,
+    integrated_loudness,
+    k_weighting,
+    limiter_gain,
+    normalize_loudness,
+)
 
 pyln = pytest.importorskip("pyloudnorm")
 

@@ -15,9 +15,9 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
+from omnitts.batch.manifest import BadLine, Item, column_map, count_rows, iter_manifest
 from omnitts.cli import app
 from omnitts.config import load_config
-from omnitts.manifest import BadLine, Item, column_map, count_rows, iter_manifest
 
 runner = CliRunner()
 

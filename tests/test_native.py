@@ -396,8 +396,8 @@ def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_di
     a float32 run, the parity run, keeps torch's operations."""
     if not native.available(torch.bfloat16):
         pytest.skip("no native bfloat16 kernel here")
+    from omnitts.checkpoint import load_checkpoint
     from omnitts.models.codec import SnakeBeta
-    from omnitts.models.loader import load_checkpoint
 
     f32 = load_checkpoint(ckpt_dir("custom_voice"), dtype="float32")
     assert all(m.kernel is None for m in f32.codec.modules() if isinstance(m, SnakeBeta))

@@ -20,10 +20,10 @@ from omnitts.device import get_backend
 from omnitts.device.fake import FakeGraphBackend
 from omnitts.device.npu import FusionAttention, torch_npu_mismatch
 from omnitts.engine import Engine, EngineConfig
+from omnitts.engine.reference import predict_residuals, predictor_cache, predictor_frame_cache
 from omnitts.errors import OmniTTSError
 from omnitts.models.layers import FrameKVCache, StaticKVCache, sdpa_attention
 from omnitts.params import RowParams, SamplingParams
-from omnitts.reference import predict_residuals, predictor_cache, predictor_frame_cache
 from omnitts.request import Request
 from omnitts.sampling import Plan
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import torch
 
-from omnitts.audio import load_reference
-from omnitts.reference import decode_codes
+from omnitts.engine.reference import decode_codes
+from omnitts.io.audio import load_reference
 
 
 def test_greedy_is_deterministic_and_fills_the_budget(tts_factory):

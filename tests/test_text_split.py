@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from omnitts.text_split import (DEFAULT_MAX_CHARS, DEFAULT_MAX_CHARS_CJK, default_max_chars, split_spans,
-                                split_text)
+from omnitts.text.split import DEFAULT_MAX_CHARS, DEFAULT_MAX_CHARS_CJK, default_max_chars, split_spans, split_text
 
 DENSE = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 PUNCT = set("。！？；．，、：,.!?;:…\"'”’»)]}」』）】》")

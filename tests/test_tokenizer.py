@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-import omnitts.tokenizer as tokenizer_module
+import omnitts.text.tokenizer as tokenizer_module
 from omnitts.errors import CheckpointError
-from omnitts.tokenizer import TextTokenizer
+from omnitts.text.tokenizer import TextTokenizer
 
 TRICKY = [
     "iPhone and JavaScript users can't stop; I'm sure they'll agree.",
@@ -47,7 +47,7 @@ def test_a_first_load_imports_no_transformers(folder):
 
     script = (
         "import json, sys\n"
-        "import omnitts.tokenizer as t\n"
+        "import omnitts.text.tokenizer as t\n"
         f"t.TextTokenizer({str(folder)!r})\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'sklearn'))))\n"
         f"print(t._LOADED.popitem()[1])\n"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from ..errors import OmniTTSError
+from ..models.layers import fuse_projections
+from ..models.loader import Models
 from .base import Backend
 
 
@@ -23,3 +27,28 @@ def get_backend(name: str, eager: bool = False) -> Backend:
 
         return NpuBackend(eager=eager)
     raise OmniTTSError(f"--device {name!r}: choose cpu, cuda or npu")
+
+
+def stores_linears(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `device` wants the talker's linear weights left as stored at load (it repacks them)."""
+    if device.type == "cpu":
+        from .cpu import stores_linears as cpu_stores
+
+        return cpu_stores(dtype)
+    return False
+
+
+def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, codec_dtype: torch.dtype,
+                    max_batch: int = 1) -> None:
+    """Lay freshly loaded `models` out for `device`, in place (vLLM's `process_weights_after_loading`).
+
+    Every device merges the q/k/v and gate/up projections (fewer, larger matrix products); the CPU also
+    packs weights, swaps in its native kernels and rewrites the codec's convolutions (device/cpu.py).
+    """
+    if device.type == "cpu":
+        from .cpu import prepare_weights as prepare_cpu
+
+        prepare_cpu(models, dtype, codec_dtype, max_batch)
+        return
+    fuse_projections(models.model.talker)
+    fuse_projections(models.codec)

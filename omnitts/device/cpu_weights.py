@@ -43,10 +43,10 @@ import os
 import torch
 from torch import nn
 
-from . import native
-from .hugepages import HugePageArena
 from ..models.codec import ResidualUnit, SnakeBeta
 from ..models.layers import Attention, DecoderStack, GatedMLP, RMSNorm, concat_biases, float32_attention
+from . import native
+from .hugepages import HugePageArena
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 PANEL = 16  # outputs per panel of omnitts' packed weight

@@ -31,8 +31,8 @@ from .. import sampling
 from ..device import Backend, get_backend
 from ..errors import RequestError
 from ..params import SamplingParams, fresh_seed
-from ..prompt import Prompt
-from ..reference import predictor_cache, predictor_frame_cache
+from ..text.prompt import Prompt
+from .reference import predictor_cache, predictor_frame_cache
 from .runner import ModelRunner
 from .scheduler import Scheduler, Sequence
 from .state import SlotCache, SlotState, move_row

@@ -15,7 +15,7 @@ import torch
 
 from .. import sampling
 from ..models.layers import FrameKVCache, StaticKVCache
-from ..reference import predict_residuals
+from .reference import predict_residuals
 from .state import SlotCache, SlotState
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..params import SamplingParams
-from ..prompt import Prompt
+from ..text.prompt import Prompt
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""Load a Qwen3-TTS-12Hz checkpoint directory into omnitts modules, fully offline.
+"""Load the networks of a Qwen3-TTS-12Hz checkpoint directory as pure torch modules, fully offline.
 
 Layout read (exactly as published):
   config.json, generation_config.json, model.safetensors (or model.safetensors.index.json + shards),
@@ -8,6 +8,10 @@ Layout read (exactly as published):
 Loading is a strict name-for-name mapping: a missing, unexpected or mis-shaped tensor is one error
 that names the file and the tensor. Modules are built on the meta device and the checkpoint's tensors
 are assigned in, so a 1.7B checkpoint does not pay for a random initialisation it throws away.
+
+The modules come out exactly as the checkpoint describes them (no fused projections, no packed
+weights): a device prepares them afterwards (`omnitts.device.prepare_weights`, called by
+`omnitts.checkpoint.load_checkpoint`). This package never imports `omnitts.device`.
 """
 
 from __future__ import annotations
@@ -22,22 +26,12 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig, load_config
-from ..device.cpu_weights import (PackedLinear, Widener, can_pack, channels_last_units, narrow_convs, pack_convs,
-                                  pack_linears, pack_transposed_convs, use_cpu_attention, use_native_norms,
-                                  use_native_rope, use_native_snakes, use_native_swiglu, winograd_convs)
-from ..device.features import resolve_dtype
-from ..device.hugepages import HugePageArena
 from ..errors import CheckpointError
-from ..recipe import CODEC_DTYPES
-from ..tokenizer import TextTokenizer
 from .codec import CodecDecoder
 from .codec_encoder import CodecEncoder
-from .layers import fuse_projections
 from .safetensors_io import MappedFile
 from .speaker_encoder import SpeakerEncoder
 from .talker import Talker
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class TTSModel(nn.Module):
@@ -50,22 +44,13 @@ class TTSModel(nn.Module):
 
 
 @dataclass
-class Checkpoint:
-    """Everything one checkpoint directory provides, loaded and ready to run."""
+class Models:
+    """The networks of one checkpoint directory, loaded as published (before any device preparation)."""
 
-    path: Path
     config: ModelConfig
     model: TTSModel
     codec: CodecDecoder
     codec_encoder: CodecEncoder | None  # Base checkpoints only (it encodes reference audio)
-    tokenizer: TextTokenizer
-    device: torch.device
-    dtype: torch.dtype
-
-    @property
-    def cache_dtype(self) -> torch.dtype:
-        """The dtype an engine keeps the talker K/V cache in (wider than `dtype` for bfloat16 on the CPU)."""
-        return self.model.talker.model.kv_dtype or self.dtype
 
 
 def safetensors_files(folder: Path, stem: str = "model") -> list[Path]:
@@ -143,73 +128,38 @@ def _more(names: list[str]) -> str:
     return f" (and {len(names) - 1} more)" if len(names) > 1 else ""
 
 
-def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
-                    max_batch: int = 1, codec_dtype: str = "float32") -> Checkpoint:
-    """Load checkpoint directory `path`. `dtype` applies to the LMs (`auto`: see device/features.py);
-    `codec_dtype` (float32 or bfloat16) to the codec decoder; the speaker encoder and the codec's
-    encoder stay float32. `max_batch`: the most rows an engine step will have (CPU weights are laid
-    out for it, see `cpu_weights.layout_batch`)."""
-    path = Path(path).expanduser()
-    dtype = resolve_dtype(dtype, device)
-    if dtype not in DTYPES:
-        raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
-    if codec_dtype not in CODEC_DTYPES:
-        raise CheckpointError(f"codec dtype {codec_dtype!r} is not one of {', '.join(CODEC_DTYPES)}")
+def load_models(path: Path, device: torch.device, dtype: torch.dtype, codec_dtype: torch.dtype,
+                stored_linears: bool = False) -> Models:
+    """Load the networks of checkpoint directory `path` onto `device`: the talker (and code predictor) in
+    `dtype`, the codec decoder in `codec_dtype`, the speaker encoder and codec encoder in float32.
+
+    `stored_linears`: the talker's `nn.Linear` weights stay in their stored dtype (views of the mapped
+    file on the CPU) for a device that widens and repacks them one at a time afterwards, so no second
+    full copy of the model is ever made. The text embedding (151936 rows) is only gathered from: it
+    always stays in its stored dtype and the talker widens the gathered rows (bfloat16 -> float32 is
+    exact), saving ~1 GB and its conversion.
+    """
     cfg = load_config(path)
-    dev = torch.device(device)
-    lm_dtype = DTYPES[dtype]
     with torch.device("meta"), _no_init():
         model = TTSModel(cfg)
         codec = CodecDecoder(cfg.codec.decoder)
     weights = open_files(safetensors_files(path))
-    # The text embedding (151936 rows) is only gathered from: it stays in its stored dtype and the
-    # talker widens the gathered rows (bfloat16 -> float32 is exact), saving ~1 GB and its conversion.
-    # On the CPU, linear weights stay views of the file until `pack_linears` widens and packs them
-    # one at a time (each temporary is freed before the next: no second full copy of the model).
-    packing = dev.type == "cpu" and can_pack(lm_dtype)
     linears = tuple(f"{name}.weight" for name, m in model.talker.named_modules() if type(m) is nn.Linear)
-    load_strict(model.talker, weights, "talker.", lm_dtype, dev,
-                keep_stored=("model.text_embedding.weight",) + (linears if packing else ()))
-    # q/k/v and gate/up projections merged: fewer, larger matrix products and one q/k norm and rotation.
-    if packing:
-        # Packed weights on huge pages: every batch-1 step streams them all (see device/hugepages.py).
-        widen, arena = Widener(), HugePageArena()
-        fuse_projections(model.talker, lambda parts: PackedLinear(parts, lm_dtype, max_batch, widen, arena))
-        pack_linears(model.talker, lm_dtype, max_batch, widen, arena)
-        use_native_norms(model.talker, lm_dtype)
-        use_native_rope(model.talker, lm_dtype)
-        use_native_swiglu(model.talker, lm_dtype)
-    else:
-        fuse_projections(model.talker)
-    # The CPU attends in float32, bfloat16 models included (torch's bfloat16 CPU kernel is the slow one):
-    # omnitts' kernel reads a bfloat16 K/V history as stored; torch's fallback gets a float32 history
-    # (`cache_dtype`), so the whole history is never re-widened at each step.
-    if dev.type == "cpu":
-        use_cpu_attention(model.talker)
+    load_strict(model.talker, weights, "talker.", dtype, device,
+                keep_stored=("model.text_embedding.weight",) + (linears if stored_linears else ()))
     if model.speaker_encoder is not None:
-        load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, dev)
+        load_strict(model.speaker_encoder, weights, "speaker_encoder.", torch.float32, device)
     codec_files = open_files(safetensors_files(path / "speech_tokenizer"))
-    load_strict(codec, codec_files, "decoder.", DTYPES[codec_dtype], dev)
-    fuse_projections(codec)
-    if dev.type == "cpu":
-        # float32 runs are the parity runs: their codec keeps the direct convolutions and torch's sine
-        # (Winograd's rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
-        parity = lm_dtype == torch.float32
-        winograd_convs(codec, parity=parity)
-        narrow_convs(codec, parity=parity)
-        channels_last_units(codec)
-        pack_transposed_convs(codec)
-        pack_convs(codec)
-        use_native_snakes(codec, DTYPES[codec_dtype], parity=parity)
+    load_strict(codec, codec_files, "decoder.", codec_dtype, device)
     encoder = None
     if cfg.model_type == "base":
         encoder = CodecEncoder(cfg.codec)
-        load_strict(encoder.published_layout(), codec_files, "encoder.", torch.float32, dev)
+        load_strict(encoder.published_layout(), codec_files, "encoder.", torch.float32, device)
     _check_prefixes(weights, ("talker.", "speaker_encoder.") if model.speaker_encoder is not None else ("talker.",))
     for module in (model, codec, encoder):
         if module is not None:
             module.eval().requires_grad_(False)
-    return Checkpoint(path, cfg, model, codec, encoder, TextTokenizer(path, official_tokenizer), dev, lm_dtype)
+    return Models(cfg, model, codec, encoder)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import functools
 import json
 from pathlib import Path
 
-from ..tokenizer import set_qwen2_pretokenization
+from ..text.tokenizer import set_qwen2_pretokenization
 
 TRAIN_VOCAB_LIMIT = 4096  # upper bound on the learned vocabulary (bytes + merges)
 MODEL_MAX_LENGTH = 131072

@@ -26,9 +26,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from .errors import OmniTTSError, RequestError
-from .prompt import resolve
-from .request import Request
+from ..errors import OmniTTSError, RequestError
+from ..request import Request
+from ..text.prompt import resolve
 from .sources import JsonlSource, open_source
 
 NUMBER = (int, float)
@@ -156,7 +156,7 @@ def _audio_problem(path: str) -> str | None:
 def _header_problem(path: str, mtime_ns: int, size: int) -> str | None:
     import soundfile as sf
 
-    from .audio import MIN_REFERENCE_SECONDS
+    from ..io.audio import MIN_REFERENCE_SECONDS
 
     try:
         info = sf.info(path)
@@ -234,7 +234,7 @@ def _table_plan(available: list[str], columns: dict) -> tuple[dict[str, str], st
 def _placeholder_voice():
     import torch
 
-    from .request import Voice
+    from ..request import Voice
 
     return Voice(x_vector=torch.zeros(0), ref_codes=None, ref_text=None)
 

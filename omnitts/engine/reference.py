@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from . import sampling
-from .models.layers import FrameKVCache, KVCache, StaticKVCache
-from .params import RowParams, SamplingParams, fresh_seed
-from .prompt import Prompt
+from .. import sampling
+from ..models.layers import FrameKVCache, KVCache, StaticKVCache
+from ..params import RowParams, SamplingParams, fresh_seed
+from ..text.prompt import Prompt
 
 
 @dataclass

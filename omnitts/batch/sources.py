@@ -20,7 +20,7 @@ import math
 from pathlib import Path
 from typing import Iterator
 
-from .errors import OmniTTSError
+from ..errors import OmniTTSError
 
 BATCH_ROWS = 1024  # rows per record batch for the columnar readers
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import RequestError
-from .request import Request, Voice
+from ..errors import RequestError
+from ..request import Request, Voice
 
 
 @dataclass

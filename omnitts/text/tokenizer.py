@@ -15,7 +15,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 _FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "added_tokens.json")

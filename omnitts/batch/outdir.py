@@ -11,7 +11,7 @@ Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power lo
   points at a missing or partial file; a line torn by a kill is ignored;
 - "done" means a good ledger line whose file still decodes; anything else runs again, and the
   atomic rename replaces, never duplicates, a file. Nothing is written outside `out`.
-The terminal belongs to the CLI: this module only returns records and counts.
+The terminal belongs to the CLI: this module only returns records and counts. Exports: export.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ..engine.pipeline import Job, Outcome
 from .ledger import Ledger, remove_leftovers
-from .pipeline import Job, Outcome
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Settings:
 
     def splitter(self):
         """The pipeline's `split(text, language)` for these settings."""
-        from .text_split import split_text
+        from ..text.split import split_text
 
         if self.split_chars == 0:
             return lambda text, language: [text]
@@ -133,7 +133,7 @@ class Batch:
             outcome.sink.commit()
         else:  # an outcome from a pipeline without sinks
             if s.loudness is not None:
-                from .loudness import normalize_loudness
+                from ..io.loudness import normalize_loudness
 
                 result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
             result.save(self.out / name)
@@ -147,7 +147,7 @@ class Batch:
 
     def sink(self, job: Job):
         """Where a job's audio streams to: a temporary file in `out`, renamed by `save`."""
-        from .audio import AudioSink
+        from ..io.audio import AudioSink
 
         return AudioSink(self.out / f"{job.request.id}.{self.settings.format}", self.sample_rate,
                          self.settings.loudness)
@@ -163,57 +163,7 @@ def record(item_id, status, path=None, seconds=None, frames=None, finish_reason=
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
     """np.save, atomically (temporary name in the same folder, then rename)."""
-    from .atomic import atomic_write
+    from ..io.atomic import atomic_write
 
     with atomic_write(path) as tmp, open(tmp, "wb") as handle:
         np.save(handle, array)
-
-
-def sf_rate(path: Path) -> int:
-    import soundfile as sf
-
-    return sf.info(str(path)).samplerate
-
-
-def export_dataset(out: Path, items: Iterable, target: Path) -> int:
-    """Write the finished items of `items` (manifest order) as a `datasets` dataset with an Audio column.
-
-    Rows are appended one at a time to an Arrow file (then memory-mapped and saved with
-    `save_to_disk`), so memory stays flat; returns the row count. The audio column holds each file's
-    encoded bytes: written as a plain struct, then cast to `Audio`, so no audio codec package is
-    needed to write it.
-    """
-    import shutil
-
-    import datasets
-    from datasets.arrow_writer import ArrowWriter
-
-    datasets.disable_progress_bars()
-    ledger = Ledger(out)
-    features = datasets.Features({
-        "id": datasets.Value("string"), "text": datasets.Value("string"), "language": datasets.Value("string"),
-        "speaker": datasets.Value("string"), "instruct": datasets.Value("string"),
-        "audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
-        "seconds": datasets.Value("float32"), "frames": datasets.Value("int32"), "seed": datasets.Value("int64"),
-    })
-    build = Path(target) / ".build"
-    build.mkdir(parents=True, exist_ok=True)
-    count, rate = 0, None
-    with ArrowWriter(features=features, path=str(build / "rows.arrow")) as writer:
-        for item in items:
-            rec = ledger.done.get(item.request.id)
-            path = Path(out) / rec.path if rec else None
-            if path is None or not path.is_file():
-                continue
-            r = item.request
-            rate = rate or sf_rate(path)
-            writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
-                          "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
-                          "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": rec.seed})
-            count += 1
-        writer.finalize()
-    dataset = datasets.Dataset.from_file(str(build / "rows.arrow"))
-    dataset.cast_column("audio", datasets.Audio(sampling_rate=rate)).save_to_disk(str(target))
-    del dataset
-    shutil.rmtree(build, ignore_errors=True)
-    return count

@@ -38,14 +38,14 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from .device import get_backend
+from ..device import get_backend
+from ..errors import OmniTTSError
+from ..models.codec_streams import CodecStreams
+from ..params import SamplingParams, derive_seed
+from ..request import Request
+from ..text.split import split_text
 from .engine import Engine, plan
-from .errors import OmniTTSError
 from .join import StreamJoiner
-from .models.codec_streams import CodecStreams
-from .params import SamplingParams, derive_seed
-from .request import Request
-from .text_split import split_text
 
 
 @dataclass
@@ -362,7 +362,7 @@ class Pipeline:
             item.joiner.add(index, np.concatenate([end.head, *state.held, end.tail]))
 
     def _complete(self, item: _Item) -> Outcome:
-        from .result import Audio
+        from ..result import Audio
 
         assert item.joiner.finished
         self.live.discard(item)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import AudioError
 from .atomic import atomic_write, temp_name
-from .errors import AudioError
 
 MIN_REFERENCE_SECONDS = 0.5
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype

@@ -21,10 +21,9 @@ without a seed (None) gives None for every piece (each piece draws a fresh seed)
 
 from __future__ import annotations
 
-
 import numpy as np
 
-from .params import derive_seed
+from ..params import derive_seed
 
 DEFAULT_CROSSFADE_MS = 50.0
 

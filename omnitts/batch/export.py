@@ -1,0 +1,58 @@
+"""Exporting an output directory's finished items as a Hugging Face `datasets` dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from .ledger import Ledger
+
+
+def sf_rate(path: Path) -> int:
+    import soundfile as sf
+
+    return sf.info(str(path)).samplerate
+
+
+def export_dataset(out: Path, items: Iterable, target: Path) -> int:
+    """Write the finished items of `items` (manifest order) as a `datasets` dataset with an Audio column.
+
+    Rows are appended one at a time to an Arrow file (then memory-mapped and saved with
+    `save_to_disk`), so memory stays flat; returns the row count. The audio column holds each file's
+    encoded bytes: written as a plain struct, then cast to `Audio`, so no audio codec package is
+    needed to write it.
+    """
+    import shutil
+
+    import datasets
+    from datasets.arrow_writer import ArrowWriter
+
+    datasets.disable_progress_bars()
+    ledger = Ledger(out)
+    features = datasets.Features({
+        "id": datasets.Value("string"), "text": datasets.Value("string"), "language": datasets.Value("string"),
+        "speaker": datasets.Value("string"), "instruct": datasets.Value("string"),
+        "audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
+        "seconds": datasets.Value("float32"), "frames": datasets.Value("int32"), "seed": datasets.Value("int64"),
+    })
+    build = Path(target) / ".build"
+    build.mkdir(parents=True, exist_ok=True)
+    count, rate = 0, None
+    with ArrowWriter(features=features, path=str(build / "rows.arrow")) as writer:
+        for item in items:
+            rec = ledger.done.get(item.request.id)
+            path = Path(out) / rec.path if rec else None
+            if path is None or not path.is_file():
+                continue
+            r = item.request
+            rate = rate or sf_rate(path)
+            writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
+                          "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
+                          "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": rec.seed})
+            count += 1
+        writer.finalize()
+    dataset = datasets.Dataset.from_file(str(build / "rows.arrow"))
+    dataset.cast_column("audio", datasets.Audio(sampling_rate=rate)).save_to_disk(str(target))
+    del dataset
+    shutil.rmtree(build, ignore_errors=True)
+    return count

@@ -1,0 +1,1 @@
+"""Audio files: reading references, writing audio atomically, loudness normalization."""
