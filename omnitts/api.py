@@ -142,12 +142,29 @@ class TTS:
             raise VoiceError(f"{path}: this voice was made with checkpoint {made_with}, not with "
                              f"{self.ckpt.path} ({self.identity}); re-create it with "
                              f"`omnitts voice-clone --model {self.ckpt.path} --save ...`")
-        hidden, groups = self.ckpt.config.talker.hidden_size, self.ckpt.config.talker.num_code_groups
-        if voice.x_vector.shape[0] != hidden or (voice.icl and voice.ref_codes.shape[1] != groups):
-            raise VoiceError(f"{path}: tensor shapes do not fit this checkpoint (x_vector of {hidden}, "
-                             f"ref_codes of {groups} groups expected)")
+        self._check_fits(voice, str(path))
         self._voices[key] = voice
         return voice
+
+    def _check_fits(self, voice: Voice, where: str) -> None:
+        """Raise VoiceError (naming `where`) unless `voice`'s tensors fit this checkpoint: an x_vector of
+        the talker's width, finite; reference codes of its code groups, each inside its codebook."""
+        config = self.ckpt.config
+        hidden, groups = config.talker.hidden_size, config.talker.num_code_groups
+        codebook = config.codec.decoder.codebook_size
+        x_vector, codes = voice.x_vector, voice.ref_codes
+        if x_vector.dim() != 1 or x_vector.shape[0] != hidden or not torch.isfinite(x_vector).all():
+            raise VoiceError(f"{where}: x_vector must be {hidden} finite values for this checkpoint; got "
+                             f"{x_vector.dtype} {tuple(x_vector.shape)}")
+        if codes is None:
+            return
+        if codes.dim() != 2 or codes.shape[0] == 0 or codes.shape[1] != groups or codes.is_floating_point():
+            raise VoiceError(f"{where}: ref_codes must be integer (frames, {groups}) for this checkpoint; got "
+                             f"{codes.dtype} {tuple(codes.shape)}")
+        low, high = int(codes.min()), int(codes.max())
+        if low < 0 or high >= codebook:
+            raise VoiceError(f"{where}: ref_codes hold values from {low} to {high}; codes of this checkpoint lie "
+                             f"in 0..{codebook - 1} (the file is damaged or not made by omnitts)")
 
     def prepare(self, request: Request) -> Prompt:
         """Check `request` against the checkpoint, encode its reference audio if any, build its prompt.
@@ -163,6 +180,8 @@ class TTS:
         elif voice is not None and voice.checkpoint is not None and voice.checkpoint != self.identity:
             raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "
                              f"({self.identity}); clone it again with this checkpoint")
+        if isinstance(request.voice, Voice):
+            self._check_fits(voice, "voice")
         elif voice is None and request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)
@@ -321,9 +340,10 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         max_prefill_tokens: prompt positions admitted per engine step at most (None: no limit).
         codec_chunk_frames: frames per streamed codec decode call (audio is decoded while
             generation continues, batched across requests).
-        codec_dtype: float32 (default) or bfloat16 for the codec decoder. bfloat16 halves the
-            decode's time on CPUs with native bf16 and is what the official package does in
-            bfloat16, but costs audio quality (about 20 dB SNR against float32, README "Speed (CPU)").
+        codec_dtype: float32 (default) or bfloat16 for the codec decoder. bfloat16 is what the
+            official package does in bfloat16; it costs audio quality (about 20 dB SNR against
+            float32) and on the CPU is no faster than the float32 codec of a bfloat16 run
+            (docs/performance.md).
 
     Returns:
         A `TTS` ready to `synthesize`, `stream` and describe itself with `info`.

@@ -28,8 +28,9 @@ from .errors import OmniTTSError
 
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# The codec decoder runs in float32 unless asked: bfloat16 about halves its time on CPUs with native
-# bf16 but costs quality (README "Speed (CPU)"); the official package decodes in the model's dtype.
+# The codec decoder runs in float32 unless asked (the official package decodes in the model's dtype):
+# bfloat16 costs quality and, on CPUs with native bf16, is no faster than the Winograd float32 codec that
+# bfloat16 runs already use (docs/performance.md).
 CODEC_DTYPES = ("float32", "bfloat16")
 
 

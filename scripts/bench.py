@@ -23,7 +23,7 @@ greedy, in float32 and in the auto dtype (bfloat16 where the CPU has native bf16
                manifest), the official package's own bfloat16 setting (its codec runs in the model dtype).
              × realtime = seconds of audio (only the requested frames) per wall-clock second.
 
-    python scripts/bench.py [--peers] [--json results.json]     # the full benchmark (see README)
+    python scripts/bench.py [--peers] [--json results.json]     # the full benchmark (see docs/performance.md)
     python scripts/bench.py --quick --peers                     # tiny shapes, end to end in minutes
 
 Needs the reference venv (built here by scripts/reference_env.py if missing); --peers builds

@@ -1,7 +1,7 @@
 """What the first attention call on a new shape costs on a GPU, per sdpa backend set.
 
 Why: on an H100 (torch 2.11) a whole `omnitts synth` spent 11.8 s in 2283 eager sdpa calls (5 ms each)
-while capturing its graphs (README "On a GPU"). If the default backend choice builds a plan per new
+while capturing its graphs (docs/devices.md). If the default backend choice builds a plan per new
 shape (cuDNN attention does), excluding it where the captured frames attend would cut start-up.
 
     python scripts/sdpa_first_calls.py

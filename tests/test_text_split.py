@@ -31,13 +31,12 @@ def check(text: str, max_chars: int | None = None, language: str | None = None) 
         assert end <= start
         left, right = text[end - 1], text[start]
         cut_at_space = end < start  # whitespace between the pieces in the original
-        # never inside a word: a cut is at whitespace or next to CJK characters / punctuation
-        assert cut_at_space or DENSE.match(left) or DENSE.match(right) or left in PUNCT, (text, end)
-    for piece in pieces:
-        if len(piece) > limit:  # only a run with no allowed cut at all: no space, no CJK character
-            assert not re.search(r"\s", piece), piece  # next to anything but punctuation
-            for left, right in zip(piece, piece[1:]):
-                assert not (DENSE.match(left) or DENSE.match(right)) or right in PUNCT, piece
+        # never inside a word, unless that word alone is longer than a piece: a cut is at whitespace
+        # or next to CJK characters / punctuation
+        word = re.search(r"\S*$", text[:end]).group() + re.match(r"\S*", text[start:]).group()
+        assert (cut_at_space or DENSE.match(left) or DENSE.match(right) or left in PUNCT
+                or len(word) > limit), (text, end)
+    assert all(len(piece) <= limit for piece in pieces)  # always: no piece is longer than the limit
     return pieces
 
 
@@ -88,13 +87,34 @@ def test_cjk_sentences_clauses_and_hard_cuts():
 
 def test_mixed_script_and_latin_word_inside_cjk_is_not_cut():
     text = "我们用Transformer模型合成语音结果很好"
-    pieces = check(text, 8)
-    assert any("Transformer" in p for p in pieces)
+    pieces = check(text, 12)
+    assert any("Transformer" in p for p in pieces) and len(pieces) > 1
+    assert not any("Transformer" in p for p in check(text, 8))  # 11 letters: longer than any piece of 8
 
 
-def test_a_single_word_longer_than_the_limit_stays_whole():
+def test_a_word_is_cut_only_when_it_alone_is_longer_than_the_limit():
     url = "https://example.com/" + "a" * 60
-    assert check(f"Go to {url} now, please.", 20) == ["Go to", url, "now, please."]
+    assert check(f"Go to {url} now, please.", 20) == ["Go to", *(url[i:i + 20] for i in range(0, 80, 20)),
+                                                     "now, please."]
+    assert check(f"Go to {url[:20]} now.", 20) == ["Go to", url[:20], "now."]  # fits: whole
+    blob = "QUJD" * 25_000  # 100,000 characters without a space (base64)
+    pieces = check(blob, None, "english")
+    assert len(pieces) == 400 and {len(p) for p in pieces} == {DEFAULT_MAX_CHARS}
+
+
+def test_an_over_long_word_is_cut_between_graphemes():
+    family = "\U0001F469\u200d\U0001F469\u200d\U0001F467\u200d\U0001F466"  # one grapheme, 7 code points
+    flag = "\U0001F1EB\U0001F1F7"  # one flag, two regional indicators
+    accented = "e\u0301"  # e + combining acute
+    for grapheme in (family, flag, accented, "\u0915\u094d\u0937"):  # Devanagari: virama is Mc/Mn
+        word = grapheme * 30
+        pieces = check(word, 10)
+        assert "".join(pieces) == word
+        assert all(p.startswith(grapheme) and len(p) % len(grapheme) == 0 for p in pieces), (grapheme, pieces)
+    flags = "\U0001F1FA" + flag * 9  # an odd indicator first: pairs are counted from the run's start
+    assert [len(p) for p in check(flags, 5)] == [4, 4, 4, 4, 3]  # never splits a pair of indicators
+    zalgo = "a" + "\u0301" * 50  # one grapheme longer than any piece: cut between code points
+    assert [len(p) for p in check(zalgo, 20)] == [20, 20, 11]
 
 
 def test_long_sentence_falls_back_to_clauses_then_spaces():

@@ -133,6 +133,46 @@ def test_malformed_files_are_refused_naming_the_file(tts_factory, ckpt_dir, ref_
         load_voice(broken)
 
 
+def test_crafted_voice_tensors_are_refused_and_fail_only_their_item(tts_factory, ckpt_dir, ref_wav, tmp_path):
+    """A voice file with valid metadata (this checkpoint's identity) whose tensors do not fit: each is one
+    VoiceError naming the file; in a manifest run only its item fails, the others are written."""
+    from safetensors.torch import save_file
+
+    tts = tts_factory("base")
+    good = tts.clone_voice(ref_wav, REF_TEXT)
+    _, meta = load_voice(good.save(tmp_path / "good.safetensors"))
+    codes, hidden = good.ref_codes, good.x_vector.shape[0]
+    crafted = {
+        "too_high": (good.x_vector, codes.clone().index_fill_(0, torch.tensor([0]), 2048),
+                     r"values from \d+ to 2048; codes of this checkpoint lie in 0..2047"),
+        "negative": (good.x_vector, codes.clone().index_fill_(0, torch.tensor([1]), -3), "values from -3"),
+        "groups": (good.x_vector, codes[:, :8].contiguous(), "ref_codes must be integer"),
+        "nan": (torch.full((hidden,), float("nan")), codes, "x_vector must be a finite float32"),
+        "width": (torch.zeros(hidden + 1), codes, "x_vector must be"),
+    }
+    for name, (x_vector, ref_codes, problem) in crafted.items():
+        path = tmp_path / f"{name}.safetensors"
+        save_file({"x_vector": x_vector.contiguous(), "ref_codes": ref_codes.contiguous()}, str(path), metadata=meta)
+        with pytest.raises(VoiceError, match=problem) as info:
+            tts.load_voice(path)
+        assert str(path) in str(info.value)
+    # A Voice object built in Python is checked the same way before it reaches the model.
+    with pytest.raises(VoiceError, match="voice: ref_codes hold values"):
+        tts.synthesize("Hi.", voice=omnitts.Voice(good.x_vector, codes + 2048, REF_TEXT, checkpoint=tts.identity),
+                       max_frames=3)
+    lines = [{"id": "a", "text": "Fine line.", "voice": "good.safetensors"},
+             {"id": "b", "text": "Crafted line.", "voice": "too_high.safetensors"},
+             {"id": "c", "text": "Fine again.", "voice": "good.safetensors"}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = runner.invoke(app, ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("base")), "-o",
+                                 str(tmp_path / "o"), "--greedy", "--max-frames", "3", "-q"])
+    assert result.exit_code == 1, result.output
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "o" / "results.jsonl").read_text().splitlines())}
+    assert records["a"]["status"] == records["c"]["status"] == "ok"
+    assert records["b"]["status"] == "error" and "too_high.safetensors: ref_codes hold values" in records["b"]["error"]
+    assert (tmp_path / "o" / "a.wav").is_file() and not (tmp_path / "o" / "b.wav").exists()
+
+
 def test_cli_saved_voice_in_a_manifest_matches_ref_audio(ckpt_dir, ref_wav, tmp_path):
     model = str(ckpt_dir("base"))
     (tmp_path / "voices").mkdir()

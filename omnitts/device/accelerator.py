@@ -1,7 +1,7 @@
 """What CUDA and Ascend NPU backends share: torch_npu mirrors the torch.cuda API (streams, events,
 graphs, graph pools), so one implementation serves both, parameterised by the device module.
 
-Written against the public APIs; the CUDA backend has run on an H100 (README "On a GPU"), the NPU
+Written against the public APIs; the CUDA backend has run on an H100 (docs/devices.md), the NPU
 backend has not run on an Ascend device.
 """
 

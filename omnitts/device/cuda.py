@@ -1,6 +1,6 @@
 """NVIDIA GPUs: whole-frame CUDA graphs, pinned host buffers and events for deferred copies.
 
-Run on an H100 (torch 2.11, README "On a GPU"): codes identical to the official package on the GPU,
+Run on an H100 (torch 2.11, docs/devices.md): codes identical to the official package on the GPU,
 graphs against eager frames, alone and batched; no host syncs in steady-state steps.
 """
 

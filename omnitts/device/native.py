@@ -6,7 +6,7 @@ small batches by how many multiply-adds each weight byte feeds. oneDNN's packed 
 float32 weights at about two thirds of this kind of machine's streaming rate at batch 1; a kernel
 over 16-column panels, one contiguous stream per panel, reads them ~1.4x faster and stays ahead up to
 batch 32, in float32 and bfloat16, and computes float32 over bfloat16-stored weights (widened as read,
-exact) from half the bytes (measured: see README "Speed"). Every output sums over k in order, so a
+exact) from half the bytes (measured: see docs/performance.md). Every output sums over k in order, so a
 row's result does not depend on its batch.
 
 The library is built with the machine's own compiler for the machine's own CPU (`-march=native`):

@@ -211,9 +211,9 @@ class Pipeline:
                     item.pieces.append((piece, self.tts.prepare(piece)))
             for index in range(len(item.pieces)):
                 self._check_fits_alone(item, index)
-        except OmniTTSError as exc:
-            return None, Outcome(job, error=str(exc), exception=exc, seed=seed,
-                                 timings={"total": _since(started)})
+        except Exception as exc:  # noqa: BLE001 - one item's input, however broken, fails only that item
+            error = str(exc) if isinstance(exc, OmniTTSError) else f"{type(exc).__name__} while preparing: {exc}"
+            return None, Outcome(job, error=error, exception=exc, seed=seed, timings={"total": _since(started)})
         item.prepare_s = _since(started)
         item.joiner = StreamJoiner(len(item.pieces), self.tts.sample_rate, lambda chunk: self._emit(item, chunk))
         auto_budget = params.max_frames is None and job.request.max_seconds is None

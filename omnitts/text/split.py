@@ -13,9 +13,13 @@ never say EOS. `split_text` cuts a long text into pieces of at most `max_chars` 
 2. Sentences are packed greedily, in order, into pieces of at most `max_chars` (fewer, longer
    pieces give better prosody than one piece per sentence).
 3. A sentence longer than `max_chars` is split the same way at clause marks (`, ， 、 : ：` and
-   single line breaks), then at whitespace, then, for CJK text (no spaces), between two characters
-   as the last resort; its last part is packed on with the sentences that follow. A Latin word is
-   never cut: a single word longer than `max_chars` (a long URL) stays one over-long piece.
+   single line breaks), then at whitespace, then, for CJK text (no spaces), between two characters;
+   its last part is packed on with the sentences that follow.
+4. A word is cut only when it alone is longer than `max_chars` (a base64 blob, a long URL): between
+   two graphemes (never inside a combining sequence, an emoji ZWJ sequence or a flag), and a
+   single grapheme longer than the limit (hundreds of stacked combining marks) between code points.
+   So no piece is ever longer than `max_chars`: what one manifest line costs is bounded by its
+   number of pieces, not by its longest word.
 
 Pieces are stripped, never empty, and keep their punctuation. They are contiguous slices of the
 input (`split_spans` gives the offsets), so removing whitespace from the joined pieces gives the
@@ -30,6 +34,7 @@ and instructions; 100 characters for Chinese/Japanese/Korean, about 20-25 s at 4
 from __future__ import annotations
 
 import re
+import unicodedata
 
 DEFAULT_MAX_CHARS = 250  # alphabetic scripts: ~21 s at ~12 characters/s
 DEFAULT_MAX_CHARS_CJK = 100  # Chinese/Japanese/Korean: ~20-25 s at 4-5 characters/s
@@ -120,10 +125,6 @@ def _split(text: str, start: int, end: int, limit: int, level: int, out: list) -
             # sentence's tail joins the next sentence instead of standing alone).
             _split(text, a, b, limit, level + 1, out)
             a, b = out.pop()
-            if b - a > limit:  # an unbreakable word stays on its own
-                out.append((a, b))
-                piece = None
-                continue
         piece = (a, b)
     if piece is not None:
         _split(text, *piece, limit, level + 1, out)
@@ -180,4 +181,35 @@ def _char_cuts(text: str, start: int, end: int):
             yield i
 
 
-_LEVELS = (_sentence_cuts, _clause_cuts, _space_cuts, _char_cuts)
+_ZWJ = "\u200d"
+_REGIONAL = range(0x1F1E6, 0x1F200)  # regional indicators: two make one flag
+
+
+def _extends(ch: str) -> bool:
+    """Whether `ch` belongs to the grapheme before it: combining marks, variation selectors, emoji
+    skin-tone modifiers and tag characters (the parts of Unicode's grapheme rules that matter here)."""
+    code = ord(ch)
+    return (unicodedata.category(ch) in ("Mn", "Mc", "Me") or 0x1F3FB <= code <= 0x1F3FF
+            or 0xE0020 <= code <= 0xE007F or ch == _ZWJ)
+
+
+def _grapheme_cuts(text: str, start: int, end: int):
+    """Between two graphemes of a word too long for any piece: never before a combining character,
+    after a zero-width joiner, between CR and LF, or inside a pair of regional indicators."""
+    regional_run = 0
+    for i in range(start + 1, end):
+        left, right = text[i - 1], text[i]
+        regional_run = regional_run + 1 if ord(left) in _REGIONAL else 0
+        if _extends(right) or left == _ZWJ or (left, right) == ("\r", "\n"):
+            continue
+        if ord(right) in _REGIONAL and regional_run % 2 == 1:
+            continue
+        yield i
+
+
+def _code_point_cuts(text: str, start: int, end: int):
+    """Anywhere: a single "grapheme" longer than a piece (stacked combining marks) is not speech."""
+    return range(start + 1, end)
+
+
+_LEVELS = (_sentence_cuts, _clause_cuts, _space_cuts, _char_cuts, _grapheme_cuts, _code_point_cuts)
