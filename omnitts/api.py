@@ -31,7 +31,7 @@ from .params import SamplingParams
 from .request import Request, Voice
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .text.prompt import Prompt, PromptBuilder, resolve
-from .voice import checkpoint_identity, load_voice
+from .voice import check_fits, check_voice, checkpoint_identity, load_voice
 
 KV_BUDGET_BYTES = 4 * 2**30  # default talker-cache budget of one generate() call
 
@@ -137,34 +137,9 @@ class TTS:
         if self.ckpt.config.model_type != "base":
             raise RequestError(f"voice: {path}: saved voices need a Base checkpoint; this one is "
                                f"{self.ckpt.config.model_type}")
-        if voice.checkpoint != self.identity:
-            made_with = voice.checkpoint + (f" ({meta['checkpoint_name']})" if meta.get("checkpoint_name") else "")
-            raise VoiceError(f"{path}: this voice was made with checkpoint {made_with}, not with "
-                             f"{self.ckpt.path} ({self.identity}); re-create it with "
-                             f"`omnitts voice-clone --model {self.ckpt.path} --save ...`")
-        self._check_fits(voice, str(path))
+        check_voice(voice, meta, path, self.identity, self.ckpt.config)
         self._voices[key] = voice
         return voice
-
-    def _check_fits(self, voice: Voice, where: str) -> None:
-        """Raise VoiceError (naming `where`) unless `voice`'s tensors fit this checkpoint: an x_vector of
-        the talker's width, finite; reference codes of its code groups, each inside its codebook."""
-        config = self.ckpt.config
-        hidden, groups = config.talker.hidden_size, config.talker.num_code_groups
-        codebook = config.codec.decoder.codebook_size
-        x_vector, codes = voice.x_vector, voice.ref_codes
-        if x_vector.dim() != 1 or x_vector.shape[0] != hidden or not torch.isfinite(x_vector).all():
-            raise VoiceError(f"{where}: x_vector must be {hidden} finite values for this checkpoint; got "
-                             f"{x_vector.dtype} {tuple(x_vector.shape)}")
-        if codes is None:
-            return
-        if codes.dim() != 2 or codes.shape[0] == 0 or codes.shape[1] != groups or codes.is_floating_point():
-            raise VoiceError(f"{where}: ref_codes must be integer (frames, {groups}) for this checkpoint; got "
-                             f"{codes.dtype} {tuple(codes.shape)}")
-        low, high = int(codes.min()), int(codes.max())
-        if low < 0 or high >= codebook:
-            raise VoiceError(f"{where}: ref_codes hold values from {low} to {high}; codes of this checkpoint lie "
-                             f"in 0..{codebook - 1} (the file is damaged or not made by omnitts)")
 
     def prepare(self, request: Request) -> Prompt:
         """Check `request` against the checkpoint, encode its reference audio if any, build its prompt.
@@ -181,7 +156,7 @@ class TTS:
             raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "
                              f"({self.identity}); clone it again with this checkpoint")
         if isinstance(request.voice, Voice):
-            self._check_fits(voice, "voice")
+            check_fits(voice, self.ckpt.config, "voice")
         elif voice is None and request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)

@@ -211,6 +211,7 @@ class ModelConfig:
     tts_pad_token_id: int = 151671
     tts_bos_token_id: int = 151672
     tts_eos_token_id: int = 151673
+    path: Path | None = None  # the checkpoint directory these were read from (saved voices are checked against it)
 
     @property
     def accepts_instruct(self) -> bool:
@@ -260,6 +261,7 @@ def load_config(ckpt: Path) -> ModelConfig:
         codec=load_codec_config(ckpt / "speech_tokenizer"),
         generation=generation,
         **ids,
+        path=ckpt,
     )
 
 

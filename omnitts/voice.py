@@ -21,9 +21,11 @@ voice: config.json and speech_tokenizer/config.json (canonical JSON), the header
 the reference: `speaker_encoder.*` in model.safetensors and `encoder.*` (the codec encoder) in
 speech_tokenizer/model.safetensors. The talker's weights are not read (they are most of the GBs), so
 it takes a fraction of a second; a copy of the checkpoint in another folder has the same identity.
-A voice is refused by a checkpoint whose identity differs (`TTS.load_voice`).
+A voice is refused by a checkpoint whose identity differs (`check_voice`: `TTS.load_voice` at
+synthesis, the manifest check in `omnitts validate` and `synth` before the weights load).
 
-This module holds the `Voice` type and reads and writes its files; it knows nothing of models (the API encodes and checks voices).
+This module holds the `Voice` type and reads, writes and checks its files; it knows nothing of models
+(the API encodes voices).
 """
 
 from __future__ import annotations
@@ -192,3 +194,38 @@ def load_voice(path) -> tuple[Voice, dict]:
     voice = Voice(x_vector, ref_codes, meta.get("ref_text") if mode == "icl" else None,
                   checkpoint=meta["checkpoint"], meta=meta)
     return voice, meta
+
+
+def check_voice(voice: Voice, meta: dict, path, identity: str, cfg) -> None:
+    """Raise VoiceError naming `path` unless `voice` fits the checkpoint of `identity` and config `cfg`.
+
+    The voice must have been made with that checkpoint (same identity) and have its shapes (x_vector of
+    the talker's hidden size, ref_codes of its code groups).
+    """
+    where = cfg.path if cfg.path is not None else "this checkpoint"
+    if voice.checkpoint != identity:
+        made_with = voice.checkpoint + (f" ({meta['checkpoint_name']})" if meta.get("checkpoint_name") else "")
+        raise VoiceError(f"{path}: this voice was made with checkpoint {made_with}, not with {where} ({identity}); "
+                         f"re-create it with `omnitts voice-clone --model {where} --save ...`")
+    check_fits(voice, cfg, str(path))
+
+
+def check_fits(voice: Voice, cfg, where: str) -> None:
+    """Raise VoiceError (naming `where`) unless `voice`'s tensors fit config `cfg`: an x_vector of the
+    talker's width, finite; reference codes of its code groups, each inside its codebook (a crafted or
+    damaged file would otherwise index past an embedding table)."""
+    hidden, groups = cfg.talker.hidden_size, cfg.talker.num_code_groups
+    codebook = cfg.codec.decoder.codebook_size
+    x_vector, codes = voice.x_vector, voice.ref_codes
+    if x_vector.dim() != 1 or x_vector.shape[0] != hidden or not torch.isfinite(x_vector).all():
+        raise VoiceError(f"{where}: x_vector must be {hidden} finite values for this checkpoint; got "
+                         f"{x_vector.dtype} {tuple(x_vector.shape)}")
+    if codes is None:
+        return
+    if codes.dim() != 2 or codes.shape[0] == 0 or codes.shape[1] != groups or codes.is_floating_point():
+        raise VoiceError(f"{where}: ref_codes must be integer (frames, {groups}) for this checkpoint; got "
+                         f"{codes.dtype} {tuple(codes.shape)}")
+    low, high = int(codes.min()), int(codes.max())
+    if low < 0 or high >= codebook:
+        raise VoiceError(f"{where}: ref_codes hold values from {low} to {high}; codes of this checkpoint lie "
+                         f"in 0..{codebook - 1} (the file is damaged or not made by omnitts)")

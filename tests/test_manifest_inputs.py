@@ -152,8 +152,22 @@ def test_battery_through_synth(ckpt_dir, tmp_path, ref_wav):
     assert {records[g["id"]]["status"] for g in GOOD} == {"ok"}
 
 
+def _voice_file(path, ckpt, identity=None, hidden=None):
+    """A saved x-vector voice for checkpoint `ckpt` (its identity and hidden size unless given), no model needed."""
+    import torch
+
+    from omnitts.request import Voice
+    from omnitts.voice import checkpoint_identity, save_voice
+
+    hidden = hidden or load_config(ckpt).talker.hidden_size
+    voice = Voice(x_vector=torch.ones(hidden), ref_codes=None, ref_text=None,
+                  checkpoint=identity or checkpoint_identity(ckpt))
+    return save_voice(voice, path)
+
+
 def test_base_checkpoint_accepts_a_voice_file_and_wants_ref_text(ckpt_dir, tmp_path, ref_wav):
     _folder(tmp_path, ref_wav)
+    _voice_file(tmp_path / "v.safetensors", ckpt_dir("base"))
     path = tmp_path / "m.jsonl"
     rows = [{"id": "v", "text": "Saved voice.", "voice": "v.safetensors", "top_k": 0},
             {"id": "icl", "text": "Clone.", "ref_audio": "refs/r.wav"},
@@ -164,6 +178,55 @@ def test_base_checkpoint_accepts_a_voice_file_and_wants_ref_text(ckpt_dir, tmp_p
     assert voice.request.voice is None and voice.sampling == {"top_k": 0}
     assert icl.message == f"{path}:2: ref_text: required for in-context cloning; give the reference transcript or set x_vector_only"
     assert spk.message.startswith(f"{path}:3: speaker: this base checkpoint has no preset speakers")
+
+
+def test_validate_checks_saved_voices_against_the_checkpoint(ckpt_dir, tmp_path):
+    """What synth would refuse at synthesis (a voice made with another checkpoint, shapes that do not
+    fit, a file that is not a voice) is a bad line for validate, and for synth before the model loads."""
+    ckpt = ckpt_dir("base")
+    _voice_file(tmp_path / "mine.safetensors", ckpt)
+    _voice_file(tmp_path / "other.safetensors", ckpt, identity="base-0b6-0123456789abcdef")
+    _voice_file(tmp_path / "shape.safetensors", ckpt, hidden=8)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a voice")
+    rows = [{"id": name, "text": "Hi.", "voice": f"{name}.safetensors"} for name in ("mine", "other", "shape", "junk")]
+    rows.append({"id": "again", "text": "Hi.", "voice": "other.safetensors"})  # each file is checked once
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(path), "-m", str(ckpt)])
+    assert result.exit_code == 1
+    out = result.output.splitlines()
+    assert out[-1] == f"{path}: 1 good, 4 bad"
+    assert out[0].startswith(f"{path}:2: voice: {tmp_path / 'other.safetensors'}: this voice was made with "
+                             "checkpoint base-0b6-0123456789abcdef, not with ")
+    assert f"re-create it with `omnitts voice-clone --model {ckpt} --save ...`" in out[0]
+    assert out[1].startswith(f"{path}:3: voice: ") and "tensor shapes do not fit" in out[1]
+    assert out[2].startswith(f"{path}:4: voice: ") and "not a saved voice" in out[2]
+    assert out[3].startswith(f"{path}:5: voice: ") and "made with checkpoint base-0b6-0123456789abcdef" in out[3]
+
+
+def test_an_id_belongs_to_the_first_line_even_a_bad_one(ckpt_dir, tmp_path):
+    """A duplicate of a bad line's id is itself a bad line: validate counts it, synth records it (the good
+    duplicate would otherwise be skipped silently as the bad line's failed id)."""
+    rows = [{"id": "x", "text": "Hi.", "speaker": "bob"},  # bad: unknown speaker
+            {"id": "x", "text": "Good words.", "speaker": "ryan"},  # same id: a duplicate
+            {"id": "y", "text": "Other words.", "speaker": "ryan"}]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
+    ckpt = ckpt_dir("custom_voice")
+    first, second, third = iter_manifest(path, load_config(ckpt))
+    assert isinstance(first, BadLine) and first.id == "x"
+    assert isinstance(second, BadLine) and second.id == "line-2"
+    assert second.message == (f"{path}:2: id: 'x' already used on line 1 (a bad line: fix that one, or give "
+                              "this line another id)")
+    assert isinstance(third, Item)
+    result = runner.invoke(app, ["validate", str(path), "-m", str(ckpt)])
+    assert result.exit_code == 1 and result.output.splitlines()[-1] == f"{path}: 1 good, 2 bad"
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(path), "-m", str(ckpt), "-o", str(out), "--greedy", "--max-frames", "2",
+                                 "-q"])
+    assert result.exit_code == 1 and f"{path}:2: id: 'x' already used on line 1" in result.output
+    records = {r["id"]: r["status"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert records == {"x": "error", "line-2": "error", "y": "ok"}
 
 
 # ---------------------------------------------------------------- tables and column mapping

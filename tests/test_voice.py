@@ -193,7 +193,8 @@ def test_cli_saved_voice_in_a_manifest_matches_ref_audio(ckpt_dir, ref_wav, tmp_
     np.testing.assert_array_equal(by_voice, by_ref)
 
 
-def test_cli_voice_from_another_checkpoint_is_an_item_error(ckpt_dir, other_base, ref_wav, tmp_path):
+def test_cli_voice_from_another_checkpoint_is_a_bad_line(ckpt_dir, other_base, ref_wav, tmp_path):
+    """Found by the manifest check (validate, and synth before the model loads), recorded as the line's error."""
     voice = tmp_path / "v.safetensors"
     result = runner.invoke(app, ["voice-clone", "-m", str(other_base), "--ref-audio", str(ref_wav),
                                  "--x-vector-only", "--save", str(voice)])
@@ -201,7 +202,7 @@ def test_cli_voice_from_another_checkpoint_is_an_item_error(ckpt_dir, other_base
     (tmp_path / "m.jsonl").write_text(json.dumps({"id": "a", "text": "Hi.", "voice": "v.safetensors"}) + "\n")
     result = runner.invoke(app, ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("base")), "-o",
                                  str(tmp_path / "o"), "--max-frames", "4", "-q"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2 and "m.jsonl:1: voice: " in result.output  # nothing left to run
     record = json.loads((tmp_path / "o" / "results.jsonl").read_text().splitlines()[0])
     assert record["status"] == "error" and "made with checkpoint" in record["error"] and str(voice) in record["error"]
 

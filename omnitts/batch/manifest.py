@@ -239,12 +239,50 @@ def _placeholder_voice():
     return Voice(x_vector=torch.zeros(0), ref_codes=None, ref_text=None)
 
 
-def check_item(cfg, item: Item) -> None:
-    """Check `item` against checkpoint config `cfg` (speaker, language, mode); RequestError if not."""
+class Voices:
+    """Saved voices checked against one checkpoint (`cfg.path`): as `TTS.load_voice` will check them
+    (format, checkpoint identity, shapes), without loading the model. The identity is computed once
+    (it reads the speaker and codec encoders' weights), each voice file is read once."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.identity: str | None = None
+        self.problems: dict[str, str | None] = {}  # resolved voice path -> its problem (None: fits)
+
+    def problem(self, path: Path) -> str | None:
+        key = str(Path(path).resolve())
+        if key not in self.problems:
+            self.problems[key] = self._check(path)
+        return self.problems[key]
+
+    def _check(self, path: Path) -> str | None:
+        from ..errors import CheckpointError, VoiceError
+        from ..voice import check_voice, checkpoint_identity, load_voice
+
+        try:
+            if self.identity is None:
+                self.identity = checkpoint_identity(self.cfg.path)
+            voice, meta = load_voice(path)
+            check_voice(voice, meta, path, self.identity, self.cfg)
+        except CheckpointError as exc:
+            return f"cannot check it against the checkpoint: {exc}"
+        except VoiceError as exc:
+            return str(exc)
+        return None
+
+
+def check_item(cfg, item: Item, voices: Voices | None = None) -> None:
+    """Check `item` against checkpoint config `cfg` (speaker, language, mode); RequestError if not.
+
+    With `voices` (for `cfg`), a saved voice is also checked against the checkpoint's weights.
+    """
     request = item.request
     if item.voice_path is not None:
         if cfg.model_type != "base":
             raise RequestError(f"voice: a saved voice needs a Base checkpoint; this one is {cfg.model_type}")
+        problem = voices.problem(item.voice_path) if voices is not None else None
+        if problem:
+            raise RequestError(f"voice: {problem}")
         request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
     resolve(cfg, request)
 
@@ -252,7 +290,9 @@ def check_item(cfg, item: Item) -> None:
 def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item | BadLine]:
     """Every row of manifest `path`, in file order, as a good `Item` or a `BadLine`, read lazily.
 
-    `cfg` (from `omnitts.config.load_config`) adds the checkpoint checks; None checks fields only.
+    `cfg` (from `omnitts.config.load_config`) adds the checkpoint checks, saved voices included
+    (made with this checkpoint, see `Voices`); None checks fields only. An id belongs to the first
+    line that uses it, good or bad: a later line with that id is a bad line (a duplicate).
     `columns` maps fields to columns (JSON keys), see `column_map`. A problem with the whole file (a
     mapped column that is missing, an empty manifest) is one `BadLine` with line 0; a file that cannot
     be opened raises OmniTTSError. Items keep only their id in memory after they are yielded.
@@ -270,7 +310,9 @@ def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item 
         rows = ((n, r if isinstance(r, str) else {f: r[c] for f, c in plan.items() if c in r})
                 for n, r in source.rows(sorted(set(plan.values()))))
     where = (lambda n: f"{n}") if unit == "line" else (lambda n: f"row {n}")
-    seen: dict[str, int] = {}
+    seen: dict[str, int] = {}  # id -> the line that took it
+    taken_by_bad: set[str] = set()  # ids of bad lines (they run under that id only once fixed)
+    voices = Voices(cfg) if cfg is not None and cfg.path is not None else None
     empty = True
     for number, row in rows:
         empty = False
@@ -282,14 +324,19 @@ def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item 
             else:
                 obj = _from_table(row) if source.typed else _from_text(row)
             item = parse_item(obj, number, path.parent, columns)
-            if item.request.id in seen:
-                raise RequestError(f"id: {item.request.id!r} already used on {unit} {seen[item.request.id]}")
+            item_id = item.request.id
+            if item_id in seen:
+                bad = " (a bad line: fix that one, or give this line another id)" if item_id in taken_by_bad else ""
+                raise RequestError(f"id: {item_id!r} already used on {unit} {seen[item_id]}{bad}")
             if cfg is not None:
-                check_item(cfg, item)
+                check_item(cfg, item, voices)
         except RequestError as exc:
             raw_id = row.get("id") if isinstance(row, dict) else None
             raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
             usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and raw_id not in seen
+            if usable:  # the id is taken: a later line with it must not run in its place
+                seen[raw_id] = number
+                taken_by_bad.add(raw_id)
             yield BadLine(number, raw_id if usable else f"{unit}-{number}", f"{path}:{where(number)}: {exc}")
             continue
         seen[item.request.id] = number
