@@ -242,7 +242,8 @@ class TTS:
                 - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given.
                 An item without an id gets its position ("0", "1", ...); ids must be unique.
             greedy, max_frames, seed, **sampling: how items without their own `SamplingParams`
-                sample, as in `synthesize`; item i uses `seed + i` unless its dict has a `seed`.
+                sample, as in `synthesize`; item i uses `seed + i` unless its dict has a `seed`, and
+                an item's own `max_seconds` is its budget instead of `max_frames`.
 
         Yields:
             `Audio` in the order the requests finish (not input order); match them up by `Audio.id`.
@@ -289,8 +290,9 @@ class TTS:
         else:
             raise RequestError(f"requests[{i}]: expected a Request, a dict or a (request, SamplingParams) pair, "
                                f"got {type(item).__name__}")
-        if params is None:
-            params = self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)
+        if params is None:  # an item's own max_seconds beats the run-wide max_frames (as in `omnitts synth`)
+            budget = None if request.max_seconds is not None else max_frames
+            params = self.default_params(greedy, max_frames=budget, seed=item_seed, **sampling)
         return request, params
 
 

@@ -91,7 +91,7 @@ def test_stream_yields_every_request_once(cv):
     assert len(results) == 5 and set(by_id) == {"d", "1", "p", "q", "4"}
     assert by_id["d"].seed == 11 and by_id["1"].seed == 101 and by_id["4"].seed == 104  # seed + position
     assert by_id["d"].frames == 6 and by_id["p"].frames == 3 and by_id["q"].frames == 3
-    assert by_id["4"].frames == 6  # max_frames wins over max_seconds, as in SamplingParams.with_budget
+    assert by_id["4"].frames == 5  # an item's own max_seconds wins over the run-wide max_frames (as in synth)
     alone = cv.synthesize("A pair with its own parameters.", speaker="eric", greedy=True, max_frames=3)
     np.testing.assert_array_equal(by_id["p"].codes, alone.codes)  # batched with others = alone
 

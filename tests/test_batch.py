@@ -86,6 +86,25 @@ def test_export_dataset_has_an_audio_column_in_manifest_order(ckpt_dir, tmp_path
     assert not (export / ".build").exists()
 
 
+def test_a_lines_max_seconds_beats_the_run_wide_max_frames(ckpt_dir, tts_factory, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "own", "text": "A line with its own time limit.", "speaker": "ryan", "max_seconds": 0.4},
+        {"id": "flag", "text": "A line without one.", "speaker": "ryan"},
+    ])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--greedy", "--max-frames", "3", "-q"])
+    assert result.exit_code == 0, result.output
+    assert {r["id"]: r["frames"] for r in _records(out)} == {"own": 5, "flag": 3}
+    # The Python API follows the same rule.
+    tts = tts_factory("custom_voice")
+    items = [{"id": "own", "text": "Own limit.", "speaker": "ryan", "max_seconds": 0.4},
+             Request("Request limit.", speaker="ryan", id="req", max_seconds=0.56),
+             {"id": "flag", "text": "No limit.", "speaker": "ryan"}]
+    frames = {a.id: a.frames for a in tts.stream(items, greedy=True, max_frames=3)}
+    assert frames == {"own": 5, "req": 7, "flag": 3}
+
+
 def test_stop_finishes_running_items_and_drops_the_rest(tts_factory):
     tts = tts_factory("custom_voice")
     params = tts.default_params(greedy=True, max_frames=4)

@@ -29,7 +29,11 @@ from .ledger import Ledger, remove_leftovers
 
 @dataclass
 class Settings:
-    """How a manifest run synthesizes and writes (per-item fields override the first three)."""
+    """How a manifest run synthesizes and writes.
+
+    Per-item fields override the first three: a line's `seed` its seed, and a line's `max_seconds`
+    its frame budget (`max_frames` is the budget of the lines without one).
+    """
 
     greedy: bool = False
     max_frames: int | None = None
@@ -110,7 +114,8 @@ class Batch:
         s = self.settings
         for item in items:
             seed = item.seed if item.seed is not None else s.seed
-            params = tts.default_params(s.greedy, max_frames=s.max_frames, seed=seed, **item.sampling)
+            max_frames = None if item.request.max_seconds is not None else s.max_frames  # the line's own wins
+            params = tts.default_params(s.greedy, max_frames=max_frames, seed=seed, **item.sampling)
             request = item.request
             if item.voice_path is not None:  # loaded (once per file, identity-checked) by tts.prepare
                 request = replace(request, voice=item.voice_path)
