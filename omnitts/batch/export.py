@@ -15,12 +15,17 @@ def sf_rate(path: Path) -> int:
 
 
 def export_dataset(out: Path, items: Iterable, target: Path) -> int:
-    """Write the finished items of `items` (manifest order) as a `datasets` dataset with an Audio column.
+    """Write the done items of `items` (manifest order) as a `datasets` dataset with an Audio column.
 
-    Rows are appended one at a time to an Arrow file (then memory-mapped and saved with
-    `save_to_disk`), so memory stays flat; returns the row count. The audio column holds each file's
-    encoded bytes: written as a plain struct, then cast to `Audio`, so no audio codec package is
-    needed to write it.
+    A row per item whose last record is good and whose file is intact (`Ledger.is_done`), with that
+    record's seconds, frames and seed. Rows are appended one at a time to an Arrow file (then
+    memory-mapped and saved with `save_to_disk`), so memory stays flat; returns the row count.
+
+    The audio column is `Audio(decode=False)`: each row holds the file's encoded bytes and name, so
+    `load_from_disk(target)[0]` works on any install. (datasets 4 decodes `Audio` with torchcodec,
+    which needs a torch and FFmpeg libraries that match; omnitts does not depend on it.) Decode a row
+    with `soundfile.read(io.BytesIO(row["audio"]["bytes"]))`, or, where torchcodec works,
+    `dataset.cast_column("audio", datasets.Audio())`.
     """
     import shutil
 
@@ -40,11 +45,11 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
     count, rate = 0, None
     with ArrowWriter(features=features, path=str(build / "rows.arrow")) as writer:
         for item in items:
-            rec = ledger.done.get(item.request.id)
-            path = Path(out) / rec.path if rec else None
-            if path is None or not path.is_file():
-                continue
             r = item.request
+            if not ledger.is_done(r.id, out):
+                continue
+            rec = ledger.done[r.id]
+            path = Path(out) / rec.path
             rate = rate or sf_rate(path)
             writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
                           "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
@@ -52,7 +57,8 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
             count += 1
         writer.finalize()
     dataset = datasets.Dataset.from_file(str(build / "rows.arrow"))
-    dataset.cast_column("audio", datasets.Audio(sampling_rate=rate)).save_to_disk(str(target))
+    audio = datasets.Audio(sampling_rate=rate, decode=False)
+    dataset.cast_column("audio", audio).save_to_disk(str(target))
     del dataset
     shutil.rmtree(build, ignore_errors=True)
     return count
