@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
@@ -62,6 +63,9 @@ def test_retry_runaway_reruns_with_derived_seeds(tts_factory, ckpt_dir, tmp_path
     recs = {r["id"]: r for r in _records(out)}
     assert recs["run"]["attempts"] == 3 and recs["run"]["finish_reason"] == "length"
     assert recs["capped"]["attempts"] == 1 and recs["capped"]["frames"] == 5
+    # `seed` is the item's (rerunning the line reproduces everything); `seeds` made the audio kept.
+    assert recs["run"]["seed"] == 7 and recs["run"]["seeds"] == [derive_seed(7, "retry", 2)]
+    assert recs["capped"]["seed"] == 7 and recs["capped"]["seeds"] == [7]
     # The kept attempt is the second retry: the item's seed derived twice over, nothing else.
     tts = tts_factory("custom_voice")
     expected = tts.synthesize("Hi.", speaker="ryan", seed=derive_seed(7, "retry", 2))
@@ -91,6 +95,128 @@ def test_export_dataset_has_an_audio_column_in_manifest_order(ckpt_dir, tmp_path
         assert row["audio"]["bytes"] == (out / f"{row['id']}.wav").read_bytes()
         assert row["frames"] == 3
     assert not (export / ".build").exists()
+
+
+def _fail_prepare_of(monkeypatch, item_id):
+    """Make TTS.prepare fail for one id (until monkeypatch.undo)."""
+    from omnitts.api import TTS
+    from omnitts.errors import RequestError
+
+    real = TTS.prepare
+
+    def prepare(self, request):
+        if request.id == item_id:
+            raise RequestError("text: refused by the test")
+        return real(self, request)
+
+    monkeypatch.setattr(TTS, "prepare", prepare)
+
+
+def test_a_retried_item_appends_a_line_and_every_reader_takes_the_last(ckpt_dir, tmp_path, monkeypatch):
+    """Append-only log, last record of an id wins: for resume, --retry-failed, the export and read_results."""
+    import datasets
+
+    from omnitts.batch.ledger import read_results
+
+    rows = [{"id": k, "text": f"Line {k}.", "speaker": "ryan"} for k in ("a", "b", "c")]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
+    out, export = tmp_path / "out", tmp_path / "ds"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3",
+            "--export-dataset", str(export), "-q"]
+    _fail_prepare_of(monkeypatch, "b")
+    assert runner.invoke(app, args).exit_code == 1
+    assert datasets.load_from_disk(str(export))["id"] == ["a", "c"]  # partly failed: the done items only
+    monkeypatch.undo()
+    runner.invoke(app, args)  # without --retry-failed the failure stands: nothing runs, nothing is appended
+    assert sorted((r["id"], r["status"]) for r in _records(out)) == [("a", "ok"), ("b", "error"), ("c", "ok")]
+    assert runner.invoke(app, args + ["--retry-failed"]).exit_code == 0
+    lines = _records(out)
+    assert len(lines) == 4 and (lines[-1]["id"], lines[-1]["status"]) == ("b", "ok")
+    last = read_results(out)
+    assert sorted(last) == ["a", "b", "c"] and last["b"] == lines[-1]
+    dataset = datasets.load_from_disk(str(export))  # resumed: rows for all three, b's from its ok record
+    assert dataset["id"] == ["a", "b", "c"]
+    b = dataset[1]
+    assert (b["frames"], b["seed"], b["audio"]["bytes"]) == (3, last["b"]["seed"], (out / "b.wav").read_bytes())
+    assert b["seconds"] == pytest.approx(last["b"]["seconds"])
+    assert runner.invoke(app, args + ["--retry-failed"]).exit_code == 0  # all done: nothing runs, nothing appended
+    assert len(_records(out)) == 4
+
+
+def test_the_last_record_wins_in_ledger_and_export(tmp_path):
+    """Written by hand: an ok line followed by an error line for the same id means failed (and the
+    reverse means done), whatever came before; a torn line is skipped."""
+    from omnitts.batch.export import export_dataset
+    from omnitts.batch.ledger import Ledger, read_results
+    from omnitts.batch.manifest import iter_manifest
+    from omnitts.batch.outdir import record
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("x", "y"):
+        sf.write(out / f"{name}.wav", np.zeros(1920, dtype=np.float32), 24000)
+    ok = lambda name, seed: record(name, "ok", path=f"{name}.wav", seconds=0.08, samples=1920, frames=1,  # noqa: E731
+                                   seed=seed)
+    lines = [ok("x", 1), record("x", "error", error="later failure"), record("y", "error", error="first"),
+             ok("y", 2), ok("y", 3)]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"id": "z", "sta',
+                                       encoding="utf-8")
+    ledger = Ledger(out)
+    assert not ledger.is_done("x", out) and ledger.failed == {"x": "later failure"}
+    assert ledger.is_done("y", out) and ledger.done["y"].seed == 3
+    assert {k: r["status"] for k, r in read_results(out).items()} == {"x": "error", "y": "ok"}
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": k, "text": "Hi."} for k in ("x", "y", "z")])
+    assert export_dataset(out, iter_manifest(manifest), tmp_path / "ds") == 1
+    import datasets
+
+    (row,) = datasets.load_from_disk(str(tmp_path / "ds"))
+    assert row["id"] == "y" and row["seed"] == 3
+
+
+def _cut(path, size):
+    path.write_bytes(path.read_bytes()[:size])
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "ogg"])
+def test_audio_problem_sees_a_file_cut_short_from_its_header(tmp_path, fmt):
+    from omnitts.io.audio import FORMATS
+    from omnitts.batch.ledger import Done, audio_problem
+
+    samples = (0.1 * np.random.RandomState(0).randn(38400)).astype(np.float32)
+    path = tmp_path / f"b.{fmt}"
+    sf.write(path, samples, 24000, format=fmt.upper(), subtype=FORMATS[fmt])
+    full = path.read_bytes()
+    record = Done(path.name, 1.6, 20, 0, 38400)
+    assert audio_problem(path, record) is None
+    assert audio_problem(path, record._replace(samples=None)) is None  # older records: from the seconds
+    assert audio_problem(path, record._replace(samples=38399)) == f"b.{fmt}: 38400 samples, the record says 38399"
+    assert "the record says 1.7 s" in audio_problem(path, record._replace(samples=None, seconds=1.7))
+    for size in (1000, len(full) // 2, len(full) - 10):
+        path.write_bytes(full)
+        _cut(path, size)
+        assert audio_problem(path, record) is not None, size
+    path.unlink()
+    assert audio_problem(path, record) == f"b.{fmt}: missing"
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac"])
+def test_a_truncated_output_is_redone(ckpt_dir, tmp_path, fmt):
+    """A file cut short still opens (a wav header-only check passes it; a flac header still says the
+    whole length): resume compares it with its record and runs the item again."""
+    rows = [{"id": k, "text": f"Line {k}.", "speaker": "ryan"} for k in ("a", "b")]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "20",
+            "--greedy", "--format", fmt, "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    target = out / f"b.{fmt}"
+    assert _records(out)[1]["samples"] == 20 * 1920
+    _cut(target, 1000)
+    sf.info(target)  # still opens
+    assert runner.invoke(app, args).exit_code == 0
+    assert [r["id"] for r in _records(out)] == ["a", "b", "b"]
+    assert sf.info(target).frames == 20 * 1920
+    assert runner.invoke(app, args).exit_code == 0 and len(_records(out)) == 3  # intact now: skipped
 
 
 def test_a_lines_max_seconds_beats_the_run_wide_max_frames(ckpt_dir, tts_factory, tmp_path):
@@ -290,6 +416,7 @@ def test_long_text_runs_as_parallel_pieces_joined_with_crossfades(tts_factory, m
     split = lambda t, language: split_text(t, max_chars=40, language=language)  # noqa: E731
     (outcome,) = Pipeline(tts, split=split).run([Job(Request(text, speaker="ryan", id="long"), params)])
     assert outcome.pieces == len(pieces)
+    assert outcome.seed == 11 and outcome.seeds == [derive_seed(11, "piece", i) for i in range(len(pieces))]
     assert sorted(admitted[0]) == list(range(len(pieces)))  # all pieces admitted together: one batch
     fade = crossfade_samples(tts.sample_rate)
     alone = [tts.synthesize(piece, speaker="ryan", max_frames=12, seed=derive_seed(11, "piece", i))

@@ -50,7 +50,8 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
                 continue
             rec = ledger.done[r.id]
             path = Path(out) / rec.path
-            rate = rate or sf_rate(path)
+            if rate is None and rec.samples != 0:  # (an empty flac or ogg file has no header)
+                rate = sf_rate(path)
             writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
                           "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
                           "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": rec.seed})

@@ -1,9 +1,15 @@
-"""`results.jsonl`: one line per finished item, the record a re-run resumes from.
+"""`results.jsonl`: the record of an output directory, which resume, export and summaries read.
 
-Each line: id, status ("ok" | "error"), path, seconds, frames, finish_reason ("eos" | "length" |
-"error"), seed, error, timings. Lines are appended and flushed one at a time, after the item's audio
-file is in place (atomic rename), so a line never points at a missing or half-written file; a line
-cut off by a kill is ignored when reading.
+Each line is one JSON object: id, status ("ok" | "error"), path, seconds, samples, frames,
+finish_reason ("eos" | "length" | "error"), seed, seeds, error, attempts, pieces, timings (see
+docs/outputs.md). A line is appended and fsynced only after the item's audio file is in place
+(atomic rename), so a line never points at a missing or half-written file.
+
+The log is append-only, and **the last record of an id wins**: an item that runs again (a retried
+failure, a damaged file redone, a runaway retry's rerun) appends a second line and earlier ones stop
+counting. Every reader applies that rule through `records` (here: `Ledger`, `read_results`); a line
+torn by a kill is skipped. Appending, not rewriting, is what lets several writers share one
+directory later (O_APPEND lines, or one log per writer merged on read): a compaction would race them.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 NAME = "results.jsonl"
 
@@ -23,39 +29,41 @@ class Done(NamedTuple):
     seconds: float
     frames: int
     seed: int | None
+    samples: int | None  # None in records written before omnitts recorded it
+
+
+def records(out: Path) -> Iterator[dict]:
+    """Every readable record of output directory `out`, in file order (torn lines skipped)."""
+    path = Path(out) / NAME
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line torn by a kill: that item simply runs again
+            if isinstance(record, dict) and isinstance(record.get("id"), str):
+                yield record
+
+
+def read_results(out) -> dict[str, dict]:
+    """{id: its last record} of output directory `out` (the record that counts; see the module docstring)."""
+    return {record["id"]: record for record in records(out)}
 
 
 class Ledger:
     def __init__(self, out: Path):
         self.path = Path(out) / NAME
-        self.done: dict[str, Done] = {}  # id -> its last good record
-        self.failed: dict[str, str] = {}  # id -> the error of its last record
-        if self.path.exists():
-            for record in self._read():
-                self._note(record)
-
-    def _read(self):
-        with open(self.path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line torn by a kill: that item simply runs again
-                if isinstance(record, dict) and isinstance(record.get("id"), str):
-                    yield record
+        self.done: dict[str, Done] = {}  # id -> its last record, when that is good
+        self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
+        for record in records(out):
+            self._note(record)
 
     def is_done(self, item_id: str, out: Path) -> bool:
-        """Done = a good record whose audio file still exists and decodes."""
+        """Done = the id's last record is good and its audio file still holds what the record says."""
         record = self.done.get(item_id)
-        if record is None:
-            return False
-        try:
-            import soundfile as sf
-
-            sf.info(str(Path(out) / record.path))
-            return True
-        except Exception:  # missing or unreadable file: synthesize again
-            return False
+        return record is not None and audio_problem(Path(out) / record.path, record) is None
 
     def write(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,11 +77,44 @@ class Ledger:
         """The latest record of an id wins."""
         item_id = record["id"]
         if record.get("status") == "ok":
-            self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"))
+            self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"),
+                                      record.get("samples"))
             self.failed.pop(item_id, None)
         else:
             self.failed[item_id] = record.get("error") or ""
             self.done.pop(item_id, None)
+
+
+def audio_problem(path: Path, record: Done) -> str | None:
+    """Why the audio file of a good record is damaged, or None when it holds what the record says.
+
+    Cheap: the header and the file's last samples are read, never the whole file. The sample count
+    libsndfile reports must equal the record's: for wav it follows from the data actually present
+    (a file cut short reports fewer), for ogg from the last page. A flac header states the length it
+    was written with even when the file was cut, so the last samples are decoded too, which a cut
+    or corrupted tail fails. Damage inside an intact-length file is not detected.
+    """
+    import soundfile as sf
+
+    if not path.is_file():
+        return f"{path.name}: missing"
+    if record.samples == 0:
+        return None  # an item without audio: libsndfile cannot open an empty flac or ogg file
+    try:
+        with sf.SoundFile(str(path)) as handle:
+            frames, rate = handle.frames, handle.samplerate
+            if frames:
+                handle.seek(frames - 1)
+                if len(handle.read(1)) != 1:
+                    return f"{path.name}: the last sample cannot be read"
+    except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, ... for damaged files
+        return f"{path.name}: unreadable ({str(exc).strip() or type(exc).__name__})"
+    if record.samples is not None:
+        if frames != record.samples:
+            return f"{path.name}: {frames} samples, the record says {record.samples}"
+    elif abs(frames - record.seconds * rate) > rate * 0.0005 + 1:  # seconds are rounded to 1 ms
+        return f"{path.name}: {frames / rate:.3f} s long, the record says {record.seconds} s"
+    return None
 
 
 def remove_leftovers(out: Path) -> int:

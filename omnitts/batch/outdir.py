@@ -9,8 +9,11 @@ Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power lo
   leftover temporary files are deleted when a run starts;
 - a `results.jsonl` line is appended (and fsynced) only after its file is in place, so a line never
   points at a missing or partial file; a line torn by a kill is ignored;
-- "done" means a good ledger line whose file still decodes; anything else runs again, and the
-  atomic rename replaces, never duplicates, a file. Nothing is written outside `out`.
+- the log is append-only and the last record of an id wins (ledger.py): an item run again adds a
+  line, which replaces the earlier one for every reader;
+- "done" means the id's last record is good and its file holds what the record says (its sample
+  count, from the header and the last samples: `ledger.audio_problem`); anything else runs again,
+  and the atomic rename replaces, never duplicates, a file. Nothing is written outside `out`.
 The terminal belongs to the CLI: this module only returns records and counts. Exports: export.py.
 """
 
@@ -142,9 +145,9 @@ class Batch:
 
                 result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
             result.save(self.out / name)
-        rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), frames=result.frames,
-                     finish_reason=result.finish_reason, seed=outcome.seed, attempts=outcome.attempts,
-                     pieces=outcome.pieces, timings=outcome.timings)
+        rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), samples=outcome.samples,
+                     frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
+                     seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces, timings=outcome.timings)
         self.ledger.write(rec)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
@@ -158,12 +161,13 @@ class Batch:
                          self.settings.loudness)
 
 
-def record(item_id, status, path=None, seconds=None, frames=None, finish_reason=None, seed=None, error=None,
-           attempts=None, pieces=None, timings=None) -> dict:
-    """One results.jsonl line (the same keys for every status)."""
-    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "frames": frames,
-            "finish_reason": finish_reason or ("error" if status == "error" else None), "seed": seed,
-            "error": error, "attempts": attempts, "pieces": pieces, "timings": timings}
+def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
+           seeds=None, error=None, attempts=None, pieces=None, timings=None) -> dict:
+    """One results.jsonl line (the same keys for every status; docs/outputs.md describes them)."""
+    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "samples": samples,
+            "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
+            "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
+            "timings": timings}
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

@@ -66,12 +66,14 @@ class Outcome:
     result: object = None
     error: str | None = None
     exception: Exception | None = None  # what raised `error`
-    seed: int | None = None  # the seed actually used (assigned when the job had none and samples)
+    seed: int | None = None  # the item's seed (assigned when the job had none and samples)
+    seeds: list | None = None  # the seed each piece's kept attempt sampled with (derived from `seed`)
     attempts: int = 1  # 1 + runaway retries
     pieces: int = 1  # requests the text was split into
     timings: dict = field(default_factory=dict)  # seconds: prepare, generate, decode, total
     sink: object = None  # with a pipeline `sink`: the item's finished, uncommitted AudioSink
     seconds: float = 0.0  # audio length
+    samples: int = 0  # audio length in samples
 
     @property
     def ok(self) -> bool:
@@ -239,16 +241,8 @@ class Pipeline:
              tts.max_prefill_tokens)
 
     def _piece_params(self, item: _Item, index: int) -> SamplingParams:
-        """Piece 0 keeps the item's seed; later pieces and runaway retries derive theirs from it.
-
-        A retry reruns only the piece that ran away, so the pieces of one item stay independent.
-        """
-        seed = derive_seed(item.seed, "piece", index)
-        retries = item.tries.get(index, 0)
-        if seed is not None and retries:
-            seed = derive_seed(seed, "retry", retries)
         request, prompt = item.pieces[index]
-        return replace(item.params, seed=seed).with_budget(prompt.text_tokens, request.max_seconds)
+        return replace(item.params, seed=_piece_seed(item, index)).with_budget(prompt.text_tokens, request.max_seconds)
 
     def _feed(self, ready: deque, exhausted: bool) -> None:
         """Move prepared requests into the engine, (re)building it when one does not fit."""
@@ -381,8 +375,22 @@ class Pipeline:
         timings = {"prepare": item.prepare_s, "generate": now - (item.first_added or now) - item.decode_s,
                    "decode": item.decode_s, "total": now - item.started}
         attempts = 1 + max(item.tries.values(), default=0)
-        return Outcome(item.job, result, seed=item.seed, attempts=attempts, pieces=len(item.pieces),
-                       timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate)
+        seeds = None if item.seed is None else [_piece_seed(item, i) for i in range(len(item.pieces))]
+        return Outcome(item.job, result, seed=item.seed, seeds=seeds, attempts=attempts, pieces=len(item.pieces),
+                       timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate,
+                       samples=count)
+
+
+def _piece_seed(item: _Item, index: int) -> int | None:
+    """Piece 0 keeps the item's seed; later pieces and runaway retries derive theirs from it.
+
+    A retry reruns only the piece that ran away, so the pieces of one item stay independent.
+    """
+    seed = derive_seed(item.seed, "piece", index)
+    retries = item.tries.get(index, 0)
+    if seed is not None and retries:
+        seed = derive_seed(seed, "retry", retries)
+    return seed
 
 
 def _since(start: float) -> float:
