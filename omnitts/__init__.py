@@ -7,11 +7,12 @@
 """
 
 from .api import TTS, load
+from .batch.ledger import read_results
 from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError
 from .params import SamplingParams
 from .request import Request, Voice
 from .result import Audio, Result
 from .version import __version__
 
-__all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams",
+__all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams", "read_results",
            "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError", "__version__"]

@@ -116,7 +116,7 @@ def test_a_retried_item_appends_a_line_and_every_reader_takes_the_last(ckpt_dir,
     """Append-only log, last record of an id wins: for resume, --retry-failed, the export and read_results."""
     import datasets
 
-    from omnitts.batch.ledger import read_results
+    import omnitts
 
     rows = [{"id": k, "text": f"Line {k}.", "speaker": "ryan"} for k in ("a", "b", "c")]
     manifest = _manifest(tmp_path / "m.jsonl", rows)
@@ -132,7 +132,7 @@ def test_a_retried_item_appends_a_line_and_every_reader_takes_the_last(ckpt_dir,
     assert runner.invoke(app, args + ["--retry-failed"]).exit_code == 0
     lines = _records(out)
     assert len(lines) == 4 and (lines[-1]["id"], lines[-1]["status"]) == ("b", "ok")
-    last = read_results(out)
+    last = omnitts.read_results(out)  # the Python API's reader of an output directory
     assert sorted(last) == ["a", "b", "c"] and last["b"] == lines[-1]
     dataset = datasets.load_from_disk(str(export))  # resumed: rows for all three, b's from its ok record
     assert dataset["id"] == ["a", "b", "c"]
