@@ -197,6 +197,8 @@ def test_audio_problem_sees_a_file_cut_short_from_its_header(tmp_path, fmt):
         assert audio_problem(path, record) is not None, size
     path.unlink()
     assert audio_problem(path, record) == f"b.{fmt}: missing"
+    sf.write(path, np.zeros(0, dtype=np.float32), 24000, format=fmt.upper(), subtype=FORMATS[fmt])
+    assert audio_problem(path, record._replace(samples=0)) is None  # no audio (an empty flac/ogg cannot be opened)
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac"])
