@@ -1,0 +1,114 @@
+"""Ctrl-C in `omnitts synth`, driven by real SIGINTs: once finishes the running items, twice drops them.
+
+tests/test_kill.py interrupts at random points and checks the resumed run; these tests pin what each
+press does to the items in flight (README "Resume"): the first stops new items from starting and lets
+the running ones finish (their records are written, exit 130); a second drops the running ones at
+once (no record, no audio file, no temporary file left; exit 130), and the same command resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import soundfile as sf
+
+BATCH = 4
+LONG = 4 * BATCH  # more than the pipeline prepares ahead (2 x BATCH, at least 8): items start in manifest order,
+# not longest first as the last ones of a manifest do
+
+
+def _manifest(path, long_seconds: float, count: int):
+    """A 3-frame item first, then `count` items of `long_seconds` each (12.5 frames a second)."""
+    rows = [{"id": "first", "text": "A short first line.", "speaker": "ryan", "max_seconds": 0.24}]
+    rows += [{"id": f"long-{i:02d}", "text": f"Long line number {i}.", "speaker": "ryan", "max_seconds": long_seconds}
+             for i in range(count)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+class _Synth:
+    """`python -m omnitts synth` in a subprocess, its stderr collected line by line as it comes."""
+
+    def __init__(self, manifest, ckpt, out):
+        cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out), "--greedy",
+               "--max-batch", str(BATCH), "--quiet"]
+        self.out = out
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"))
+        self.err: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
+        self.reader.start()
+
+    def records(self) -> list[dict]:
+        path = self.out / "results.jsonl"
+        lines = path.read_text().split("\n")[:-1] if path.exists() else []  # complete lines only
+        return [json.loads(line) for line in lines]
+
+    def wait_for(self, condition, what: str, timeout: float = 120):
+        deadline = time.time() + timeout
+        while not condition():
+            assert self.proc.poll() is None, f"synth ended before {what}: {''.join(self.err)}"
+            assert time.time() < deadline, f"timed out waiting for {what}: {''.join(self.err)}"
+            time.sleep(0.02)
+
+    def finish(self, timeout: float = 120) -> str:
+        self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        return "".join(self.err)
+
+
+def test_one_sigint_finishes_the_running_items_and_starts_no_more(ckpt_dir, tmp_path):
+    rows = _manifest(tmp_path / "m.jsonl", long_seconds=3.2, count=LONG)  # 40 frames each
+    run = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out")
+    # The first item ends after 3 frames, while the BATCH - 1 admitted beside it have ~37 to go.
+    run.wait_for(lambda: run.records(), "the first record")
+    run.proc.send_signal(signal.SIGINT)
+    err = run.finish()
+    assert run.proc.returncode == 130, err
+    assert "stopping: finishing the items in progress" in err and "stopped early" in err, err
+    records = run.records()
+    ids = [r["id"] for r in records]
+    # The running ones finished (whole), nothing queued behind them started.
+    assert ids[0] == "first" and set(f"long-{i:02d}" for i in range(BATCH - 1)) <= set(ids), ids
+    assert len(ids) <= BATCH + 1 < len(rows), ids
+    assert all(r["status"] == "ok" for r in records), records
+    for r in records:
+        assert sf.info(run.out / r["path"]).frames == r["frames"] * 1920 and r["frames"] in (3, 40), r
+    assert not list(run.out.glob(".*.tmp"))
+
+
+def test_a_second_sigint_drops_the_running_items_and_the_run_resumes(ckpt_dir, tmp_path):
+    # 1500 frames each: finishing them (what a single Ctrl-C does) would take far past the assertions.
+    rows = _manifest(tmp_path / "m.jsonl", long_seconds=120, count=LONG)
+    run = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out")
+    run.wait_for(lambda: run.records(), "the first record")
+    # Audio of the running items is streaming into temporary files (a codec chunk is 25 frames).
+    run.wait_for(lambda: list(run.out.glob(".long-*.tmp")), "a running item's temporary file")
+    run.proc.send_signal(signal.SIGINT)
+    # Two signals before the handler runs would count as one: wait until it has run.
+    run.wait_for(lambda: any("stopping:" in line for line in run.err), "the first press's message")
+    run.proc.send_signal(signal.SIGINT)
+    err = run.finish(timeout=60)
+    assert run.proc.returncode == 130, err
+    assert "interrupted: finished items are recorded" in err and "stopped early" not in err, err
+    assert [r["id"] for r in run.records()] == ["first"]  # the running items were dropped, not finished
+    assert sorted(p.name for p in run.out.iterdir()) == ["first.wav", "results.jsonl"]  # no partial or temp file
+    assert sf.info(run.out / "first.wav").frames == 3 * 1920
+
+    # The same command resumes (a shorter budget keeps it quick: done items are skipped, whatever their budget).
+    _manifest(tmp_path / "m.jsonl", long_seconds=0.4, count=LONG)
+    again = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out")
+    err = again.finish()
+    assert again.proc.returncode == 0, err
+    records = again.records()
+    assert sorted(r["id"] for r in records) == sorted(r["id"] for r in rows)  # each id once
+    assert all(r["status"] == "ok" for r in records)
+    for r in records:
+        assert sf.info(run.out / r["path"]).frames == r["frames"] * 1920
+    assert not list(run.out.glob(".*.tmp"))
