@@ -25,3 +25,32 @@ def test_demo_runs_each_kind(tmp_path, kind):
 def test_demo_rejects_an_unknown_kind(tmp_path):
     result = CliRunner().invoke(app, ["demo", "--kind", "opera", "-o", str(tmp_path)])
     assert result.exit_code == 2 and "--kind 'opera': choose custom_voice, voice_design, base" in result.output
+
+
+def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatch):
+    """`omnitts demo` with no options, as the README's quick start runs it: a tiny CustomVoice checkpoint
+    built under .cache/, its 3-line manifest synthesized into the output folder the run names."""
+    import re
+
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["demo"])
+    assert result.exit_code == 0, result.output
+    model = tmp_path / ".cache" / "demo-tiny-customvoice"
+    assert json.loads((model / "config.json").read_text())["tts_model_type"] == "custom_voice"
+    out = tmp_path / re.search(r"omnitts synth ->\s+(\S+)", result.output).group(1)  # the summary names it
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records if r["status"] == "ok") == sorted(x["id"] for x in DEMO_LINES["custom_voice"])
+    for r in records:
+        audio, rate = sf.read(out / r["path"])
+        assert rate == 24000 and audio.shape == (25 * 1920,) and np.isfinite(audio).all() and audio.any()
+        assert np.load(out / f"{r['id']}.codes.npy").shape == (25, 16)
+    # "After `omnitts demo` this runs as is": the README's manifest on the demo checkpoint.
+    (tmp_path / "lines.jsonl").write_text(
+        '{"id": "intro", "text": "Hello, and welcome.", "language": "english", "speaker": "ryan"}\n'
+        '{"id": "calm", "text": "Take a deep breath.", "speaker": "vivian", "instruct": "Calm and slow."}\n')
+    result = CliRunner().invoke(app, ["synth", "lines.jsonl", "--model", ".cache/demo-tiny-customvoice", "--out", "out/",
+                                      "--max-frames", "25"])
+    assert result.exit_code == 0, result.output
+    assert all(sf.info(tmp_path / "out" / f"{name}.wav").frames == 25 * 1920 for name in ("intro", "calm"))
