@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import omnitts
 from omnitts.cli import app
-from omnitts.tokenizer import TextTokenizer
+from omnitts.text.tokenizer import TextTokenizer
 
 TEXTS = ["iPhone and JavaScript users, McDonald and OpenAI.", "HTTPServer restarted twice."]
 INSTRUCT = "A CamelCase voice: WarmAndSlow."

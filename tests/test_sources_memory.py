@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omnitts.sources import ArrowSource, ParquetSource
+from omnitts.batch.sources import ArrowSource, ParquetSource
 
 ROWS, TEXT_CHARS = 12_000, 5_000  # ~60 MB of incompressible text
 
