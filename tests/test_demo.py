@@ -41,7 +41,8 @@ def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatc
     assert json.loads((model / "config.json").read_text())["tts_model_type"] == "custom_voice"
     out = tmp_path / re.search(r"omnitts synth ->\s+(\S+)", result.output).group(1)  # the summary names it
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert sorted(r["id"] for r in records if r["status"] == "ok") == sorted(x["id"] for x in DEMO_LINES["custom_voice"])
+    expected = sorted(line["id"] for line in DEMO_LINES["custom_voice"])
+    assert sorted(r["id"] for r in records if r["status"] == "ok") == expected
     for r in records:
         audio, rate = sf.read(out / r["path"])
         assert rate == 24000 and audio.shape == (25 * 1920,) and np.isfinite(audio).all() and audio.any()
@@ -50,7 +51,7 @@ def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatc
     (tmp_path / "lines.jsonl").write_text(
         '{"id": "intro", "text": "Hello, and welcome.", "language": "english", "speaker": "ryan"}\n'
         '{"id": "calm", "text": "Take a deep breath.", "speaker": "vivian", "instruct": "Calm and slow."}\n')
-    result = CliRunner().invoke(app, ["synth", "lines.jsonl", "--model", ".cache/demo-tiny-customvoice", "--out", "out/",
-                                      "--max-frames", "25"])
+    result = CliRunner().invoke(app, ["synth", "lines.jsonl", "--model", ".cache/demo-tiny-customvoice",
+                                      "--out", "out/", "--max-frames", "25"])
     assert result.exit_code == 0, result.output
     assert all(sf.info(tmp_path / "out" / f"{name}.wav").frames == 25 * 1920 for name in ("intro", "calm"))
