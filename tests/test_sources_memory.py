@@ -1,4 +1,5 @@
-"""The columnar manifest readers stream: memory stays far below the file's size while its rows are read.
+"""The columnar manifest readers (Parquet, Arrow, saved datasets) stream: memory stays far below the
+file's size while its rows are read.
 
 tracemalloc cannot see Arrow's allocator, so Arrow's own pool (`pyarrow.total_allocated_bytes`) is
 sampled at every row, beside tracemalloc's peak for the Python objects made from the rows. A reader
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from omnitts.batch.sources import ArrowSource, ParquetSource
+from omnitts.batch.sources import ArrowSource, DatasetSource, ParquetSource
 
 ROWS, TEXT_CHARS = 12_000, 5_000  # ~60 MB of incompressible text
 
@@ -71,3 +72,13 @@ def test_arrow_rows_stream(table, tmp_path, form):
         with writer(sink, table.schema) as out:
             out.write_table(table, max_chunksize=ROWS // 4)
     _assert_streams(ArrowSource(path), path)
+
+
+def test_saved_dataset_rows_stream(table, tmp_path):
+    import datasets
+
+    datasets.disable_progress_bars()
+    folder = tmp_path / "ds"
+    datasets.Dataset(table).save_to_disk(str(folder), max_shard_size="1GB")
+    (path,) = folder.glob("*.arrow")  # one shard: the size measured is the whole dataset's
+    _assert_streams(DatasetSource(folder), path)
