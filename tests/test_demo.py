@@ -52,6 +52,6 @@ def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatc
         '{"id": "intro", "text": "Hello, and welcome.", "language": "english", "speaker": "ryan"}\n'
         '{"id": "calm", "text": "Take a deep breath.", "speaker": "vivian", "instruct": "Calm and slow."}\n')
     result = CliRunner().invoke(app, ["synth", "lines.jsonl", "--model", ".cache/demo-tiny-customvoice",
-                                      "--out", "out/", "--max-frames", "25"])
+                                      "--out", "out/lines", "--max-frames", "25"])
     assert result.exit_code == 0, result.output
-    assert all(sf.info(tmp_path / "out" / f"{name}.wav").frames == 25 * 1920 for name in ("intro", "calm"))
+    assert all(sf.info(tmp_path / "out" / "lines" / f"{name}.wav").frames == 25 * 1920 for name in ("intro", "calm"))

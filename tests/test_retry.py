@@ -43,7 +43,7 @@ def test_a_failed_item_is_retried_only_with_the_flag(ckpt_dir, tts_factory, ref_
 
     tts_factory("base").clone_voice(ref_wav, x_vector_only=True).save(tmp_path / "v.safetensors")
 
-    again = runner.invoke(app, args)  # without the flag: skipped like a done item, not run
+    again = runner.invoke(app, args)  # without the flag: not run (its exit code and summary: tests/test_cli.py)
     assert again.exception is None or isinstance(again.exception, SystemExit), again.output
     assert len(_records(out)) == 2 and not (out / "voiced.wav").exists()
 
