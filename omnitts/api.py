@@ -119,8 +119,8 @@ class TTS:
             raise RequestError("ref_text: required for in-context cloning; give the transcript or set x_vector_only")
         codec_rate = ckpt.config.codec.input_sample_rate
         speaker_rate = ckpt.config.speaker_encoder.sample_rate
-        wav = load_reference(ref_audio, codec_rate)
-        spk_wav = wav if speaker_rate == codec_rate else load_reference((wav, codec_rate), speaker_rate)
+        wav = load_reference(ref_audio, codec_rate, truncate=x_vector_only)
+        spk_wav = wav if speaker_rate == codec_rate else load_reference((wav, codec_rate), speaker_rate, truncate=True)
         x_vector = ckpt.model.speaker_encoder.embed(spk_wav)
         codes = None if x_vector_only else ckpt.codec_encoder.encode(wav)
         meta = {"ref_audio": "" if isinstance(ref_audio, tuple) else Path(ref_audio).name,

@@ -473,7 +473,7 @@ def voice_clone(
                   f"{cfg.model_type}")
         if text is not None:
             resolve(cfg, Request(text, language, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only))
-        load_reference(ref_audio, cfg.codec.input_sample_rate)  # a bad clip fails before the weights load
+        load_reference(ref_audio, cfg.codec.input_sample_rate, truncate=x_vector_only)  # fails before the load
         tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1,
                    codec_dtype=codec_dtype)
         voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
 from omnitts.engine.pipeline import Job, Pipeline
+from omnitts.errors import AudioError
+from omnitts.io.audio import MAX_REFERENCE_SECONDS, load_reference
 from omnitts.request import Request
 
 
@@ -24,3 +32,57 @@ def test_an_unexpected_exception_while_preparing_fails_only_that_item(tts_factor
     error = "IndexError while preparing: index 4096 is out of bounds for dimension 0 with size 2048"
     assert outcomes["b"].error == error
     assert isinstance(outcomes["b"].exception, IndexError)
+
+
+def _tone(path, seconds: float, rate: int = 16000):
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    sf.write(path, (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate)
+    return path
+
+
+def test_a_long_reference_is_refused_for_icl_and_cut_for_the_speaker_embedding(tmp_path):
+    """At most MAX_REFERENCE_SECONDS of a clip are read: in-context cloning refuses a longer clip (its
+    transcript would not match what is used), the speaker embedding alone uses its start, with a warning."""
+    long = _tone(tmp_path / "long.wav", 300.0)  # five minutes: 19 MB of float32 if read whole
+    with pytest.raises(AudioError, match=r"long.wav: reference audio is longer than 30 s; .* or set x_vector_only"):
+        load_reference(long, 24000)
+    tracemalloc.start()
+    try:
+        with pytest.warns(UserWarning, match="its first 30 s are used"):
+            wav = load_reference(long, 24000, truncate=True)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(wav) == MAX_REFERENCE_SECONDS * 24000
+    assert peak < 12 * 2**20, peak  # ~30 s read and resampled, never the whole file
+    exact = _tone(tmp_path / "exact.wav", MAX_REFERENCE_SECONDS)
+    assert len(load_reference(exact, 16000)) == MAX_REFERENCE_SECONDS * 16000  # the limit itself is fine
+    with pytest.raises(AudioError, match="is a directory, not an audio file"):
+        load_reference(tmp_path, 24000)
+
+
+def test_validate_names_a_too_long_reference_and_the_api_follows_the_same_rule(tts_factory, ckpt_dir, tmp_path):
+    from omnitts.batch.manifest import check_manifest
+    from omnitts.config import load_config
+
+    _tone(tmp_path / "long.wav", MAX_REFERENCE_SECONDS + 5)
+    _tone(tmp_path / "ok.wav", 2.0)
+    lines = [{"id": "icl", "text": "Hi.", "ref_audio": "long.wav", "ref_text": "Words."},
+             {"id": "xvec", "text": "Hi.", "ref_audio": "long.wav", "x_vector_only": True},
+             {"id": "dir", "text": "Hi.", "ref_audio": ".", "x_vector_only": True},
+             {"id": "fine", "text": "Hi.", "ref_audio": "ok.wav", "ref_text": "Words."}]
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    items, bad = check_manifest(tmp_path / "m.jsonl", load_config(ckpt_dir("base")))
+    assert [item.request.id for item in items] == ["xvec", "fine"]
+    problems = {b.line: b.message for b in bad}
+    assert "ref_audio" in problems[1]
+    assert "long.wav is 35.0 s long; in-context cloning takes at most 30 s" in problems[1]
+    assert "a directory, not an audio file" in problems[3]
+    tts = tts_factory("base")
+    with pytest.raises(AudioError, match="longer than 30 s"):
+        tts.clone_voice(tmp_path / "long.wav", "Words.")
+    with pytest.warns(UserWarning, match="first 30 s"):
+        voice = tts.clone_voice(tmp_path / "long.wav", x_vector_only=True)
+    assert voice.meta["ref_seconds"] == f"{MAX_REFERENCE_SECONDS:.3f}"

@@ -108,7 +108,7 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
         raise RequestError("voice: give either ref_audio or voice, not both")
     ref_audio = _path(obj.get("ref_audio"), base)
     if ref_audio is not None:
-        problem = _audio_problem(str(ref_audio))
+        problem = _audio_problem(str(ref_audio), icl=not obj.get("x_vector_only"))
         if problem:
             raise RequestError(f"ref_audio: {problem}")
     voice = _path(obj.get("voice"), base)
@@ -144,19 +144,19 @@ def _path(value: str | None, base: Path) -> Path | None:
     return Path(value) if Path(value).is_absolute() else base / value
 
 
-def _audio_problem(path: str) -> str | None:
+def _audio_problem(path: str, icl: bool = True) -> str | None:
     """Why reference audio `path` cannot be used, or None (soundfile reads its header only)."""
     if not Path(path).is_file():
-        return f"file not found: {path}"
+        return f"{'a directory, not an audio file' if Path(path).is_dir() else 'file not found'}: {path}"
     stat = Path(path).stat()
-    return _header_problem(path, stat.st_mtime_ns, stat.st_size)
+    return _header_problem(path, stat.st_mtime_ns, stat.st_size, icl)
 
 
 @lru_cache(maxsize=4096)  # manifests often reuse one reference clip on many lines
-def _header_problem(path: str, mtime_ns: int, size: int) -> str | None:
+def _header_problem(path: str, mtime_ns: int, size: int, icl: bool) -> str | None:
     import soundfile as sf
 
-    from ..io.audio import MIN_REFERENCE_SECONDS
+    from ..io.audio import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS
 
     try:
         info = sf.info(path)
@@ -164,6 +164,9 @@ def _header_problem(path: str, mtime_ns: int, size: int) -> str | None:
         return f"cannot read audio {path} ({str(exc).strip() or type(exc).__name__})"
     if info.duration < MIN_REFERENCE_SECONDS:
         return f"{path} is {info.duration:.2f} s long; at least {MIN_REFERENCE_SECONDS} s is needed"
+    if icl and info.duration > MAX_REFERENCE_SECONDS:
+        return (f"{path} is {info.duration:.1f} s long; in-context cloning takes at most {MAX_REFERENCE_SECONDS:g} s "
+                "(trim the clip and its ref_text, or set x_vector_only)")
     return None
 
 

@@ -3,6 +3,12 @@
 Reference audio of any rate, channel count or format soundfile/librosa can read is loaded as the
 official package does (librosa.load at its native rate, mono by channel average) and resampled with
 librosa's default resampler to the rate the codec and speaker encoder expect.
+
+A reference is at most `MAX_REFERENCE_SECONDS` long, so one clip's memory and prompt length are
+bounded (a 10-minute clip would otherwise cost gigabytes and hundreds of prompt frames). Only that
+much is ever read from a file. In-context cloning needs the transcript of exactly the audio used, so
+a longer clip is refused there; the speaker embedding alone (`x_vector_only`) uses its first
+`MAX_REFERENCE_SECONDS`, with a warning.
 """
 
 from __future__ import annotations
@@ -17,11 +23,16 @@ from ..errors import AudioError
 from .atomic import atomic_write, temp_name
 
 MIN_REFERENCE_SECONDS = 0.5
+MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
 
 
-def load_reference(source, target_sr: int) -> np.ndarray:
-    """A path, or a (samples, rate) pair -> mono float32 samples at `target_sr`."""
+def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray:
+    """A path, or a (samples, rate) pair -> mono float32 samples at `target_sr`.
+
+    A clip longer than `MAX_REFERENCE_SECONDS` raises AudioError, or with `truncate` (a speaker
+    embedding only) is cut to that length with a warning; a file is never read further than that.
+    """
     import librosa
 
     if isinstance(source, tuple):
@@ -33,14 +44,25 @@ def load_reference(source, target_sr: int) -> np.ndarray:
         path = Path(source)
         name = str(path)
         if not path.is_file():
-            raise AudioError(f"{path}: reference audio file not found")
+            what = "is a directory, not an audio file" if path.is_dir() else "file not found"
+            raise AudioError(f"{path}: reference audio {what}")
         try:
             with warnings.catch_warnings():  # librosa warns while falling back to audioread; we raise instead
                 warnings.simplefilter("ignore")
-                wav, sr = librosa.load(str(path), sr=None, mono=True)
+                # A little past the limit, to tell a clip of exactly the limit from a longer one.
+                wav, sr = librosa.load(str(path), sr=None, mono=True, duration=MAX_REFERENCE_SECONDS + 0.5)
         except Exception as exc:  # soundfile/audioread raise many types; the file is what matters
             raise AudioError(f"{path}: cannot read audio ({type(exc).__name__}: {exc})") from None
     wav = np.asarray(wav, dtype=np.float32)
+    limit = int(MAX_REFERENCE_SECONDS * sr)
+    if wav.size > limit:
+        if not truncate:
+            raise AudioError(f"{name}: reference audio is longer than {MAX_REFERENCE_SECONDS:g} s; in-context "
+                             f"cloning needs the transcript of exactly the audio used: trim the clip (and its "
+                             f"ref_text) to at most {MAX_REFERENCE_SECONDS:g} s, or set x_vector_only")
+        warnings.warn(f"{name}: reference audio is longer than {MAX_REFERENCE_SECONDS:g} s; its first "
+                      f"{MAX_REFERENCE_SECONDS:g} s are used for the speaker embedding", UserWarning, stacklevel=2)
+        wav = wav[:limit]
     if wav.size == 0 or wav.size < MIN_REFERENCE_SECONDS * sr:
         raise AudioError(f"{name}: reference audio is {wav.size / max(sr, 1):.2f} s long; "
                          f"at least {MIN_REFERENCE_SECONDS} s is needed")
