@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,3 +87,56 @@ def test_validate_names_a_too_long_reference_and_the_api_follows_the_same_rule(t
     with pytest.warns(UserWarning, match="first 30 s"):
         voice = tts.clone_voice(tmp_path / "long.wav", x_vector_only=True)
     assert voice.meta["ref_seconds"] == f"{MAX_REFERENCE_SECONDS:.3f}"
+
+
+def test_ids_with_control_characters_are_refused_and_a_bom_is_ignored(ckpt_dir, tmp_path):
+    from omnitts.batch.manifest import check_manifest
+    from omnitts.config import load_config
+
+    lines = [{"id": name, "text": "Hi.", "speaker": "ryan"} for name in ("first", "nl\n", "tab\tx")]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(line) + "\n" for line in lines).encode())
+    items, bad = check_manifest(manifest, load_config(ckpt_dir("custom_voice")))
+    assert [item.request.id for item in items] == ["first"]  # the BOM did not cost the first line
+    assert [b.line for b in bad] == [2, 3] and all("is not a safe file name" in b.message for b in bad)
+
+
+def test_a_torn_last_line_is_closed_before_the_next_record(tmp_path):
+    from omnitts.batch.ledger import Ledger, read_results
+
+    log = tmp_path / "results.jsonl"
+    log.write_text(json.dumps({"id": "a", "status": "error", "error": "x"}) + "\n" + '{"id": "b", "stat')
+    Ledger(tmp_path).write({"id": "c", "status": "error", "error": "y"})
+    assert set(read_results(tmp_path)) == {"a", "c"}  # "c" was not glued to the torn "b" line
+    assert log.read_text().endswith('"stat\n' + json.dumps({"id": "c", "status": "error", "error": "y"}) + "\n")
+
+
+def test_nothing_is_written_through_a_linked_log_and_only_omnitts_temporaries_are_deleted(ckpt_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from omnitts.batch.ledger import remove_leftovers
+    from omnitts.cli import app
+    from omnitts.io.atomic import is_temp_name, temp_name
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere.jsonl"
+    out.mkdir()
+    elsewhere.write_text("precious\n")
+    (out / "results.jsonl").symlink_to(elsewhere)
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "a", "text": "Hi.", "speaker": "ryan"}) + "\n")
+    args = ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+            "--max-frames", "3", "-q"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "results.jsonl: is a symbolic link" in result.output
+    assert elsewhere.read_text() == "precious\n" and not (out / "a.wav").exists()
+    (out / "results.jsonl").unlink()
+    mine = Path(temp_name(out / "a.wav"))
+    assert is_temp_name(mine.name) and mine.name.startswith(".a.wav.omnitts-")
+    (out / ".notes.tmp").write_text("a user's file")
+    (out / ".x.tmp").mkdir()
+    (out / ".link.omnitts-abcdefgh.tmp").symlink_to(elsewhere)
+    assert remove_leftovers(out) == 1 and not mine.exists()
+    assert (out / ".notes.tmp").read_text() == "a user's file" and (out / ".x.tmp").is_dir()
+    assert (out / ".link.omnitts-abcdefgh.tmp").is_symlink() and elsewhere.read_text() == "precious\n"
+    result = CliRunner().invoke(app, args)  # a directory named like a temporary file does not stop a run
+    assert result.exit_code == 0, result.output
+    assert (out / "a.wav").is_file() and (out / ".notes.tmp").exists()

@@ -19,7 +19,13 @@ import os
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+from ..errors import OmniTTSError
+
 NAME = "results.jsonl"
+
+
+class LedgerError(OmniTTSError):
+    """The result log cannot be used (it would write outside the output directory)."""
 
 
 class Done(NamedTuple):
@@ -66,9 +72,23 @@ class Ledger:
         return record is not None and audio_problem(Path(out) / record.path, record) is None
 
     def write(self, record: dict) -> None:
+        """Append `record` as one line, fsynced. The log is never followed through a symbolic link (it
+        would write outside the output directory), and a last line torn by a kill is closed first, so
+        the new record is never glued to it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError:
+            if self.path.is_symlink():
+                raise LedgerError(f"{self.path}: is a symbolic link; omnitts writes only inside the output "
+                                  "directory (replace the link with a file, or choose another --out)") from None
+            raise
+        with open(fd, "ab") as handle:
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+            if handle.tell() and not _ends_with_newline(self.path):
+                line = b"\n" + line
+            handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
         self._note(record)
@@ -118,9 +138,28 @@ def audio_problem(path: Path, record: Done) -> str | None:
 
 
 def remove_leftovers(out: Path) -> int:
-    """Delete temporary files of an interrupted run (they never count as done)."""
+    """Delete temporary files of an interrupted run (they never count as done): regular files named as
+    omnitts names its temporaries (`io.atomic.is_temp_name`); anything else is left alone."""
+    from ..io.atomic import is_temp_name
+
     removed = 0
     for tmp in Path(out).glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
-        removed += 1
+        if is_temp_name(tmp.name) and tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink(missing_ok=True)
+            removed += 1
     return removed
+
+
+def check_log(out: Path) -> None:
+    """Raise LedgerError if `out`'s result log is not a regular file omnitts may append to."""
+    path = Path(out) / NAME
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        kind = "a symbolic link" if path.is_symlink() else "not a regular file"
+        raise LedgerError(f"{path}: is {kind}; omnitts writes only inside the output directory (replace it "
+                          "with a file, or choose another --out)")
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) == b"\n"

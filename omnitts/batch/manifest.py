@@ -36,7 +36,7 @@ FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": s
           "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": NUMBER,
           "voice": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER, "repetition_penalty": NUMBER}
 SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")  # per-item SamplingParams overrides
-SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # with .match: \Z, not $ (which allows "id\n")
 _TRUE, _FALSE = {"true", "1", "yes", "y", "t"}, {"false", "0", "no", "n", "f"}
 
 

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..engine.pipeline import Job, Outcome
-from .ledger import Ledger, remove_leftovers
+from .ledger import Ledger, check_log, remove_leftovers
 
 
 @dataclass
@@ -91,6 +91,7 @@ class Batch:
         self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
         self.out.mkdir(parents=True, exist_ok=True)
+        check_log(self.out)
         self.leftovers = remove_leftovers(self.out)
         self.ledger = Ledger(self.out)
         self.tally = Tally()

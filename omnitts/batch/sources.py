@@ -36,7 +36,7 @@ class JsonlSource:
 
     def _open(self):
         try:
-            return open(self.path, encoding="utf-8")
+            return open(self.path, encoding="utf-8-sig")  # a UTF-8 byte order mark (Windows editors) is dropped
         except OSError as exc:
             raise OmniTTSError(f"{self.path}: cannot open manifest ({exc.strerror})") from None
 

@@ -1,21 +1,32 @@
 """Writing a file so it never exists half-written: a temporary name beside it, then a rename.
 
-Temporary names are `.<name>.<random>.tmp` in the target's folder (the same filesystem, so the rename
-is atomic); `ledger.remove_leftovers` deletes those a killed run leaves behind.
+Temporary names are `.<name>.omnitts-<random>.tmp` in the target's folder (the same filesystem, so the
+rename is atomic); `ledger.remove_leftovers` deletes those a killed run leaves behind, and only those
+(`is_temp_name`): a user's own `.something.tmp` is never touched.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 
+TEMP_MARK = ".omnitts-"  # between the target's name and mkstemp's random part
+_TEMP = re.compile(r"\..+\.omnitts-[A-Za-z0-9_]{8}\.tmp\Z")
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether file name `name` is one `temp_name` makes."""
+    return _TEMP.match(name) is not None
+
+
 def temp_name(path: Path) -> str:
     """Create an empty temporary file beside `path`, with the mode `open()` would give; return its name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}.", suffix=".tmp", dir=Path(path).parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}{TEMP_MARK}", suffix=".tmp", dir=Path(path).parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
     return tmp
