@@ -199,7 +199,7 @@ def test_validate_checks_saved_voices_against_the_checkpoint(ckpt_dir, tmp_path)
     assert out[0].startswith(f"{path}:2: voice: {tmp_path / 'other.safetensors'}: this voice was made with "
                              "checkpoint base-0b6-0123456789abcdef, not with ")
     assert f"re-create it with `omnitts voice-clone --model {ckpt} --save ...`" in out[0]
-    assert out[1].startswith(f"{path}:3: voice: ") and "tensor shapes do not fit" in out[1]
+    assert out[1].startswith(f"{path}:3: voice: ") and "x_vector must be 64 finite values for this checkpoint" in out[1]
     assert out[2].startswith(f"{path}:4: voice: ") and "not a saved voice" in out[2]
     assert out[3].startswith(f"{path}:5: voice: ") and "made with checkpoint base-0b6-0123456789abcdef" in out[3]
 
