@@ -1,0 +1,77 @@
+"""What an item's audio was made from, as one short digest kept in its record (`fingerprint`).
+
+A re-run compares each item's fingerprint with its last record's: equal, the item is done and skipped;
+different, it runs again and its file is replaced atomically (the record says why it was redone). In
+it: everything the manifest line and the run's options ask for -
+  - the request: text, language, speaker, instruct, ref_text, x_vector_only, non_streaming, max_seconds,
+    and the *contents* of its reference clip or saved voice file (not their paths: a moved file is
+    the same input, an edited one is not);
+  - the sampling parameters after defaults, flags and the line's overrides (seed and frame budget
+    included);
+  - the output format, the loudness target and the long-text split limit;
+  - the checkpoint's identity (voice.checkpoint_identity: its configs and encoders, not the talker's
+    weights).
+Not in it: device, dtype, batch size, threads and the omnitts version. They may move the last bits of
+the audio, but not what the line asks for, so a directory can be finished on another machine. An
+unseeded sampled item has seed None here, so it is not redone merely because its random seed differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+VERSION = 1  # bump when what goes in changes: every record made before is redone once
+
+
+def fingerprint(request, params, checkpoint: str, audio_format: str, loudness: float | None = None,
+                split_chars: int | None = None) -> str:
+    """The digest of what `request` sampled with `params` asks for (see the module docstring)."""
+    fields = {
+        "version": VERSION, "text": request.text, "language": request.language, "speaker": request.speaker,
+        "instruct": request.instruct, "ref_text": request.ref_text, "x_vector_only": request.x_vector_only,
+        "non_streaming": request.non_streaming, "max_seconds": request.max_seconds,
+        "ref_audio": _source(request.ref_audio), "voice": _source(request.voice),
+        "sampling": asdict(params), "checkpoint": checkpoint, "format": audio_format, "loudness": loudness,
+        "split_chars": split_chars,
+    }
+    text = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _source(value) -> str | None:
+    """A reference clip or voice: the digest of a file's bytes; of samples and rate; of a Voice's tensors."""
+    if value is None:
+        return None
+    if isinstance(value, (str, Path)):
+        path = Path(value).expanduser().resolve()
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"missing:{path}"  # it fails when it runs; a later fix of the file is a change
+        return file_digest(str(path), stat.st_size, stat.st_mtime_ns)
+    digest = hashlib.sha256()
+    if isinstance(value, tuple):  # (samples, rate)
+        import numpy as np
+
+        digest.update(np.ascontiguousarray(value[0], dtype=np.float32).tobytes())
+        digest.update(str(int(value[1])).encode())
+        return digest.hexdigest()[:16]
+    for tensor in (value.x_vector, value.ref_codes):  # a Voice
+        if tensor is not None:
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    digest.update(repr((value.ref_text, value.checkpoint)).encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=4096)  # one clip or voice file is often named on many lines
+def file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """SHA-256 of a file's bytes (first 16 hex digits); cached while its size and mtime stay."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]

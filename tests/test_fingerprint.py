@@ -1,0 +1,68 @@
+"""The fingerprint a record keeps of what made its audio: every input the line asks for counts, the machine does not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from omnitts.batch.fingerprint import fingerprint
+from omnitts.params import SamplingParams
+from omnitts.request import Request, Voice
+
+
+def test_every_input_of_a_line_changes_the_fingerprint_and_nothing_else_does(tmp_path):
+    clip, voice = tmp_path / "ref.wav", tmp_path / "v.safetensors"
+    clip.write_bytes(b"RIFF-one")
+    voice.write_bytes(b"voice-one")
+    request = Request("Hello.", "english", speaker="ryan", instruct="Calm.", ref_audio=clip, ref_text="Ref.",
+                      voice=voice, id="a")
+    params = SamplingParams(seed=7, max_frames=40)
+    base = fingerprint(request, params, "base-0b6-0123", "wav", None, None)
+    assert base == fingerprint(replace(request, id="b"), params, "base-0b6-0123", "wav")  # the id is not an input
+    changed = [
+        fingerprint(replace(request, text="Hello!"), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, language="german"), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, speaker="vivian"), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, instruct=None), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, ref_text="Other."), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, x_vector_only=True), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, non_streaming=True), params, "base-0b6-0123", "wav"),
+        fingerprint(replace(request, max_seconds=3.0), params, "base-0b6-0123", "wav"),
+        fingerprint(request, replace(params, seed=8), "base-0b6-0123", "wav"),
+        fingerprint(request, replace(params, max_frames=41), "base-0b6-0123", "wav"),
+        fingerprint(request, replace(params, temperature=0.5), "base-0b6-0123", "wav"),
+        fingerprint(request, params.greedy(), "base-0b6-0123", "wav"),
+        fingerprint(request, params, "base-0b6-9999", "wav"),
+        fingerprint(request, params, "base-0b6-0123", "flac"),
+        fingerprint(request, params, "base-0b6-0123", "wav", -23.0),
+        fingerprint(request, params, "base-0b6-0123", "wav", None, 120),
+    ]
+    assert len(set(changed)) == len(changed) and base not in changed
+    # A file's contents count, not its name or place; an edit counts.
+    moved = tmp_path / "moved.wav"
+    clip.rename(moved)
+    assert fingerprint(replace(request, ref_audio=moved), params, "base-0b6-0123", "wav") == base
+    moved.write_bytes(b"RIFF-two")
+    assert fingerprint(replace(request, ref_audio=moved), params, "base-0b6-0123", "wav") != base
+    voice.write_bytes(b"voice-two")
+    assert fingerprint(request, params, "base-0b6-0123", "wav") != base
+
+
+def test_in_memory_references_and_voices_are_fingerprinted_by_value():
+    samples = np.linspace(-0.5, 0.5, 4800, dtype=np.float32)
+    params = SamplingParams(seed=1)
+    by_samples = [fingerprint(Request("Hi.", ref_audio=(s, r), ref_text="Ref."), params, "c", "wav")
+                  for s, r in ((samples, 24000), (samples.copy(), 24000), (samples, 16000), (samples * 2, 24000))]
+    assert by_samples[0] == by_samples[1] and len(set(by_samples)) == 3
+    voice = Voice(torch.ones(8), torch.zeros(5, 16, dtype=torch.int64), "Ref.", checkpoint="c")
+    same = Voice(torch.ones(8), torch.zeros(5, 16, dtype=torch.int64), "Ref.", checkpoint="c")
+    other = Voice(torch.ones(8), torch.ones(5, 16, dtype=torch.int64), "Ref.", checkpoint="c")
+    prints = [fingerprint(Request("Hi.", voice=v), params, "c", "wav") for v in (voice, same, other)]
+    assert prints[0] == prints[1] != prints[2]
+
+
+def test_an_unseeded_item_keeps_its_fingerprint_across_runs():
+    request = Request("Hello.", speaker="ryan")
+    assert fingerprint(request, SamplingParams(), "c", "wav") == fingerprint(request, SamplingParams(), "c", "wav")
