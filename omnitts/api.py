@@ -85,7 +85,8 @@ class TTS:
         """Describe the checkpoint: kind, size, parameter counts, speakers, languages, defaults.
 
         Returns:
-            A dict with `path`, `kind` (custom_voice | voice_design | base), `size` ("0.6B"/"1.7B"),
+            A dict with `path`, `kind` (custom_voice | voice_design | base), `size` (from the shapes:
+            "0.6B", "1.7B", "tiny" or "custom"), `config_size` (what the config names it),
             `parameters` and `codec_parameters` (exact counts), `speakers` and `dialects` (speaker ->
             dialect), `languages` ("auto" first), `accepts_instruct`, `sample_rate`, `frame_rate`,
             `sampling` (the default sampling parameters) and `max_frames`, plus layer sizes. See
