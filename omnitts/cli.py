@@ -7,43 +7,111 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from .errors import OmniTTSError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown",
-                  help="Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints.")
+# Help panels: every option of every command sits in one of these (details in the README).
+INPUT, DECODING, ENGINE, OUTPUT = "Input", "Decoding", "Engine", "Output"
+FLAG = ""  # metavar of on/off flags: no "<bool>" placeholder (a flag takes no value)
 
-Model = Annotated[Path, typer.Option("--model", "-m", help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
-Out = Annotated[Path, typer.Option("--out", "-o", help="Output directory (one ID.wav per item).")]
-Greedy = Annotated[bool, typer.Option("--greedy", help="Argmax decoding in talker and sub-talker (deterministic).")]
-MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, help="Frame budget per item (12.5 frames/s).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for items without their own.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="auto | float32 | bfloat16 | float16 (language models). auto: bfloat16 on cuda/npu and on CPUs with native bf16 (AVX512-BF16/AMX), else float32. [default: auto]", show_default=False)]
-CodecDtype = Annotated[Optional[str], typer.Option("--codec-dtype", help="float32 | bfloat16 for the codec decoder: bfloat16 about halves its time on CPUs with native bf16 (what the official package does in bfloat16) but costs quality, about 20 dB SNR against float32 (README: Speed). [default: float32]", show_default=False)]
-Device = Annotated[Optional[str], typer.Option("--device", help="cpu | cuda | npu (npu needs torch_npu and CANN). [default: cpu]", show_default=False)]
-MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", min=1, help="Requests decoded together (continuous batching). [default: 8]", show_default=False)]
-Eager = Annotated[Optional[bool], typer.Option("--eager/--no-eager", help="No graph capture on cuda/npu (also OMNITTS_EAGER=1). [default: no-eager]", show_default=False)]
-RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", help="TOML engine settings (recipes/*.toml); flags given on the command line win.")]
+
+class _PlainHelp:
+    """--help itself shows no "<bool>" placeholder either."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = FLAG
+        return option
+
+
+class _Command(_PlainHelp, TyperCommand):
+    pass
+
+
+class _Group(_PlainHelp, TyperGroup):
+    pass
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown",
+                  cls=_Group, help="Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints.")
+
+Model = Annotated[Path, typer.Option("--model", "-m", metavar="DIR", rich_help_panel=INPUT,
+                                     help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
+Out = Annotated[Path, typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUTPUT,
+                                   help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
+Greedy = Annotated[bool, typer.Option("--greedy/--no-greedy", metavar=FLAG, rich_help_panel=DECODING, show_default=False,
+                                      help="Argmax decoding instead of sampling.")]
+MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, metavar="N", rich_help_panel=DECODING,
+                                                  help="Frame budget per item (12.5 frames/s).")]
+Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", rich_help_panel=DECODING,
+                                             help="Seed for items without their own.")]
+Dtype = Annotated[Optional[str], typer.Option("--dtype", metavar="TYPE", rich_help_panel=ENGINE, show_default=False,
+                                              help="auto, float32, bfloat16 or float16. [default: auto]")]
+CodecDtype = Annotated[Optional[str], typer.Option("--codec-dtype", metavar="TYPE", rich_help_panel=ENGINE,
+                                                   show_default=False,
+                                                   help="float32, or bfloat16 (faster, lossier). [default: float32]")]
+Device = Annotated[Optional[str], typer.Option("--device", metavar="NAME", rich_help_panel=ENGINE, show_default=False,
+                                               help="cpu, cuda or npu. [default: cpu]")]
+MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", min=1, metavar="N", rich_help_panel=ENGINE,
+                                                 show_default=False,
+                                                 help="Requests decoded together. [default: 8]")]
+Eager = Annotated[Optional[bool], typer.Option("--eager/--no-eager", metavar=FLAG, rich_help_panel=ENGINE,
+                                               show_default=False,
+                                               help="No graph capture on cuda/npu. [default: no-eager]")]
+RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", metavar="FILE", rich_help_panel=ENGINE,
+                                                   help="TOML engine settings (recipes/); flags win.")]
 
 ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False)
-SaveCodes = Annotated[bool, typer.Option("--save-codes", help="Also write ID.codes.npy, int64 [frames, 16].")]
-OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", help="Tokenize like the official qwen-tts package (Mistral regex swap) instead of as the checkpoint defines.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or spinner (for logs); errors and the summary still print.")]
-Strict = Annotated[bool, typer.Option("--strict", help="Stop before synthesis if any manifest line is bad.")]
-RetryFailed = Annotated[bool, typer.Option("--retry-failed", help="Also retry items that failed in an earlier run.")]
-Format = Annotated[str, typer.Option("--format", help="Audio format of the outputs: wav | flac | ogg.")]
-ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", help="FIELD=COLUMN: read FIELD from this column (JSON key); repeatable.")]
-IdCol = Annotated[Optional[str], typer.Option("--id-column", help="Column holding the id (same as --column id=NAME).")]
-TextCol = Annotated[Optional[str], typer.Option("--text-column", help="Column holding the text (same as --column text=NAME).")]
-ManifestArg = Annotated[Path, typer.Argument(help="Manifest: JSONL (one {id, text, ...} per line), .csv/.tsv, .parquet, .arrow, or a datasets save_to_disk folder.")]
-Loudness = Annotated[Optional[float], typer.Option("--loudness", min=-70.0, max=0.0, help="Normalize each output to this integrated loudness in LUFS (EBU R128; e.g. -23 or -16), peaks limited to -1 dBFS.")]
+SaveCodes = Annotated[bool, typer.Option("--save-codes", metavar=FLAG, rich_help_panel=OUTPUT,
+                                         help="Also write ID.codes.npy (int64, frames x 16).")]
+OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", metavar=FLAG, rich_help_panel=DECODING,
+                                           help="Tokenize as the official qwen-tts package does.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar=FLAG, rich_help_panel=OUTPUT,
+                                     help="No progress bar; errors and summary still print.")]
+Strict = Annotated[bool, typer.Option("--strict", metavar=FLAG, rich_help_panel=INPUT,
+                                      help="Synthesize nothing if any manifest line is bad.")]
+RetryFailed = Annotated[bool, typer.Option("--retry-failed", metavar=FLAG, rich_help_panel=OUTPUT,
+                                           help="Run again the items an earlier run failed.")]
+Force = Annotated[bool, typer.Option("--force", metavar=FLAG, rich_help_panel=OUTPUT,
+                                     help="Redo every item, finished ones included.")]
+Format = Annotated[str, typer.Option("--format", metavar="EXT", rich_help_panel=OUTPUT,
+                                     help="Audio format: wav, flac or ogg.")]
+ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", metavar="F=COL", rich_help_panel=INPUT,
+                                                        help="Read field F from column COL; repeatable.")]
+IdCol = Annotated[Optional[str], typer.Option("--id-column", metavar="COL", rich_help_panel=INPUT,
+                                              help="Column holding the id (--column id=COL).")]
+TextCol = Annotated[Optional[str], typer.Option("--text-column", metavar="COL", rich_help_panel=INPUT,
+                                                help="Column holding the text (--column text=COL).")]
+ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False,
+                                             help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
+Loudness = Annotated[Optional[float], typer.Option("--loudness", metavar="LUFS", rich_help_panel=OUTPUT,
+                                                   help="Normalize each output's loudness (e.g. -23).")]
+SplitChars = Annotated[Optional[int], typer.Option("--split-chars", min=0, metavar="N", rich_help_panel=INPUT,
+                                                   help="Split longer texts at sentences (0: never).")]
+RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, metavar="N", rich_help_panel=DECODING,
+                                           help="Retries for items that hit the frame budget.")]
+ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", metavar="DIR", rich_help_panel=OUTPUT,
+                                                       help="Also save the results as a datasets dataset.")]
 
 
-def _check_device(device: str) -> None:
-    from .recipe import DEVICES
+def _show_version(value: bool) -> None:
+    if value:
+        import platform
 
-    if device not in DEVICES:
-        _fail(f"--device {device!r}: choose {', '.join(DEVICES[:-1])} or {DEVICES[-1]}")
+        import torch
+
+        from .version import __version__
+
+        typer.echo(f"omnitts {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", metavar=FLAG, is_eager=True, callback=_show_version,
+                                               help="Print the version and exit.")] = False):
+    """Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints."""
 
 
 def _fail(message: str, code: int = 2):
@@ -51,9 +119,44 @@ def _fail(message: str, code: int = 2):
     raise typer.Exit(code)
 
 
-SplitChars = Annotated[Optional[int], typer.Option("--split-chars", min=0, help="Split texts longer than this many characters at sentence boundaries and join the pieces with crossfades (default: about 20 s of speech, 250 Latin / 100 CJK characters; 0: never split).")]
-RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, help="Retry items that ran out of their derived frame budget up to N times, each with a derived seed (sampling only).")]
-ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", help="Also write the finished items as a Hugging Face `datasets` dataset (Audio column) to this folder.")]
+def _either(choices) -> str:
+    """("a", "b", "c") -> "a, b or c"."""
+    return f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _check_engine(engine: dict) -> None:
+    """Reject a bad device, dtype or codec dtype (and a device this machine lacks) before anything loads."""
+    from .recipe import CODEC_DTYPES, DEVICES, DTYPES
+
+    for flag, name, choices in (("--device", "device", DEVICES), ("--dtype", "dtype", DTYPES),
+                                ("--codec-dtype", "codec_dtype", CODEC_DTYPES)):
+        if engine[name] not in choices:
+            _fail(f"{flag} {engine[name]!r}: choose {_either(choices)}")
+    if engine["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            _fail("--device cuda: no CUDA device is visible to torch (use --device cpu)")
+    elif engine["device"] == "npu":
+        from .device.npu import import_torch_npu
+
+        try:
+            import_torch_npu()
+        except OmniTTSError as exc:
+            _fail(str(exc))
+
+
+def _check_output(audio_format: str, loudness: float | None) -> None:
+    from .io.audio import FORMATS
+
+    if audio_format not in FORMATS:
+        _fail(f"--format {audio_format!r}: choose {_either(tuple(FORMATS))}")
+    if loudness is not None and not -70.0 <= loudness <= 0.0:
+        _fail(f"--loudness {loudness:g}: choose a level from -70 to 0 LUFS (e.g. -23 or -16)")
 
 
 def _engine_options(recipe, **flags) -> dict:
@@ -74,60 +177,58 @@ def _engine_options(recipe, **flags) -> dict:
     return options
 
 
-@app.command()
+@app.command(cls=_Command)
 def synth(
     manifest: ManifestArg,
     model: Model,
-    out: Out,
-    greedy: Greedy = False,
-    max_frames: MaxFrames = None,
-    seed: Seed = None,
-    dtype: Dtype = None,
-    codec_dtype: CodecDtype = None,
-    device: Device = None,
-    save_codes: SaveCodes = False,
-    official_tokenizer: OfficialTok = False,
-    quiet: Quiet = False,
-    max_batch: MaxBatch = None,
-    eager: Eager = None,
-    strict: Strict = False,
-    retry_failed: RetryFailed = False,
-    audio_format: Format = "wav",
-    retry_runaway: RetryRunaway = 0,
-    loudness: Loudness = None,
-    export_dataset: ExportDataset = None,
-    split_chars: SplitChars = None,
     column: ColumnMap = None,
     id_column: IdCol = None,
     text_column: TextCol = None,
+    split_chars: SplitChars = None,
+    strict: Strict = False,
+    greedy: Greedy = False,
+    max_frames: MaxFrames = None,
+    seed: Seed = None,
+    retry_runaway: RetryRunaway = 0,
+    official_tokenizer: OfficialTok = False,
+    device: Device = None,
+    dtype: Dtype = None,
+    codec_dtype: CodecDtype = None,
+    max_batch: MaxBatch = None,
+    eager: Eager = None,
     recipe: RecipeOpt = None,
+    out: Out = ...,  # required; listed here so that the Output panel comes last in --help
+    audio_format: Format = "wav",
+    save_codes: SaveCodes = False,
+    loudness: Loudness = None,
+    export_dataset: ExportDataset = None,
+    retry_failed: RetryFailed = False,
+    force: Force = False,
+    quiet: Quiet = False,
 ):
-    """Synthesize every line of MANIFEST into OUT/ID.wav, recording each in OUT/results.jsonl.
+    """Synthesize every line of MANIFEST into OUT/ID.wav, recorded in OUT/results.jsonl.
 
-    Bad lines are reported (file:line: field: problem) and recorded as errors while the rest run;
-    re-running the same command skips what is done. Ctrl-C stops starting new items and finishes the
-    running ones (twice: drops them too); either way the same command resumes. Exit code 1 if any
-    item failed. Engine settings come from the flags, else from --recipe, else the defaults shown.
+    Bad lines are reported as file:line: field: problem and the rest run. Running the same
+    command again resumes: finished items are skipped. Ctrl-C finishes the running items
+    (twice: drops them). Engine settings: the flag, else --recipe, else the default.
+
+    Exit code 0 when every item has audio; 1 when some have none (failed in this run or an
+    earlier one); 2 for a usage error, a bad file, or a bad line with --strict; 130 on Ctrl-C.
     """
     from .batch.manifest import BadLine, column_map, iter_manifest
     from .batch.outdir import Batch, Settings
     from .config import load_config
 
+    # Every option is checked before the manifest is read and long before the model loads.
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch,
                                  eager=eager)
     except OmniTTSError as exc:
         _fail(str(exc))
-    device = engine["device"]
-    _check_device(device)
-    from .recipe import CODEC_DTYPES
-
-    if engine["codec_dtype"] not in CODEC_DTYPES:
-        _fail(f"--codec-dtype {engine['codec_dtype']!r}: choose {' or '.join(CODEC_DTYPES)}")
-    if audio_format not in ("wav", "flac", "ogg"):
-        _fail(f"--format {audio_format!r}: choose wav, flac or ogg")
+    _check_engine(engine)
+    _check_output(audio_format, loudness)
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
-                        retry_failed=retry_failed, retry_runaway=retry_runaway, loudness=loudness,
+                        retry_failed=retry_failed, force=force, retry_runaway=retry_runaway, loudness=loudness,
                         split_chars=split_chars)
     # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
     # Both passes stream the manifest, so memory does not grow with its length.
@@ -147,8 +248,11 @@ def synth(
                 good += 1
     except OmniTTSError as exc:
         _fail(str(exc))
-    if bad and (strict or not good):
-        raise typer.Exit(2)
+    if bad and not good:
+        _fail(f"{manifest}: no good lines ({_plural(bad, 'bad line')}); nothing to synthesize")
+    if bad and strict:
+        _fail(f"--strict: {_plural(bad, 'bad line')} in {manifest}; nothing was synthesized (fix them, or drop "
+              f"--strict to run the {_plural(good, 'good line')})")
     batch = batch or Batch(out, settings)
 
     def items():  # pass 2 (and the export): the good items, read again lazily
@@ -170,7 +274,7 @@ def synth(
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(130)
-    if batch.tally.failed:
+    if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
         raise typer.Exit(1)
 
 
@@ -262,6 +366,7 @@ class _GracefulStop:
 
 
 def _summary(console, batch) -> None:
+    """The closing table, the failures, and why items were skipped (with the flag that runs them)."""
     from rich.table import Table
 
     t = batch.tally
@@ -269,12 +374,21 @@ def _summary(console, batch) -> None:
     for name in ("done", "failed", "skipped", "audio", "wall time", "speed"):
         table.add_column(name, justify="right")
     table.add_row(str(t.done), str(t.failed), str(t.skipped), _hms(t.seconds), _hms(t.wall),
-                  f"{t.realtime:.2f}x realtime")
+                  f"{t.realtime:.2f}x realtime" if t.done else "-")
     console.print(table)
     for item_id, message in t.errors:
         console.print(f"  failed {item_id}: {message}")
     if t.failed > len(t.errors):
         console.print(f"  ... and {t.failed - len(t.errors)} more (see {batch.out}/results.jsonl)")
+    done_before = t.skipped - t.earlier_failed
+    if done_before:
+        console.print(f"{_plural(done_before, 'item')} already done in {batch.out}: skipped (--force redoes "
+                      f"{'it' if done_before == 1 else 'them'})")
+    if t.earlier_failed:
+        one = t.earlier_failed == 1
+        console.print(f"{_plural(t.earlier_failed, 'item')} failed in an earlier run and still "
+                      f"{'has' if one else 'have'} no audio: --retry-failed runs {'it' if one else 'them'} again "
+                      f"(errors in {batch.out}/results.jsonl)")
 
 
 def _hms(seconds: float) -> str:
@@ -282,7 +396,7 @@ def _hms(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-@app.command()
+@app.command(cls=_Command)
 def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_column: IdCol = None,
              text_column: TextCol = None):
     """Check every line of MANIFEST against the checkpoint's config, without loading weights.
@@ -309,8 +423,9 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
         raise typer.Exit(1)
 
 
-@app.command()
-def info(model: Annotated[Path, typer.Argument(help="Checkpoint directory.")]):
+@app.command(cls=_Command)
+def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False,
+                                               help="Checkpoint directory.")]):
     """Describe a checkpoint: kind, size, voices, languages, defaults.
 
     Reads only the config files and the safetensors headers (no weights are loaded).
@@ -338,7 +453,7 @@ def info(model: Annotated[Path, typer.Argument(help="Checkpoint directory.")]):
 
     rows = [
         ("kind", f"{d['kind']} ({kinds[d['kind']]})"),
-        ("size", d["size"]),
+        ("size", _size(d)),
         ("parameters", f"{d['parameters']:,} ({short_count(d['parameters'])}); codec {d['codec_parameters']:,} "
                        f"({short_count(d['codec_parameters'])})"),
         ("layers", f"talker {d['talker_layers']} (hidden {d['talker_hidden']}), code predictor "
@@ -355,6 +470,13 @@ def info(model: Annotated[Path, typer.Argument(help="Checkpoint directory.")]):
     for key, value in rows:
         table.add_row(key, value)
     Console().print(table)
+
+
+def _size(d: dict) -> str:
+    """The size row of `info`: what the shapes say, and the config's name where that differs."""
+    if d["size"] == d["config_size"]:
+        return d["size"]
+    return f"{d['size']} (from its shapes; the config names it {d['config_size']}, which sets its behaviour)"
 
 
 DEMO_LINES = {
@@ -376,15 +498,23 @@ DEMO_LINES = {
 }
 
 
-@app.command()
+@app.command(cls=_Command)
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Where the demo writes its audio.")] = Path("out/demo"),
-    model_dir: Annotated[Optional[Path], typer.Option("--model-dir", help="Where the tiny demo checkpoint is built. [default: .cache/demo-tiny-customvoice, -voicedesign or -base]", show_default=False)] = None,
-    kind: Annotated[str, typer.Option("--kind", help="Checkpoint kind to build: custom_voice | voice_design | base.")] = "custom_voice",
+    model_dir: Annotated[Optional[Path], typer.Option("--model-dir", metavar="DIR", rich_help_panel=INPUT,
+                                                      show_default=False,
+                                                      help="Where the checkpoint is built. "
+                                                           "[default: .cache/demo-tiny-KIND]")] = None,
+    kind: Annotated[str, typer.Option("--kind", metavar="KIND", rich_help_panel=INPUT,
+                                      help="custom_voice, voice_design or base.")] = "custom_voice",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUTPUT,
+                                                show_default=False,
+                                                help="Output directory. [default: out/demo-KIND]")] = None,
+    force: Force = False,
 ):
     """Build a tiny random checkpoint and synthesize a small manifest with it.
 
     The weights are random, so the audio is noise-like; the run shows the whole pipeline working.
+    Each kind writes to its own folder (KIND without the underscore: out/demo-customvoice, ...).
     """
     import json
 
@@ -393,6 +523,7 @@ def demo(
     if kind not in DEMO_LINES:
         _fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
     model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
+    out = out or Path(f"out/demo-{kind.replace('_', '')}")
     if not (model_dir / "model.safetensors").exists():
         typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
         build_checkpoint(model_dir, kind=kind, preset="tiny-0.6b" if kind == "base" else "tiny-1.7b")
@@ -401,9 +532,9 @@ def demo(
         _write_demo_reference(out / "ref.wav")
     manifest = out / "demo.jsonl"
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
-    synth(manifest, model_dir, out, greedy=True, max_frames=25, seed=0, dtype=None, codec_dtype=None,
+    synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None, codec_dtype=None,
           device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None, eager=None,
-          strict=False, retry_failed=False, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None,
+          strict=False, retry_failed=False, force=force, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None,
           split_chars=None, column=None, id_column=None, text_column=None, recipe=None)
 
 
@@ -422,16 +553,19 @@ def _write_demo_reference(path: Path) -> None:
     write_audio(path, (0.25 * voice * envelope).astype(np.float32), rate)
 
 
-@app.command("voice-clone")
+@app.command("voice-clone", cls=_Command)
 def voice_clone(
     model: Model,
-    ref_audio: Annotated[Path, typer.Option("--ref-audio", help="Reference clip (wav/flac/ogg/mp3 ...; at least 0.5 s, ideally 3-10 s of clean speech).")],
-    ref_text: Annotated[Optional[str], typer.Option("--ref-text", help="Transcript of the reference clip (in-context cloning).")] = None,
-    x_vector_only: Annotated[bool, typer.Option("--x-vector-only", help="Clone from the speaker embedding alone (no transcript needed; less close).")] = False,
-    save: Annotated[Optional[Path], typer.Option("--save", help="Write the voice to this .safetensors file (use it as a manifest's \"voice\").")] = None,
-    text: Annotated[Optional[str], typer.Option("--text", help="Speak this text in the cloned voice (with -o).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Audio file for --text: .wav, .flac or .ogg.")] = None,
-    language: Annotated[str, typer.Option("--language", help="Language of --text (a language the checkpoint knows, or auto).")] = "auto",
+    ref_audio: Annotated[Path, typer.Option("--ref-audio", metavar="FILE", rich_help_panel=INPUT,
+                                            help="Reference clip, ideally 3-10 s of clean speech.")],
+    ref_text: Annotated[Optional[str], typer.Option("--ref-text", metavar="TEXT", rich_help_panel=INPUT,
+                                                    help="Its transcript (in-context cloning).")] = None,
+    x_vector_only: Annotated[bool, typer.Option("--x-vector-only", metavar=FLAG, rich_help_panel=INPUT,
+                                                help="Clone from the speaker embedding alone.")] = False,
+    text: Annotated[Optional[str], typer.Option("--text", metavar="TEXT", rich_help_panel=INPUT,
+                                                help="Speak this text in the cloned voice (with -o).")] = None,
+    language: Annotated[str, typer.Option("--language", metavar="NAME", rich_help_panel=INPUT,
+                                          help="Language of --text.")] = "auto",
     greedy: Greedy = False,
     max_frames: MaxFrames = None,
     seed: Seed = None,
@@ -439,25 +573,38 @@ def voice_clone(
     codec_dtype: CodecDtype = "float32",
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
+    save: Annotated[Optional[Path], typer.Option("--save", metavar="FILE", rich_help_panel=OUTPUT,
+                                                 help="Write the voice to this .safetensors file.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUTPUT,
+                                                help="Output directory for --text: OUT/ID.wav.")] = None,
+    item_id: Annotated[str, typer.Option("--id", metavar="ID", rich_help_panel=OUTPUT,
+                                         help="File name of the audio, as a manifest id.")] = "clone",
+    audio_format: Format = "wav",
 ):
     """Clone a voice from a reference clip (Base checkpoints): save it, speak with it, or both.
 
     --save VOICE.safetensors encodes the reference once; manifests then use it with
     {"voice": "VOICE.safetensors", ...} (the voice is tied to this checkpoint's weights).
-    --text "..." -o out.wav speaks the text in the cloned voice right away.
+    --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format).
     """
     from .api import load
+    from .batch.manifest import SAFE_ID
     from .config import load_config
     from .io.audio import FORMATS, load_reference
     from .request import Request
     from .text.prompt import resolve
 
+    _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
+    _check_output(audio_format, None)
     if save is None and text is None:
-        _fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o OUT.wav, or both")
+        _fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
     if (text is None) != (out is None):
-        _fail("--text and -o go together: -o names the audio file --text is spoken into")
-    if out is not None and out.suffix.lower().lstrip(".") not in FORMATS:
-        _fail(f"-o {out}: unsupported audio format; use .wav, .flac or .ogg")
+        _fail("--text and -o go together: -o names the directory --text is spoken into (OUT/ID.wav)")
+    if out is not None and out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():
+        _fail(f"-o {out}: -o is the output directory, as in synth; write -o {out.parent} --id {out.stem}"
+              f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
+    if not SAFE_ID.match(item_id):
+        _fail(f"--id {item_id!r}: not a safe file name (letters, digits, '.', '_', '-')")
     if save is not None and save.suffix != ".safetensors":
         _fail(f"--save {save}: voice files end in .safetensors")
     if x_vector_only and ref_text:
@@ -465,7 +612,6 @@ def voice_clone(
     if not x_vector_only and not (ref_text or "").strip():
         _fail("--ref-text is required for in-context cloning; give the reference transcript, "
               "or use --x-vector-only")
-    _check_device(device)
     try:
         cfg = load_config(model)
         if cfg.model_type != "base":
@@ -485,8 +631,8 @@ def voice_clone(
         if text is not None:
             result = tts.synthesize(text, language=language, voice=voice, greedy=greedy, max_frames=max_frames,
                                     seed=seed)
-            result.save(out)
-            typer.echo(f"wrote {out} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
+            path = result.save(out / f"{item_id}.{audio_format}")
+            typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
                        f"{mode} voice)")
     except OmniTTSError as exc:
         _fail(str(exc))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
@@ -154,3 +156,194 @@ def test_bad_codec_dtype_stops_before_loading(ckpt_dir, tmp_path):
                               "--codec-dtype", "float16"])
     assert bad.exit_code == 2 and "--codec-dtype 'float16': choose float32 or bfloat16" in bad.output
     assert not (tmp_path / "o").exists()
+
+
+# -- the command line itself: version, help, option checks, closing lines ------------------------------------------
+
+def _no_load(monkeypatch):
+    """Make loading a checkpoint fail the test: these checks must come before it."""
+    import omnitts.api
+
+    def load(*args, **kwargs):
+        raise AssertionError("the checkpoint was loaded")
+
+    monkeypatch.setattr(omnitts.api, "load", load)
+
+
+def test_version():
+    from omnitts import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith(f"omnitts {__version__} (torch ")
+
+
+@pytest.mark.parametrize("command", [[], ["synth"], ["validate"], ["info"], ["demo"], ["voice-clone"]])
+def test_help_reads_well_at_80_columns(command):
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) == 80  # the boxes span the width: the width was 80
+    assert "…" not in result.output  # nothing cut short (an option name was "--official-token…")
+    assert "<bool>" not in result.output  # flags take no value
+    if command == ["synth"]:
+        assert len(lines) < 100  # was 157, with a help column 13 characters wide
+        panels = [line.strip("╭─ ").split(" ")[0] for line in lines if line.startswith("╭─ ")]
+        assert panels == ["Arguments", "Options", "Input", "Decoding", "Engine", "Output"]
+
+
+def test_every_option_sits_in_a_panel():
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():
+        for param in command.params:
+            if param.param_type_name == "option":
+                assert getattr(param, "rich_help_panel", None) in ("Input", "Decoding", "Engine", "Output"), \
+                    (name, param.opts)
+
+
+def test_on_off_flags(ckpt_dir, tmp_path, monkeypatch):
+    import omnitts.batch
+
+    seen, real = [], omnitts.batch.Settings
+    monkeypatch.setattr(omnitts.batch, "Settings", lambda **kw: seen.append(kw["greedy"]) or real(**kw))
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "bob"}])  # stops: --strict
+    base = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"), "--strict"]
+    for flags in (["--greedy"], ["--no-greedy"], [], ["--greedy", "--no-greedy"]):
+        assert runner.invoke(app, base + flags).exit_code == 2
+    assert seen == [True, False, False, False]
+    value = runner.invoke(app, base + ["--greedy", "true"])
+    assert value.exit_code == 2 and "unexpected extra argument" in value.output  # a flag takes no value
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--dtype", "float64", "--dtype 'float64': choose auto, float32, bfloat16 or float16"),
+    ("--device", "tpu", "--device 'tpu': choose cpu, cuda or npu"),
+    ("--codec-dtype", "float16", "--codec-dtype 'float16': choose float32 or bfloat16"),
+    ("--format", "mp3", "--format 'mp3': choose wav, flac or ogg"),
+    ("--loudness", "6", "--loudness 6: choose a level from -70 to 0 LUFS (e.g. -23 or -16)"),
+])
+def test_every_option_is_checked_before_the_checkpoint_loads(ckpt_dir, tmp_path, monkeypatch, flag, value, message):
+    _no_load(monkeypatch)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                 str(tmp_path / "o"), flag, value])
+    assert result.exit_code == 2 and result.output.strip() == f"error: {message}", result.output
+    assert not (tmp_path / "o").exists()
+    if flag in ("--dtype", "--device", "--codec-dtype", "--format"):
+        clone = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", "r.wav",
+                                    "--x-vector-only", "--save", str(tmp_path / "v.safetensors"), flag, value])
+        assert clone.exit_code == 2 and clone.output.strip() == f"error: {message}", clone.output
+
+
+def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path, monkeypatch):
+    _no_load(monkeypatch)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},
+                                                {"id": "b", "text": "Hi.", "speaker": "bob"}])
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")]
+    result = runner.invoke(app, args + ["--strict"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: --strict: 1 bad line in {manifest}; nothing was synthesized (fix them, or drop --strict to run "
+        "the 1 good line)")
+    _manifest(manifest, [{"id": "b", "text": "Hi.", "speaker": "bob"}])
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == f"error: {manifest}: no good lines (1 bad line); nothing to synthesize"
+
+
+def test_rerun_says_why_items_were_skipped_and_force_redoes_them(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": f"u{i}", "text": f"Line {i}.", "speaker": "ryan"}
+                                                for i in range(2)])
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    again = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert again.exit_code == 0
+    assert f"2 items already done in {out}: skipped (--force redoes them)" in again.output
+    assert "0.00x realtime" not in again.output and "loading checkpoint" not in again.output
+    (out / "u0.wav").write_bytes(b"")  # --force must not depend on the file looking broken
+    before = (out / "u1.wav").stat().st_mtime_ns
+    forced = runner.invoke(app, args + ["--force"], env={"COLUMNS": "200"})
+    assert forced.exit_code == 0, forced.output
+    assert "already done" not in forced.output
+    assert sf.info(out / "u0.wav").frames == 3 * 1920 and (out / "u1.wav").stat().st_mtime_ns != before
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == ["u0", "u1", "u0", "u1"] and all(r["status"] == "ok" for r in records)
+
+
+def test_a_rerun_with_earlier_failures_still_exits_1_and_says_how_to_retry(ckpt_dir, tmp_path):
+    """Issue 36: a re-run skipped the failed items, printed "0 failed, 1 skipped" and exited 0."""
+    sf.write(tmp_path / "silent.wav", np.zeros(24000, dtype=np.float32), 24000)  # fails when it runs
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "ok", "text": "Fine.", "ref_audio": "silent.wav", "x_vector_only": True},
+        {"id": "bad", "text": "Bad line.", "ref_audio": "missing.wav", "x_vector_only": True},
+    ])
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(out), "--max-frames", "3", "-q"]
+    first = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert first.exit_code == 1 and "reference audio is silent" in first.output, first.output
+    # The bad line is fixed; the silent clip is not: both stay without audio unless retried.
+    _manifest(manifest, [
+        {"id": "ok", "text": "Fine.", "ref_audio": "silent.wav", "x_vector_only": True},
+        {"id": "bad", "text": "Bad line.", "ref_audio": "silent.wav", "x_vector_only": True},
+    ])
+    again = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert again.exit_code == 1, again.output
+    assert (f"2 items failed in an earlier run and still have no audio: --retry-failed runs them again (errors in "
+            f"{out}/results.jsonl)") in again.output
+    assert not (out / "ok.wav").exists() and not (out / "bad.wav").exists()
+    retried = runner.invoke(app, args + ["--retry-failed"], env={"COLUMNS": "200"})
+    assert retried.exit_code == 1 and "failed in an earlier run" not in retried.output
+    assert retried.output.count("reference audio is silent") >= 2  # both ran again (and failed again)
+
+
+def test_info_reports_the_size_its_shapes_have(ckpt_dir):
+    result = runner.invoke(app, ["info", str(ckpt_dir("custom_voice"))], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if " size " in line)
+    assert "tiny (from its shapes; the config names it 0.6B, which sets its behaviour)" in row, row
+
+
+def test_size_from_shapes_rule():
+    from omnitts.info import size_from_shapes
+
+    def shapes(hidden, layers, ffn, text_hidden=2048):
+        talker = {"talker.model.codec_embedding.weight": [3072, hidden],
+                  "talker.model.text_embedding.weight": [151936, text_hidden]}
+        for i in range(layers):
+            talker[f"talker.model.layers.{i}.mlp.gate_proj.weight"] = [ffn, hidden]
+            talker[f"talker.model.layers.{i}.input_layernorm.weight"] = [hidden]
+        return talker
+
+    assert size_from_shapes(shapes(1024, 28, 3072)) == "0.6B"
+    assert size_from_shapes(shapes(2048, 28, 6144)) == "1.7B"
+    assert size_from_shapes(shapes(2048, 24, 6144)) == "custom"  # not a published shape, 0.3B+ parameters
+    assert size_from_shapes(shapes(64, 2, 128, text_hidden=32)) == "tiny"
+
+
+def test_demo_kinds_write_to_their_own_folders(tmp_path, monkeypatch):
+    import omnitts.cli
+    import omnitts.testing.checkpoint
+
+    calls = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(omnitts.testing.checkpoint, "build_checkpoint", lambda path, **kw: calls.append(("build", path)))
+    monkeypatch.setattr(omnitts.cli, "synth", lambda **kw: calls.append((kw["out"], kw["force"])))
+    for kind, extra in (("custom_voice", []), ("base", ["--force"])):
+        result = runner.invoke(app, ["demo", "--kind", kind, *extra])
+        assert result.exit_code == 0, result.output
+    assert calls == [("build", Path(".cache/demo-tiny-customvoice")), (Path("out/demo-customvoice"), False),
+                     ("build", Path(".cache/demo-tiny-base")), (Path("out/demo-base"), True)]
+    assert (tmp_path / "out" / "demo-base" / "ref.wav").is_file()
+
+
+def test_voice_clone_out_is_a_directory(ckpt_dir, tmp_path, monkeypatch):
+    _no_load(monkeypatch)
+    args = ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", "r.wav", "--x-vector-only", "--text", "Hi."]
+    old = runner.invoke(app, args + ["-o", str(tmp_path / "hello.flac")])
+    assert old.exit_code == 2
+    assert old.output.strip() == (f"error: -o {tmp_path / 'hello.flac'}: -o is the output directory, as in synth; "
+                                  f"write -o {tmp_path} --id hello --format flac")
+    unsafe = runner.invoke(app, args + ["-o", str(tmp_path), "--id", "../up"])
+    assert unsafe.exit_code == 2 and "--id '../up': not a safe file name" in unsafe.output

@@ -210,9 +210,11 @@ def test_cli_voice_from_another_checkpoint_is_a_bad_line(ckpt_dir, other_base, r
 def test_cli_text_writes_a_playable_file_and_the_voice(ckpt_dir, ref_wav, tmp_path):
     out, voice = tmp_path / "hello.flac", tmp_path / "v.safetensors"
     result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
-                                 "--x-vector-only", "--text", "Hello there.", "-o", str(out), "--language",
-                                 "english", "--greedy", "--max-frames", "6", "--save", str(voice)])
+                                 "--x-vector-only", "--text", "Hello there.", "-o", str(tmp_path), "--id", "hello",
+                                 "--format", "flac", "--language", "english", "--greedy", "--max-frames", "6",
+                                 "--save", str(voice)])
     assert result.exit_code == 0, result.output
+    assert f"wrote {out} (" in result.output
     audio, rate = sf.read(out)
     assert rate == 24000 and audio.shape == (6 * 1920,) and np.abs(audio).max() > 0
     assert load_voice(voice)[1]["mode"] == "x_vector_only"

@@ -44,6 +44,7 @@ class Settings:
     save_codes: bool = False
     format: str = "wav"
     retry_failed: bool = False
+    force: bool = False  # redo every item, done ones included (each file is replaced atomically)
     retry_runaway: int = 0
     loudness: float | None = None  # target LUFS, None = leave levels alone
     split_chars: int | None = None  # long-text threshold (None: text_split's default; 0: never split)
@@ -66,7 +67,8 @@ class Tally:
 
     done: int = 0
     failed: int = 0
-    skipped: int = 0
+    skipped: int = 0  # not run: done earlier, or failed earlier (below)
+    earlier_failed: int = 0  # skipped because an earlier run failed them (no audio; --retry-failed runs them)
     seconds: float = 0.0  # audio written in this run
     errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
     started: float = field(default_factory=time.time)
@@ -104,12 +106,14 @@ class Batch:
             self.ledger.write(record(item_id, "error", error=message))
 
     def pending(self, items: Iterable) -> Iterator:
-        """The items not finished by an earlier run (failed ones only with `retry_failed`)."""
+        """The items not finished by an earlier run (failed ones only with `retry_failed`; all with `force`)."""
+        s = self.settings
         for item in items:
             item_id = item.request.id
-            if self.ledger.is_done(item_id, self.out) or (item_id in self.ledger.failed
-                                                          and not self.settings.retry_failed):
+            if not s.force and (self.ledger.is_done(item_id, self.out)
+                                or (item_id in self.ledger.failed and not s.retry_failed)):
                 self.tally.skipped += 1
+                self.tally.earlier_failed += item_id in self.ledger.failed
                 continue
             yield item
 
