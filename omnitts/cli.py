@@ -476,7 +476,7 @@ def _size(d: dict) -> str:
     """The size row of `info`: what the shapes say, and the config's name where that differs."""
     if d["size"] == d["config_size"]:
         return d["size"]
-    return f"{d['size']} (from its shapes; the config names it {d['config_size']}, which sets its behaviour)"
+    return f"{d['size']} (its config says {d['config_size']}, which sets its behaviour)"
 
 
 DEMO_LINES = {

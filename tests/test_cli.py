@@ -302,7 +302,7 @@ def test_info_reports_the_size_its_shapes_have(ckpt_dir):
     result = runner.invoke(app, ["info", str(ckpt_dir("custom_voice"))], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     row = next(line for line in result.output.splitlines() if " size " in line)
-    assert "tiny (from its shapes; the config names it 0.6B, which sets its behaviour)" in row, row
+    assert "tiny (its config says 0.6B, which sets its behaviour)" in row, row
 
 
 def test_size_from_shapes_rule():
