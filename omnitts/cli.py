@@ -37,15 +37,15 @@ class _Group(_PlainHelp, TyperGroup):
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown",
                   cls=_Group, help="Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints.")
 
-Model = Annotated[Path, typer.Option("--model", "-m", metavar="DIR", rich_help_panel=INPUT,
+Model = Annotated[Path, typer.Option("--model", "-m", metavar="DIR", show_default=False, rich_help_panel=INPUT,
                                      help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
-Out = Annotated[Path, typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUTPUT,
+Out = Annotated[Path, typer.Option("--out", "-o", metavar="DIR", show_default=False, rich_help_panel=OUTPUT,
                                    help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
 Greedy = Annotated[bool, typer.Option("--greedy/--no-greedy", metavar=FLAG, rich_help_panel=DECODING, show_default=False,
                                       help="Argmax decoding instead of sampling.")]
-MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, metavar="N", rich_help_panel=DECODING,
+MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, metavar="N", show_default=False, rich_help_panel=DECODING,
                                                   help="Frame budget per item (12.5 frames/s).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", rich_help_panel=DECODING,
+Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", show_default=False, rich_help_panel=DECODING,
                                              help="Seed for items without their own.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", metavar="TYPE", rich_help_panel=ENGINE, show_default=False,
                                               help="auto, float32, bfloat16 or float16. [default: auto]")]
@@ -60,7 +60,7 @@ MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", min=1, metavar="
 Eager = Annotated[Optional[bool], typer.Option("--eager/--no-eager", metavar=FLAG, rich_help_panel=ENGINE,
                                                show_default=False,
                                                help="No graph capture on cuda/npu. [default: no-eager]")]
-RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", metavar="FILE", rich_help_panel=ENGINE,
+RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", metavar="FILE", show_default=False, rich_help_panel=ENGINE,
                                                    help="TOML engine settings (recipes/); flags win.")]
 
 ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False)
@@ -78,21 +78,21 @@ Force = Annotated[bool, typer.Option("--force", metavar=FLAG, rich_help_panel=OU
                                      help="Redo every item, finished ones included.")]
 Format = Annotated[str, typer.Option("--format", metavar="EXT", rich_help_panel=OUTPUT,
                                      help="Audio format: wav, flac or ogg.")]
-ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", metavar="F=COL", rich_help_panel=INPUT,
+ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", metavar="F=COL", show_default=False, rich_help_panel=INPUT,
                                                         help="Read field F from column COL; repeatable.")]
-IdCol = Annotated[Optional[str], typer.Option("--id-column", metavar="COL", rich_help_panel=INPUT,
+IdCol = Annotated[Optional[str], typer.Option("--id-column", metavar="COL", show_default=False, rich_help_panel=INPUT,
                                               help="Column holding the id (--column id=COL).")]
-TextCol = Annotated[Optional[str], typer.Option("--text-column", metavar="COL", rich_help_panel=INPUT,
+TextCol = Annotated[Optional[str], typer.Option("--text-column", metavar="COL", show_default=False, rich_help_panel=INPUT,
                                                 help="Column holding the text (--column text=COL).")]
 ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False,
                                              help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
-Loudness = Annotated[Optional[float], typer.Option("--loudness", metavar="LUFS", rich_help_panel=OUTPUT,
+Loudness = Annotated[Optional[float], typer.Option("--loudness", metavar="LUFS", show_default=False, rich_help_panel=OUTPUT,
                                                    help="Normalize each output's loudness (e.g. -23).")]
-SplitChars = Annotated[Optional[int], typer.Option("--split-chars", min=0, metavar="N", rich_help_panel=INPUT,
+SplitChars = Annotated[Optional[int], typer.Option("--split-chars", min=0, metavar="N", show_default=False, rich_help_panel=INPUT,
                                                    help="Split longer texts at sentences (0: never).")]
 RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, metavar="N", rich_help_panel=DECODING,
                                            help="Retries for items that hit the frame budget.")]
-ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", metavar="DIR", rich_help_panel=OUTPUT,
+ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", metavar="DIR", show_default=False, rich_help_panel=OUTPUT,
                                                        help="Also save the results as a datasets dataset.")]
 
 
@@ -556,13 +556,13 @@ def _write_demo_reference(path: Path) -> None:
 @app.command("voice-clone", cls=_Command)
 def voice_clone(
     model: Model,
-    ref_audio: Annotated[Path, typer.Option("--ref-audio", metavar="FILE", rich_help_panel=INPUT,
+    ref_audio: Annotated[Path, typer.Option("--ref-audio", show_default=False, metavar="FILE", rich_help_panel=INPUT,
                                             help="Reference clip, ideally 3-10 s of clean speech.")],
-    ref_text: Annotated[Optional[str], typer.Option("--ref-text", metavar="TEXT", rich_help_panel=INPUT,
+    ref_text: Annotated[Optional[str], typer.Option("--ref-text", show_default=False, metavar="TEXT", rich_help_panel=INPUT,
                                                     help="Its transcript (in-context cloning).")] = None,
     x_vector_only: Annotated[bool, typer.Option("--x-vector-only", metavar=FLAG, rich_help_panel=INPUT,
                                                 help="Clone from the speaker embedding alone.")] = False,
-    text: Annotated[Optional[str], typer.Option("--text", metavar="TEXT", rich_help_panel=INPUT,
+    text: Annotated[Optional[str], typer.Option("--text", show_default=False, metavar="TEXT", rich_help_panel=INPUT,
                                                 help="Speak this text in the cloned voice (with -o).")] = None,
     language: Annotated[str, typer.Option("--language", metavar="NAME", rich_help_panel=INPUT,
                                           help="Language of --text.")] = "auto",
@@ -573,9 +573,9 @@ def voice_clone(
     codec_dtype: CodecDtype = "float32",
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
-    save: Annotated[Optional[Path], typer.Option("--save", metavar="FILE", rich_help_panel=OUTPUT,
+    save: Annotated[Optional[Path], typer.Option("--save", show_default=False, metavar="FILE", rich_help_panel=OUTPUT,
                                                  help="Write the voice to this .safetensors file.")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUTPUT,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", show_default=False, metavar="DIR", rich_help_panel=OUTPUT,
                                                 help="Output directory for --text: OUT/ID.wav.")] = None,
     item_id: Annotated[str, typer.Option("--id", metavar="ID", rich_help_panel=OUTPUT,
                                          help="File name of the audio, as a manifest id.")] = "clone",
