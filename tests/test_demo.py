@@ -20,6 +20,10 @@ def test_demo_runs_each_kind(tmp_path, kind):
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in records if r["status"] == "ok") == sorted(line["id"] for line in DEMO_LINES[kind])
     assert all(sf.info(out / r["path"]).frames == 25 * 1920 for r in records)
+    again = CliRunner().invoke(app, ["demo", "--kind", kind, "-o", str(out), "--model-dir", str(model)],
+                               env={"COLUMNS": "200"})
+    assert again.exit_code == 0, again.output  # a re-run says why nothing ran
+    assert f"{len(DEMO_LINES[kind])} items already done in {out}: skipped (--force redoes them)" in again.output
 
 
 def test_demo_rejects_an_unknown_kind(tmp_path):
