@@ -34,67 +34,65 @@ class _Group(_PlainHelp, TyperGroup):
     pass
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="markdown",
-                  cls=_Group, help="Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode="markdown", cls=_Group,
+                  help="Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints.")
 
-Model = Annotated[Path, typer.Option("--model", "-m", metavar="DIR", show_default=False, rich_help_panel=INPUT,
-                                     help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
-Out = Annotated[Path, typer.Option("--out", "-o", metavar="DIR", show_default=False, rich_help_panel=OUTPUT,
-                                   help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
-Greedy = Annotated[bool, typer.Option("--greedy/--no-greedy", metavar=FLAG, rich_help_panel=DECODING, show_default=False,
-                                      help="Argmax decoding instead of sampling.")]
-MaxFrames = Annotated[Optional[int], typer.Option("--max-frames", min=1, metavar="N", show_default=False, rich_help_panel=DECODING,
-                                                  help="Frame budget per item (12.5 frames/s).")]
-Seed = Annotated[Optional[int], typer.Option("--seed", metavar="N", show_default=False, rich_help_panel=DECODING,
-                                             help="Seed for items without their own.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", metavar="TYPE", rich_help_panel=ENGINE, show_default=False,
-                                              help="auto, float32, bfloat16 or float16. [default: auto]")]
-CodecDtype = Annotated[Optional[str], typer.Option("--codec-dtype", metavar="TYPE", rich_help_panel=ENGINE,
-                                                   show_default=False,
-                                                   help="float32, or bfloat16 (faster, lossier). [default: float32]")]
-Device = Annotated[Optional[str], typer.Option("--device", metavar="NAME", rich_help_panel=ENGINE, show_default=False,
-                                               help="cpu, cuda or npu. [default: cpu]")]
-MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", min=1, metavar="N", rich_help_panel=ENGINE,
-                                                 show_default=False,
-                                                 help="Requests decoded together. [default: 8]")]
-Eager = Annotated[Optional[bool], typer.Option("--eager/--no-eager", metavar=FLAG, rich_help_panel=ENGINE,
-                                               show_default=False,
-                                               help="No graph capture on cuda/npu. [default: no-eager]")]
-RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", metavar="FILE", show_default=False, rich_help_panel=ENGINE,
-                                                   help="TOML engine settings (recipes/); flags win.")]
+
+def _option(*names: str, panel: str, metavar: str = FLAG, show_default: bool = False, **kwargs):
+    """A typer.Option in help panel `panel`; defaults show only when asked (the help says the others)."""
+    return typer.Option(*names, metavar=metavar, rich_help_panel=panel, show_default=show_default, **kwargs)
+
+
+Model = Annotated[Path, _option("--model", "-m", panel=INPUT, metavar="DIR",
+                                help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
+Out = Annotated[Path, _option("--out", "-o", panel=OUTPUT, metavar="DIR",
+                              help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
+Greedy = Annotated[bool, _option("--greedy/--no-greedy", panel=DECODING, help="Argmax decoding instead of sampling.")]
+MaxFrames = Annotated[Optional[int], _option("--max-frames", panel=DECODING, metavar="N", min=1,
+                                             help="Frame budget per item (12.5 frames/s).")]
+Seed = Annotated[Optional[int], _option("--seed", panel=DECODING, metavar="N",
+                                        help="Seed for items without their own.")]
+Dtype = Annotated[Optional[str], _option("--dtype", panel=ENGINE, metavar="TYPE",
+                                         help="auto, float32, bfloat16 or float16. [default: auto]")]
+CodecDtype = Annotated[Optional[str], _option("--codec-dtype", panel=ENGINE, metavar="TYPE",
+                                              help="float32, or bfloat16 (faster, lossier). [default: float32]")]
+Device = Annotated[Optional[str], _option("--device", panel=ENGINE, metavar="NAME",
+                                          help="cpu, cuda or npu. [default: cpu]")]
+MaxBatch = Annotated[Optional[int], _option("--max-batch", panel=ENGINE, metavar="N", min=1,
+                                            help="Requests decoded together. [default: 8]")]
+Eager = Annotated[Optional[bool], _option("--eager/--no-eager", panel=ENGINE,
+                                          help="No graph capture on cuda/npu. [default: no-eager]")]
+RecipeOpt = Annotated[Optional[Path], _option("--recipe", "-r", panel=ENGINE, metavar="FILE",
+                                              help="TOML engine settings (recipes/); flags win.")]
 
 ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False)
-SaveCodes = Annotated[bool, typer.Option("--save-codes", metavar=FLAG, rich_help_panel=OUTPUT,
-                                         help="Also write ID.codes.npy (int64, frames x 16).")]
-OfficialTok = Annotated[bool, typer.Option("--official-tokenizer", metavar=FLAG, rich_help_panel=DECODING,
-                                           help="Tokenize as the official qwen-tts package does.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar=FLAG, rich_help_panel=OUTPUT,
-                                     help="No progress bar; errors and summary still print.")]
-Strict = Annotated[bool, typer.Option("--strict", metavar=FLAG, rich_help_panel=INPUT,
-                                      help="Synthesize nothing if any manifest line is bad.")]
-RetryFailed = Annotated[bool, typer.Option("--retry-failed", metavar=FLAG, rich_help_panel=OUTPUT,
-                                           help="Run again the items an earlier run failed.")]
-Force = Annotated[bool, typer.Option("--force", metavar=FLAG, rich_help_panel=OUTPUT,
-                                     help="Redo every item, finished ones included.")]
-Format = Annotated[str, typer.Option("--format", metavar="EXT", rich_help_panel=OUTPUT,
-                                     help="Audio format: wav, flac or ogg.")]
-ColumnMap = Annotated[Optional[list[str]], typer.Option("--column", metavar="F=COL", show_default=False, rich_help_panel=INPUT,
-                                                        help="Read field F from column COL; repeatable.")]
-IdCol = Annotated[Optional[str], typer.Option("--id-column", metavar="COL", show_default=False, rich_help_panel=INPUT,
-                                              help="Column holding the id (--column id=COL).")]
-TextCol = Annotated[Optional[str], typer.Option("--text-column", metavar="COL", show_default=False, rich_help_panel=INPUT,
-                                                help="Column holding the text (--column text=COL).")]
+SaveCodes = Annotated[bool, _option("--save-codes", panel=OUTPUT, help="Also write ID.codes.npy (int64, frames x 16).")]
+OfficialTok = Annotated[bool, _option("--official-tokenizer", panel=DECODING,
+                                      help="Tokenize as the official qwen-tts package does.")]
+Quiet = Annotated[bool, _option("--quiet", "-q", panel=OUTPUT, help="No progress bar; errors and summary still print.")]
+Strict = Annotated[bool, _option("--strict", panel=INPUT, help="Synthesize nothing if any manifest line is bad.")]
+RetryFailed = Annotated[bool, _option("--retry-failed", panel=OUTPUT,
+                                      help="Run again the items an earlier run failed.")]
+Force = Annotated[bool, _option("--force", panel=OUTPUT, help="Redo every item, finished ones included.")]
+Format = Annotated[str, _option("--format", panel=OUTPUT, metavar="EXT", show_default=True,
+                                help="Audio format: wav, flac or ogg.")]
+ColumnMap = Annotated[Optional[list[str]], _option("--column", panel=INPUT, metavar="F=COL",
+                                                   help="Read field F from column COL; repeatable.")]
+IdCol = Annotated[Optional[str], _option("--id-column", panel=INPUT, metavar="COL",
+                                         help="Column holding the id (--column id=COL).")]
+TextCol = Annotated[Optional[str], _option("--text-column", panel=INPUT, metavar="COL",
+                                           help="Column holding the text (--column text=COL).")]
 ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False,
                                              help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
-Loudness = Annotated[Optional[float], typer.Option("--loudness", metavar="LUFS", show_default=False, rich_help_panel=OUTPUT,
-                                                   help="Normalize each output's loudness (e.g. -23).")]
-SplitChars = Annotated[Optional[int], typer.Option("--split-chars", min=0, metavar="N", show_default=False, rich_help_panel=INPUT,
-                                                   help="Split longer texts at sentences (0: never).")]
-RetryRunaway = Annotated[int, typer.Option("--retry-runaway", min=0, metavar="N", rich_help_panel=DECODING,
-                                           help="Retries for items that hit the frame budget.")]
-ExportDataset = Annotated[Optional[Path], typer.Option("--export-dataset", metavar="DIR", show_default=False, rich_help_panel=OUTPUT,
-                                                       help="Also save the results as a datasets dataset.")]
-
+Loudness = Annotated[Optional[float], _option("--loudness", panel=OUTPUT, metavar="LUFS",
+                                              help="Normalize each output's loudness (e.g. -23).")]
+SplitChars = Annotated[Optional[int], _option("--split-chars", panel=INPUT, metavar="N", min=0,
+                                              help="Split longer texts at sentences (0: never).")]
+RetryRunaway = Annotated[int, _option("--retry-runaway", panel=DECODING, metavar="N", min=0, show_default=True,
+                                      help="Retries for items that hit the frame budget.")]
+ExportDataset = Annotated[Optional[Path], _option("--export-dataset", panel=OUTPUT, metavar="DIR",
+                                                  help="Also save the results as a datasets dataset.")]
 
 def _show_version(value: bool) -> None:
     if value:
@@ -500,15 +498,13 @@ DEMO_LINES = {
 
 @app.command(cls=_Command)
 def demo(
-    model_dir: Annotated[Optional[Path], typer.Option("--model-dir", metavar="DIR", rich_help_panel=INPUT,
-                                                      show_default=False,
-                                                      help="Where the checkpoint is built. "
-                                                           "[default: .cache/demo-tiny-KIND]")] = None,
-    kind: Annotated[str, typer.Option("--kind", metavar="KIND", rich_help_panel=INPUT,
-                                      help="custom_voice, voice_design or base.")] = "custom_voice",
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUTPUT,
-                                                show_default=False,
-                                                help="Output directory. [default: out/demo-KIND]")] = None,
+    model_dir: Annotated[Optional[Path], _option("--model-dir", panel=INPUT, metavar="DIR",
+                                                 help="Where the checkpoint is built. "
+                                                      "[default: .cache/demo-tiny-KIND]")] = None,
+    kind: Annotated[str, _option("--kind", panel=INPUT, metavar="KIND", show_default=True,
+                                 help="custom_voice, voice_design or base.")] = "custom_voice",
+    out: Annotated[Optional[Path], _option("--out", "-o", panel=OUTPUT, metavar="DIR",
+                                           help="Output directory. [default: out/demo-KIND]")] = None,
     force: Force = False,
 ):
     """Build a tiny random checkpoint and synthesize a small manifest with it.
@@ -532,10 +528,11 @@ def demo(
         _write_demo_reference(out / "ref.wav")
     manifest = out / "demo.jsonl"
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
-    synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None, codec_dtype=None,
-          device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None, eager=None,
-          strict=False, retry_failed=False, force=force, audio_format="wav", retry_runaway=0, loudness=None, export_dataset=None,
-          split_chars=None, column=None, id_column=None, text_column=None, recipe=None)
+    synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
+          codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
+          eager=None, strict=False, retry_failed=False, force=force, audio_format="wav", retry_runaway=0,
+          loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
+          recipe=None)
 
 
 def _write_demo_reference(path: Path) -> None:
@@ -556,16 +553,16 @@ def _write_demo_reference(path: Path) -> None:
 @app.command("voice-clone", cls=_Command)
 def voice_clone(
     model: Model,
-    ref_audio: Annotated[Path, typer.Option("--ref-audio", show_default=False, metavar="FILE", rich_help_panel=INPUT,
-                                            help="Reference clip, ideally 3-10 s of clean speech.")],
-    ref_text: Annotated[Optional[str], typer.Option("--ref-text", show_default=False, metavar="TEXT", rich_help_panel=INPUT,
-                                                    help="Its transcript (in-context cloning).")] = None,
-    x_vector_only: Annotated[bool, typer.Option("--x-vector-only", metavar=FLAG, rich_help_panel=INPUT,
-                                                help="Clone from the speaker embedding alone.")] = False,
-    text: Annotated[Optional[str], typer.Option("--text", show_default=False, metavar="TEXT", rich_help_panel=INPUT,
-                                                help="Speak this text in the cloned voice (with -o).")] = None,
-    language: Annotated[str, typer.Option("--language", metavar="NAME", rich_help_panel=INPUT,
-                                          help="Language of --text.")] = "auto",
+    ref_audio: Annotated[Path, _option("--ref-audio", panel=INPUT, metavar="FILE",
+                                       help="Reference clip, ideally 3-10 s of clean speech.")],
+    ref_text: Annotated[Optional[str], _option("--ref-text", panel=INPUT, metavar="TEXT",
+                                               help="Its transcript (in-context cloning).")] = None,
+    x_vector_only: Annotated[bool, _option("--x-vector-only", panel=INPUT,
+                                           help="Clone from the speaker embedding alone.")] = False,
+    text: Annotated[Optional[str], _option("--text", panel=INPUT, metavar="TEXT",
+                                           help="Speak this text in the cloned voice (with -o).")] = None,
+    language: Annotated[str, _option("--language", panel=INPUT, metavar="NAME", show_default=True,
+                                     help="Language of --text.")] = "auto",
     greedy: Greedy = False,
     max_frames: MaxFrames = None,
     seed: Seed = None,
@@ -573,12 +570,12 @@ def voice_clone(
     codec_dtype: CodecDtype = "float32",
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
-    save: Annotated[Optional[Path], typer.Option("--save", show_default=False, metavar="FILE", rich_help_panel=OUTPUT,
-                                                 help="Write the voice to this .safetensors file.")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", show_default=False, metavar="DIR", rich_help_panel=OUTPUT,
-                                                help="Output directory for --text: OUT/ID.wav.")] = None,
-    item_id: Annotated[str, typer.Option("--id", metavar="ID", rich_help_panel=OUTPUT,
-                                         help="File name of the audio, as a manifest id.")] = "clone",
+    save: Annotated[Optional[Path], _option("--save", panel=OUTPUT, metavar="FILE",
+                                            help="Write the voice to this .safetensors file.")] = None,
+    out: Annotated[Optional[Path], _option("--out", "-o", panel=OUTPUT, metavar="DIR",
+                                           help="Output directory for --text: OUT/ID.wav.")] = None,
+    item_id: Annotated[str, _option("--id", panel=OUTPUT, metavar="ID", show_default=True,
+                                    help="File name of the audio, as a manifest id.")] = "clone",
     audio_format: Format = "wav",
 ):
     """Clone a voice from a reference clip (Base checkpoints): save it, speak with it, or both.

@@ -250,7 +250,8 @@ def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path
     _manifest(manifest, [{"id": "b", "text": "Hi.", "speaker": "bob"}])
     result = runner.invoke(app, args)
     assert result.exit_code == 2
-    assert result.output.strip().splitlines()[-1] == f"error: {manifest}: no good lines (1 bad line); nothing to synthesize"
+    last = result.output.strip().splitlines()[-1]
+    assert last == f"error: {manifest}: no good lines (1 bad line); nothing to synthesize"
 
 
 def test_rerun_says_why_items_were_skipped_and_force_redoes_them(ckpt_dir, tmp_path):
@@ -329,7 +330,8 @@ def test_demo_kinds_write_to_their_own_folders(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(omnitts.testing.checkpoint, "build_checkpoint", lambda path, **kw: calls.append(("build", path)))
+    monkeypatch.setattr(omnitts.testing.checkpoint, "build_checkpoint",
+                        lambda path, **kw: calls.append(("build", path)))
     monkeypatch.setattr(omnitts.cli, "synth", lambda **kw: calls.append((kw["out"], kw["force"])))
     for kind, extra in (("custom_voice", []), ("base", ["--force"])):
         result = runner.invoke(app, ["demo", "--kind", kind, *extra])
