@@ -510,7 +510,7 @@ def demo(
     """Build a tiny random checkpoint and synthesize a small manifest with it.
 
     The weights are random, so the audio is noise-like; the run shows the whole pipeline working.
-    Each kind writes to its own folder (KIND without the underscore: out/demo-customvoice, ...).
+    Each kind writes to its own folder: out/demo-custom_voice, out/demo-voice_design, out/demo-base.
     """
     import json
 
@@ -519,7 +519,7 @@ def demo(
     if kind not in DEMO_LINES:
         _fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
     model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
-    out = out or Path(f"out/demo-{kind.replace('_', '')}")
+    out = out or Path(f"out/demo-{kind}")
     if not (model_dir / "model.safetensors").exists():
         typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
         build_checkpoint(model_dir, kind=kind, preset="tiny-0.6b" if kind == "base" else "tiny-1.7b")

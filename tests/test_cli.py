@@ -336,7 +336,7 @@ def test_demo_kinds_write_to_their_own_folders(tmp_path, monkeypatch):
     for kind, extra in (("custom_voice", []), ("base", ["--force"])):
         result = runner.invoke(app, ["demo", "--kind", kind, *extra])
         assert result.exit_code == 0, result.output
-    assert calls == [("build", Path(".cache/demo-tiny-customvoice")), (Path("out/demo-customvoice"), False),
+    assert calls == [("build", Path(".cache/demo-tiny-customvoice")), (Path("out/demo-custom_voice"), False),
                      ("build", Path(".cache/demo-tiny-base")), (Path("out/demo-base"), True)]
     assert (tmp_path / "out" / "demo-base" / "ref.wav").is_file()
 
