@@ -216,6 +216,7 @@ def synth(
     from .batch.manifest import BadLine, column_map, iter_manifest
     from .batch.outdir import Batch, Settings
     from .config import load_config
+    from .voice import checkpoint_identity
 
     # Every option is checked before the manifest is read and long before the model loads.
     try:
@@ -232,7 +233,8 @@ def synth(
     # Both passes stream the manifest, so memory does not grow with its length.
     try:
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
-        batch = None if strict else Batch(out, settings)
+        identity = checkpoint_identity(model)  # in every record's fingerprint
+        batch = None if strict else Batch(out, settings, cfg, identity)
         good = bad = 0
         for entry in iter_manifest(manifest, cfg, columns):
             if isinstance(entry, BadLine):
@@ -251,7 +253,10 @@ def synth(
     if bad and strict:
         _fail(f"--strict: {_plural(bad, 'bad line')} in {manifest}; nothing was synthesized (fix them, or drop "
               f"--strict to run the {_plural(good, 'good line')})")
-    batch = batch or Batch(out, settings)
+    try:
+        batch = batch or Batch(out, settings, cfg, identity)
+    except OmniTTSError as exc:
+        _fail(str(exc))
 
     def items():  # pass 2 (and the export): the good items, read again lazily
         return (entry for entry in iter_manifest(manifest, cfg, columns) if not isinstance(entry, BadLine))
@@ -268,7 +273,7 @@ def synth(
     if export_dataset is not None and batch.tally.done + batch.tally.skipped:
         from .batch.export import export_dataset as export
 
-        count = export(out, items(), export_dataset)
+        count = export(out, (item for item in items() if batch.is_current(item)), export_dataset)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(130)
@@ -311,8 +316,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
         with stopping, Progress(*columns, console=console, disable=quiet) as progress:
             task = progress.add_task("synthesizing", total=total, rate="")
-            jobs = batch.jobs(tts, _chain(first, pending))
-            for outcome in pipeline.run(jobs):
+            for outcome in pipeline.run(_chain(first, pending)):
                 rec = batch.save(outcome)
                 if not outcome.ok:
                     console.print(f"error: {rec['id']}: {rec['error']}")
@@ -382,6 +386,9 @@ def _summary(console, batch) -> None:
     if done_before:
         console.print(f"{_plural(done_before, 'item')} already done in {batch.out}: skipped (--force redoes "
                       f"{'it' if done_before == 1 else 'them'})")
+    if t.changed:
+        console.print(f"{_plural(t.changed, 'item')} run again: {'its' if t.changed == 1 else 'their'} line or the "
+                      "options changed since the earlier run (each file replaced)")
     if t.earlier_failed:
         one = t.earlier_failed == 1
         console.print(f"{_plural(t.earlier_failed, 'item')} failed in an earlier run and still "

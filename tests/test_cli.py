@@ -90,7 +90,7 @@ def test_rerun_resumes_without_duplicates_and_redoes_broken_files(ckpt_dir, tmp_
     args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
     assert runner.invoke(app, args).exit_code == 0
     (out / "u1.wav").write_bytes(b"truncated")  # a damaged output is not done
-    (out / ".u2.wav.abc.tmp").write_bytes(b"leftover")  # a kill's leftover temporary file
+    (out / ".u2.wav.omnitts-abc12345.tmp").write_bytes(b"leftover")  # a kill's leftover temporary file
     assert runner.invoke(app, args).exit_code == 0
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["id"] for r in records] == ["u0", "u1", "u2", "u1"]
@@ -285,14 +285,17 @@ def test_a_rerun_with_earlier_failures_still_exits_1_and_says_how_to_retry(ckpt_
     args = ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(out), "--max-frames", "3", "-q"]
     first = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert first.exit_code == 1 and "reference audio is silent" in first.output, first.output
-    # The bad line is fixed; the silent clip is not: both stay without audio unless retried.
+    # The bad line is "fixed" (a changed line runs by itself, and fails: its clip is silent too); the
+    # unchanged failure is not run again: neither has audio, so the run exits 1 and says how to retry.
     _manifest(manifest, [
         {"id": "ok", "text": "Fine.", "ref_audio": "silent.wav", "x_vector_only": True},
         {"id": "bad", "text": "Bad line.", "ref_audio": "silent.wav", "x_vector_only": True},
     ])
     again = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert again.exit_code == 1, again.output
-    assert (f"2 items failed in an earlier run and still have no audio: --retry-failed runs them again (errors in "
+    assert "error: bad: " in again.output and "error: ok: " not in again.output
+    assert "1 item run again: its line or the options changed since the earlier run" in again.output
+    assert (f"1 item failed in an earlier run and still has no audio: --retry-failed runs it again (errors in "
             f"{out}/results.jsonl)") in again.output
     assert not (out / "ok.wav").exists() and not (out / "bad.wav").exists()
     retried = runner.invoke(app, args + ["--retry-failed"], env={"COLUMNS": "200"})

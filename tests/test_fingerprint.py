@@ -66,3 +66,67 @@ def test_in_memory_references_and_voices_are_fingerprinted_by_value():
 def test_an_unseeded_item_keeps_its_fingerprint_across_runs():
     request = Request("Hello.", speaker="ryan")
     assert fingerprint(request, SamplingParams(), "c", "wav") == fingerprint(request, SamplingParams(), "c", "wav")
+
+
+def _synth(manifest, model, out, *extra):
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+
+    return CliRunner().invoke(app, ["synth", str(manifest), "-m", str(model), "-o", str(out), "-q", *extra])
+
+
+def _lines(path, texts: dict, **fields):
+    import json
+
+    path.write_text("".join(json.dumps({"id": k, "text": v, "speaker": "ryan", **fields}) + "\n"
+                            for k, v in texts.items()))
+
+
+def test_a_rerun_redoes_exactly_the_items_whose_line_or_options_changed(ckpt_dir, tmp_path):
+    from omnitts.batch.ledger import read_results
+
+    model, out, manifest = ckpt_dir("custom_voice"), tmp_path / "out", tmp_path / "m.jsonl"
+    _lines(manifest, {"a": "First line.", "b": "Second line.", "c": "Third line."})
+    first = _synth(manifest, model, out, "--max-frames", "4", "--seed", "1")
+    assert first.exit_code == 0, first.output
+    prints = {k: r["fingerprint"] for k, r in read_results(out).items()}
+    assert len(set(prints.values())) == 3 and all(len(p) == 16 for p in prints.values())
+    again = _synth(manifest, model, out, "--max-frames", "4", "--seed", "1")
+    assert "3 items already done" in again.output and "run again" not in again.output
+    _lines(manifest, {"a": "First line.", "b": "Second line, edited.", "c": "Third line."})
+    edited = _synth(manifest, model, out, "--max-frames", "4", "--seed", "1")
+    assert edited.exit_code == 0, edited.output
+    assert "1 item run again: its line or the options changed" in edited.output
+    assert "2 items already done" in edited.output
+    now = read_results(out)
+    assert now["b"]["fingerprint"] != prints["b"] and now["a"]["fingerprint"] == prints["a"]
+    for options, changed in ((("--max-frames", "5", "--seed", "1"), 3), (("--max-frames", "5", "--seed", "2"), 3),
+                             (("--max-frames", "5", "--seed", "2", "--format", "flac"), 3),
+                             (("--max-frames", "5", "--seed", "2", "--format", "flac"), 0)):
+        result = _synth(manifest, model, out, *options)
+        assert result.exit_code == 0, result.output
+        assert (f"{changed} items run again" in result.output) == bool(changed), (options, result.output)
+    assert {r["path"] for r in read_results(out).values()} == {"a.flac", "b.flac", "c.flac"}
+
+
+def test_a_fixed_bad_line_runs_without_retry_failed_and_the_export_skips_stale_audio(ckpt_dir, tmp_path):
+    import json
+
+    from omnitts.batch.manifest import iter_manifest
+    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.config import load_config
+    from omnitts.voice import checkpoint_identity
+
+    model, out, manifest = ckpt_dir("custom_voice"), tmp_path / "out", tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Fine.", "speaker": "ryan"}) + "\n"
+                        + json.dumps({"id": "b", "text": "Bad speaker.", "speaker": "nobody"}) + "\n")
+    assert _synth(manifest, model, out, "--max-frames", "3").exit_code == 1
+    _lines(manifest, {"a": "Fine.", "b": "Bad speaker."})  # b fixed
+    fixed = _synth(manifest, model, out, "--max-frames", "3")
+    assert fixed.exit_code == 0 and (out / "b.wav").is_file(), fixed.output
+    cfg = load_config(model)
+    _lines(manifest, {"a": "Fine, but changed.", "b": "Bad speaker."})  # a's audio is now stale
+    batch = Batch(out, Settings(max_frames=3), cfg, checkpoint_identity(model))
+    current = {item.request.id: batch.is_current(item) for item in iter_manifest(manifest, cfg)}
+    assert current == {"a": False, "b": True}

@@ -453,16 +453,17 @@ def test_reading_memory_grows_only_with_the_ids_seen(tmp_path, kind):
 
 
 def test_synth_applies_per_item_sampling_overrides(ckpt_dir, tmp_path, monkeypatch):
-    from omnitts.api import TTS
+    from omnitts.batch.outdir import Batch
 
     made = []
-    original = TTS.default_params
+    original = Batch.job
 
-    def recording(self, greedy=False, **overrides):
-        made.append(original(self, greedy, **overrides))
-        return made[-1]
+    def recording(self, item):
+        job = original(self, item)
+        made.append(job.params)
+        return job
 
-    monkeypatch.setattr(TTS, "default_params", recording)
+    monkeypatch.setattr(Batch, "job", recording)
     path = tmp_path / "m.jsonl"
     path.write_text("".join(_line(r) + "\n" for r in GOOD), encoding="utf-8")
     result = runner.invoke(app, ["synth", str(path), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),

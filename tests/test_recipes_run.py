@@ -27,7 +27,10 @@ def test_example_manifest_runs_with_the_cpu_recipe(ckpt_dir, tmp_path, monkeypat
     loads, real_load = [], omnitts.api.load
     monkeypatch.setattr(omnitts.api, "load", lambda *a, **kw: loads.append(kw) or real_load(*a, **kw))
     path, out = RECIPES / "examples" / manifest, tmp_path / "out"
-    ids = [json.loads(line)["id"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ids = [line["id"] for line in lines]
+    # A line's own max_seconds is its budget (it beats --max-frames, as its seed beats --seed).
+    frames = {line["id"]: round(line["max_seconds"] * 12.5) if "max_seconds" in line else FRAMES for line in lines}
     result = CliRunner().invoke(app, ["synth", str(path), "-m", str(ckpt_dir(kind, preset)), "-o", str(out),
                                       "--recipe", str(RECIPES / "cpu.toml"), "--max-frames", str(FRAMES), "-q"])
     assert result.exit_code == 0, result.output
@@ -37,4 +40,4 @@ def test_example_manifest_runs_with_the_cpu_recipe(ckpt_dir, tmp_path, monkeypat
     assert sorted(r["id"] for r in records) == sorted(ids) and all(r["status"] == "ok" for r in records)
     for r in records:
         info = sf.info(out / r["path"])
-        assert info.samplerate == 24000 and info.frames == FRAMES * 1920, r
+        assert info.samplerate == 24000 and info.frames == frames[r["id"]] * 1920, r

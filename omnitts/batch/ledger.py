@@ -36,6 +36,7 @@ class Done(NamedTuple):
     frames: int
     seed: int | None
     samples: int | None  # None in records written before omnitts recorded it
+    fingerprint: str | None = None  # what made the audio (batch/fingerprint.py); None in older records
 
 
 def records(out: Path) -> Iterator[dict]:
@@ -63,6 +64,7 @@ class Ledger:
         self.path = Path(out) / NAME
         self.done: dict[str, Done] = {}  # id -> its last record, when that is good
         self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
+        self.failed_prints: dict[str, str | None] = {}  # id -> that failed record's fingerprint
         for record in records(out):
             self._note(record)
 
@@ -98,10 +100,12 @@ class Ledger:
         item_id = record["id"]
         if record.get("status") == "ok":
             self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"),
-                                      record.get("samples"))
+                                      record.get("samples"), record.get("fingerprint"))
             self.failed.pop(item_id, None)
+            self.failed_prints.pop(item_id, None)
         else:
             self.failed[item_id] = record.get("error") or ""
+            self.failed_prints[item_id] = record.get("fingerprint")
             self.done.pop(item_id, None)
 
 

@@ -1,7 +1,7 @@
 """One output directory of a manifest run: what is done, what to run, and writing results.
 
-    batch = Batch(out, settings)
-    for item in batch.pending(items): ...        # skips what an earlier run finished
+    batch = Batch(out, settings, config, identity)
+    for job in batch.pending(items): ...         # skips what an earlier run finished, as the items are now
     record = batch.save(outcome)                 # audio file (atomic) first, then its ledger line
 
 Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power loss):
@@ -27,6 +27,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..engine.pipeline import Job, Outcome
+from ..params import SamplingParams
+from .fingerprint import fingerprint
 from .ledger import Ledger, check_log, remove_leftovers
 
 
@@ -69,6 +71,7 @@ class Tally:
     failed: int = 0
     skipped: int = 0  # not run: done earlier, or failed earlier (below)
     earlier_failed: int = 0  # skipped because an earlier run failed them (no audio; --retry-failed runs them)
+    changed: int = 0  # run again because the line or the options changed since their record
     seconds: float = 0.0  # audio written in this run
     errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
     started: float = field(default_factory=time.time)
@@ -88,15 +91,21 @@ class Tally:
 
 
 class Batch:
-    def __init__(self, out: Path, settings: Settings, sample_rate: int = 24000):
+    """`out` for one run: `config` and `identity` are the checkpoint's (config.json, voice.checkpoint_identity),
+    which an item's sampling defaults and fingerprint come from."""
+
+    def __init__(self, out: Path, settings: Settings, config=None, identity: str | None = None,
+                 sample_rate: int = 24000):
         self.out = Path(out)
         self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
+        self.config, self.identity = config, identity
         self.out.mkdir(parents=True, exist_ok=True)
         check_log(self.out)
         self.leftovers = remove_leftovers(self.out)
         self.ledger = Ledger(self.out)
         self.tally = Tally()
+        self._prints: dict[str, str] = {}  # id -> fingerprint, for the jobs handed out and not yet saved
 
     # -- what to run ------------------------------------------------------------------------------
     def record_bad(self, item_id: str, message: str) -> None:
@@ -105,29 +114,53 @@ class Batch:
         if self.ledger.failed.get(item_id) != message:
             self.ledger.write(record(item_id, "error", error=message))
 
-    def pending(self, items: Iterable) -> Iterator:
-        """The items not finished by an earlier run (failed ones only with `retry_failed`; all with `force`)."""
-        s = self.settings
-        for item in items:
-            item_id = item.request.id
-            if not s.force and (self.ledger.is_done(item_id, self.out)
-                                or (item_id in self.ledger.failed and not s.retry_failed)):
-                self.tally.skipped += 1
-                self.tally.earlier_failed += item_id in self.ledger.failed
-                continue
-            yield item
+    def pending(self, items: Iterable) -> Iterator[Job]:
+        """Jobs for the items an earlier run has not finished *as they are now*.
 
-    def jobs(self, tts, items: Iterable) -> Iterator[Job]:
-        """Manifest items -> pipeline jobs, with sampling from the checkpoint, the flags and the item."""
-        s = self.settings
+        Skipped: an item whose last record is good, whose file is intact and whose fingerprint matches
+        (the same line and options made it); one that failed with the same fingerprint, unless
+        `retry_failed`. Run: everything else - new items, damaged files, and items whose line or
+        options changed since their record (`tally.changed`; the old file is replaced atomically).
+        `force` runs every item.
+        """
+        s, ledger = self.settings, self.ledger
         for item in items:
-            seed = item.seed if item.seed is not None else s.seed
-            max_frames = None if item.request.max_seconds is not None else s.max_frames  # the line's own wins
-            params = tts.default_params(s.greedy, max_frames=max_frames, seed=seed, **item.sampling)
-            request = item.request
-            if item.voice_path is not None:  # loaded (once per file, identity-checked) by tts.prepare
-                request = replace(request, voice=item.voice_path)
-            yield Job(request, params, key=item)
+            job = self.job(item)
+            item_id = item.request.id
+            current = fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
+            done = ledger.done.get(item_id)
+            if not s.force:
+                if done is not None and _same(done.fingerprint, current) and ledger.is_done(item_id, self.out):
+                    self.tally.skipped += 1
+                    continue
+                if item_id in ledger.failed and _same(ledger.failed_prints[item_id], current, old=False):
+                    if not s.retry_failed:
+                        self.tally.skipped += 1
+                        self.tally.earlier_failed += 1
+                        continue
+                elif (done is not None and not _same(done.fingerprint, current)) or item_id in ledger.failed:
+                    self.tally.changed += 1
+            self._prints[item_id] = current
+            yield job
+
+    def job(self, item) -> Job:
+        """A manifest item as a pipeline job: sampling from the checkpoint, the flags and the item."""
+        s = self.settings
+        seed = item.seed if item.seed is not None else s.seed
+        max_frames = None if item.request.max_seconds is not None else s.max_frames  # the line's own wins
+        params = SamplingParams.from_generation_config(self.config.generation, max_frames=max_frames, seed=seed,
+                                                       **item.sampling)
+        request = item.request
+        if item.voice_path is not None:  # loaded (once per file, identity-checked) by tts.prepare
+            request = replace(request, voice=item.voice_path)
+        return Job(request, params.greedy() if s.greedy else params, key=item)
+
+    def is_current(self, item) -> bool:
+        """Whether `item`'s audio in `out` is done and was made from the item as it is now."""
+        job, s = self.job(item), self.settings
+        done = self.ledger.done.get(item.request.id)
+        current = fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
+        return done is not None and _same(done.fingerprint, current) and self.ledger.is_done(item.request.id, self.out)
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, outcome: Outcome) -> dict:
@@ -135,7 +168,8 @@ class Batch:
         item_id = outcome.job.request.id
         if not outcome.ok:
             self.tally.fail(item_id, outcome.error)
-            rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings)
+            rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings,
+                         fingerprint=self._prints.pop(item_id, None))
             self.ledger.write(rec)
             return rec
         result, s = outcome.result, self.settings
@@ -152,7 +186,8 @@ class Batch:
             result.save(self.out / name)
         rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), samples=outcome.samples,
                      frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
-                     seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces, timings=outcome.timings)
+                     seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces, timings=outcome.timings,
+                     fingerprint=self._prints.pop(item_id, None))
         self.ledger.write(rec)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
@@ -167,12 +202,19 @@ class Batch:
 
 
 def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
-           seeds=None, error=None, attempts=None, pieces=None, timings=None) -> dict:
+           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None) -> dict:
     """One results.jsonl line (the same keys for every status; docs/outputs.md describes them)."""
     return {"id": item_id, "status": status, "path": path, "seconds": seconds, "samples": samples,
             "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
             "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
-            "timings": timings}
+            "timings": timings, "fingerprint": fingerprint}
+
+
+def _same(recorded: str | None, current: str, old: bool = True) -> bool:
+    """Whether a record's fingerprint stands for `current`. A record from before fingerprints (None)
+    counts as the same when `old` (good records: not redone merely because omnitts was upgraded), and
+    as different otherwise (a failed record without one is a bad line, which a fixed line replaces)."""
+    return recorded == current or (recorded is None and old)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
