@@ -43,6 +43,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(dtype):
     if not native.available(dtype):
         pytest.skip(f"no native {dtype} kernel on this CPU")
     torch.manual_seed(1)
+    torch.set_num_threads(2)  # threaded as a user's process is (conftest puts one thread back)
     linear = nn.Linear(128, 200).to(dtype)
     packed = torch.ops.omnitts.pack_linear(linear.weight.detach(), dtype)
     x = torch.randn(23, 128).to(dtype)
@@ -101,6 +102,23 @@ def test_the_build_is_keyed_by_source_torch_and_cpu(monkeypatch):
     assert key == native._digest()
     monkeypatch.setattr(native, "_cpu_identity", lambda: "model name: some other CPU\nflags: fpu sse2")
     assert native._digest() != key
+
+
+def test_the_build_target_is_a_switch_and_part_of_the_key(monkeypatch):
+    monkeypatch.delenv("OMNITTS_NATIVE_MARCH", raising=False)
+    assert native.flags()[0] == "-march=native"
+    key = native._digest()
+    monkeypatch.setenv("OMNITTS_NATIVE_MARCH", "haswell")
+    assert native.flags()[0] == "-march=haswell" and native.flags()[1:] == native.FLAGS
+    assert native._digest() != key  # an AVX2 build never shares a cache entry with this CPU's own
+
+
+def test_a_bad_build_target_is_named_in_the_error(tmp_path, monkeypatch):
+    if not native.available(torch.float32):
+        pytest.skip("no C++ compiler here")
+    monkeypatch.setenv("OMNITTS_NATIVE_MARCH", "no-such-cpu")
+    with pytest.raises(native.BuildError, match="OMNITTS_NATIVE_MARCH='no-such-cpu'"):
+        native.build(tmp_path / "omnitts_native.so")
 
 
 def test_a_failed_build_says_why_and_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -524,7 +542,8 @@ def test_winograd_kernels_refuse_what_they_do_not_compute():
 
 
 def test_the_kernels_build_and_compute_without_avx512(tmp_path):
-    """The portable paths (an AVX2 build: the float32 linear, Winograd's scalar transforms, both forms) compute
+    """The portable paths (an AVX2 build, `OMNITTS_NATIVE_MARCH=haswell`: the float32 linear, Winograd's scalar
+    transforms, both forms) compute
     what the modules do; such a build says its float32 transforms are not vectorised, so the loader
     leaves codecs on oneDNN's direct convolution and torch's SnakeBeta there."""
     import subprocess
@@ -537,7 +556,6 @@ def test_the_kernels_build_and_compute_without_avx512(tmp_path):
         import torch
         from torch import nn
         from omnitts.device import native
-        native.FLAGS = native.FLAGS + ("-mno-avx512f",)
         assert native.available(torch.float32) and not native.available(torch.bfloat16)
         assert not torch.ops.omnitts.vectorised_float32()
         try:  # no float32 snake in such a build: the loader leaves torch's operations
@@ -566,6 +584,6 @@ def test_the_kernels_build_and_compute_without_avx512(tmp_path):
             assert got.shape == want.shape and (got - want).abs().max() < 3e-6 * want.abs().max()
         print("ok")
     """)
-    env = {**__import__("os").environ, "OMNITTS_CACHE_DIR": str(tmp_path)}
+    env = {**_environ_without_native_switch(), "OMNITTS_CACHE_DIR": str(tmp_path), "OMNITTS_NATIVE_MARCH": "haswell"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -10,10 +10,12 @@ exact) from half the bytes (measured: see docs/performance.md). Every output sum
 row's result does not depend on its batch.
 
 The library is built with the machine's own compiler for the machine's own CPU (`-march=native`):
-there is no prebuilt binary to ship for CPUs that differ in AVX-512 / AVX512-BF16. The build takes
-~10 s once; the result is cached under `$OMNITTS_CACHE_DIR` (default `~/.cache/omnitts`) in
-`native/<digest>/`, the digest covering the source, torch's version and the CPU's model and flags,
-so a shared home directory never hands one CPU another's build. Written to a temporary name and
+there is no prebuilt binary to ship for CPUs that differ in AVX-512 / AVX512-BF16. `OMNITTS_NATIVE_MARCH`
+names another target (`haswell`: AVX2 and FMA only, what a mixed fleet's oldest CPUs run; also how the
+tests time the AVX2 path on an AVX-512 machine). The build takes ~10 s once; the result is cached under
+`$OMNITTS_CACHE_DIR` (default `~/.cache/omnitts`) in `native/<digest>/`, the digest covering the
+source, the flags (the target included), torch's version and the CPU's model and flags, so a shared
+home directory never hands one CPU, or one target, another's build. Written to a temporary name and
 renamed, so concurrent first runs never load a half-written library.
 
 When the build cannot happen (no C++ compiler, an unsupported CPU or torch, `OMNITTS_NATIVE=0`),
@@ -40,7 +42,8 @@ from ..cache import cache_root
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 # -ffp-contract=off: a product and a sum written apart stay rounded apart (the kernels copy roundings).
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++20", "-ffp-contract=off", "-shared", "-fPIC", "-w")
+# The target (-march) comes first, from flags(), so flags added here can narrow it (-mno-avx512f).
+FLAGS = ("-O3", "-fopenmp", "-std=c++20", "-ffp-contract=off", "-shared", "-fPIC", "-w")
 _DTYPE_BITS = {torch.float32: 1, torch.bfloat16: 2}
 
 
@@ -76,6 +79,11 @@ class BuildError(RuntimeError):
     """The native kernels could not be compiled here."""
 
 
+def flags() -> tuple[str, ...]:
+    """The compiler flags: `-march=$OMNITTS_NATIVE_MARCH` (default `native`, this CPU) then FLAGS."""
+    return (f"-march={os.environ.get('OMNITTS_NATIVE_MARCH') or 'native'}", *FLAGS)
+
+
 def library() -> Path:
     """The compiled library for this source, torch and CPU: built now if not cached yet."""
     target = cache_root() / "native" / _digest() / "omnitts_native.so"
@@ -97,7 +105,7 @@ def build(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    command = [compiler, *FLAGS,
+    command = [compiler, *flags(),
                f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
                *(f"-I{p}" for p in include_paths()), str(SOURCE),
                *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu",
@@ -107,7 +115,9 @@ def build(target: Path) -> None:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            raise BuildError(f"{Path(compiler).name} exited {done.returncode}: {done.stderr.strip()[-2000:]}")
+            target_set = os.environ.get("OMNITTS_NATIVE_MARCH")
+            hint = f" (OMNITTS_NATIVE_MARCH={target_set!r})" if target_set else ""
+            raise BuildError(f"{Path(compiler).name} exited {done.returncode}{hint}: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -115,9 +125,10 @@ def build(target: Path) -> None:
 
 
 def _digest() -> str:
-    """What the build depends on: the source and flags, torch, the compiler's target (the CPU's model and flags)."""
+    """What the build depends on: the source and flags (the target included), torch, the compiler and the CPU's
+    model and flags."""
     h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join(FLAGS).encode())
+    h.update(" ".join(flags()).encode())
     h.update(torch.__version__.encode())
     h.update(os.environ.get("CXX", "").encode())
     h.update(_cpu_identity().encode())
