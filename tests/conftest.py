@@ -3,24 +3,52 @@
 from __future__ import annotations
 
 import importlib.util
+import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 
 from omnitts.testing.checkpoint import build_checkpoint
 
 
-@pytest.fixture(autouse=True)
-def _float32_auto_dtype(monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _float32_auto_dtype():
     """`--dtype auto` resolves from the CPU's flags; tests see a CPU without native bf16, so `auto`
     means float32 on every machine and equality checks (CLI vs API, batched vs alone) stay exact.
-    tests/test_dtype_auto.py sets the flags it needs itself."""
+    Session-wide and set up before any other fixture, so module- and session-scoped models see it
+    too (those also name their dtype). tests/test_dtype_auto.py sets the flags it needs itself, and
+    covers what `auto` picks on a bf16 CPU on purpose."""
     from omnitts.device import features
 
-    monkeypatch.setattr(features, "cpu_flags", lambda: frozenset())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(features, "cpu_flags", lambda: frozenset())
+        yield
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """One torch thread for the whole session: on two shared cores, two threads made a busy machine
+    run test_codec_stream.py 18x longer. Tests of threading set two themselves
+    (`_seeded_and_single_threaded` puts one back after them)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_and_single_threaded():
+    """Per test: the global generators seeded (a test's random inputs, and so its tolerance checks, do not
+    depend on which tests ran before it); afterwards one thread again if the test changed it."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    yield
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def ckpt_dir(tmp_path_factory):

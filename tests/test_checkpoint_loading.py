@@ -23,7 +23,7 @@ def cv_copy(ckpt_dir, tmp_path):
 def test_every_kind_and_size_loads(ckpt_dir):
     for kind in ("custom_voice", "voice_design", "base"):
         for preset in ("tiny-0.6b", "tiny-1.7b"):
-            tts = omnitts.load(ckpt_dir(kind, preset))
+            tts = omnitts.load(ckpt_dir(kind, preset), dtype="float32")
             assert tts.info()["kind"] == kind
             projection = tts.ckpt.model.talker.code_predictor.small_to_mtp_projection
             assert isinstance(projection, torch.nn.Identity) == (preset == "tiny-0.6b")

@@ -24,7 +24,7 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def ckpt(ckpt_dir):
-    return load_checkpoint(ckpt_dir("base"))
+    return load_checkpoint(ckpt_dir("base"), dtype="float32")
 
 
 def _codes(n: int, seed: int):

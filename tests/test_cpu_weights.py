@@ -470,9 +470,14 @@ def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
     for i, (req, params) in enumerate(jobs):
         slow = generate_codes(tts.ckpt, tts.prompts.build(req, None), params).codes.numpy()
         assert (done[i] == slow).all(), f"request {i}"
-    for stack in stacks:  # a float32 history, widened on write: the same codes
-        stack.kv_dtype = torch.float32
-    wide = run_engine()
+    narrow = [stack.kv_dtype for stack in stacks]
+    try:  # a float32 history, widened on write: the same codes (the model is the session's: put it back)
+        for stack in stacks:
+            stack.kv_dtype = torch.float32
+        wide = run_engine()
+    finally:
+        for stack, kv_dtype in zip(stacks, narrow):
+            stack.kv_dtype = kv_dtype
     assert all((wide[i] == done[i]).all() for i in done)
 
     f32 = tts_factory("custom_voice")
@@ -487,8 +492,9 @@ def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
 def test_native_decode_attention_matches_sdpa_and_is_batch_invariant():
     """One query per row over a prefix view of a preallocated cache, grouped heads, per-row masks: the
     native kernel gives sdpa's result within float rounding, each row bitwise the same alone as in a
-    batch; other calls (several queries, other masks) fall back to sdpa's."""
+    batch, on two threads as on one; other calls (several queries, other masks) fall back to sdpa's."""
     torch.manual_seed(0)
+    torch.set_num_threads(2)  # rows split across threads (conftest puts one thread back)
     for heads, kv_heads, dim in ((4, 2, 32), (16, 8, 128), (4, 4, 64), (8, 2, 32), (6, 2, 24)):
         _check_decode_attention(heads, kv_heads, dim)
 

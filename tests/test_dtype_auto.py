@@ -42,3 +42,32 @@ def test_load_resolves_auto_from_the_flags(ckpt_dir, monkeypatch):
         assert tts.ckpt.codec.pre_conv.conv.weight.dtype == torch.float32
         audio = tts.synthesize("Auto dtype.", speaker="ryan", greedy=True, max_frames=3)
         assert audio.frames == 3 and audio.samples.shape == (3 * 1920,)
+
+
+def test_synth_without_a_dtype_runs_bfloat16_on_a_bf16_cpu(ckpt_dir, tmp_path, monkeypatch):
+    """What a user of a bf16-capable CPU runs by default, end to end: `omnitts synth` with no --dtype, sampled,
+    loads bfloat16 language models and writes every item (the rest of the suite pins `auto` to float32)."""
+    import json
+
+    import soundfile as sf
+    from typer.testing import CliRunner
+
+    from omnitts import api
+    from omnitts.cli import app
+
+    monkeypatch.setattr(features, "cpu_flags", lambda: ZEN4)
+    loaded, load = [], api.load
+    monkeypatch.setattr(api, "load", lambda *args, **kwargs: loaded.append(load(*args, **kwargs)) or loaded[-1])
+    manifest, out = tmp_path / "m.jsonl", tmp_path / "out"
+    rows = [{"id": "a", "text": "The default dtype.", "speaker": "ryan"},
+            {"id": "b", "text": "A second item.", "speaker": "vivian", "seed": 5}]
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                      "--max-frames", "4", "--seed", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    assert [tts.ckpt.dtype for tts in loaded] == [torch.bfloat16]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in records) == ["a", "b"] and all(r["status"] == "ok" for r in records), records
+    for r in records:
+        audio, rate = sf.read(out / f"{r['id']}.wav")
+        assert rate == 24000 and audio.shape == (r["frames"] * 1920,) and r["frames"] > 0

@@ -18,7 +18,7 @@ ITEMS = 56
 
 def _start(manifest, ckpt, out):
     cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out),
-           "--greedy", "--max-frames", "6", "--max-batch", "4", "--quiet"]
+           "--greedy", "--max-frames", "6", "--max-batch", "4", "--dtype", "float32", "--quiet"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 

@@ -30,12 +30,12 @@ def other_base(tmp_path_factory):
 @pytest.mark.parametrize("x_vector_only", [False, True], ids=["icl", "x_vector_only"])
 def test_saved_voice_gives_the_same_codes_as_cloning_directly(ckpt_dir, ref_wav, tmp_path, x_vector_only):
     ref_text = None if x_vector_only else REF_TEXT
-    first = omnitts.load(ckpt_dir("base"))
+    first = omnitts.load(ckpt_dir("base"), dtype="float32")
     direct = first.synthesize("Say it again.", ref_audio=ref_wav, ref_text=ref_text, x_vector_only=x_vector_only,
                               greedy=True, max_frames=5)
     path = first.clone_voice(ref_wav, ref_text, x_vector_only).save(tmp_path / "v.safetensors")
 
-    second = omnitts.load(ckpt_dir("base"))  # a separate run: a fresh load of the checkpoint
+    second = omnitts.load(ckpt_dir("base"), dtype="float32")  # a separate run: a fresh load of the checkpoint
     voice, meta = load_voice(path)
     assert meta["mode"] == ("x_vector_only" if x_vector_only else "icl") and meta["ref_audio"] == ref_wav.name
     assert meta["checkpoint"] == second.identity and float(meta["ref_seconds"]) == pytest.approx(2.0, abs=1e-3)
@@ -75,7 +75,7 @@ def test_identity_follows_the_encoder_weights_not_the_folder(ckpt_dir, other_bas
 def test_identity_is_computed_once_and_a_voice_file_loaded_once(ckpt_dir, ref_wav, tmp_path, monkeypatch):
     import omnitts.api as api
 
-    tts = omnitts.load(ckpt_dir("base"))
+    tts = omnitts.load(ckpt_dir("base"), dtype="float32")
     path = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "v.safetensors")
     calls = {"identity": 0, "load": 0}
 
@@ -87,14 +87,14 @@ def test_identity_is_computed_once_and_a_voice_file_loaded_once(ckpt_dir, ref_wa
 
     monkeypatch.setattr(api, "checkpoint_identity", counted("identity", api.checkpoint_identity))
     monkeypatch.setattr(api, "load_voice", counted("load", api.load_voice))
-    fresh = omnitts.load(ckpt_dir("base"))
+    fresh = omnitts.load(ckpt_dir("base"), dtype="float32")
     results = fresh.synthesize(["One.", "Two.", "Three."], voice=str(path), greedy=True, max_frames=4)
     assert len(results) == 3 and calls == {"identity": 1, "load": 1}
 
 
 def test_voice_from_another_checkpoint_is_refused(tts_factory, other_base, ref_wav, tmp_path):
     path = tts_factory("base").clone_voice(ref_wav, REF_TEXT).save(tmp_path / "alice.safetensors")
-    other = omnitts.load(other_base)
+    other = omnitts.load(other_base, dtype="float32")
     with pytest.raises(VoiceError) as info:
         other.load_voice(path)
     message = str(info.value)
