@@ -6,7 +6,7 @@ official package (in its own venv, scripts/reference_runner.py) and omnitts' ref
 greedy decoding on the same inputs, and compares: codes must be identical, waveforms within 1e-4.
 Also checks that `official_tokenizer=True` reproduces the official token ids on tricky text.
 
-    python scripts/parity.py [--work .cache/parity] [--frames 48]
+    python scripts/parity.py [--work .cache/parity] [--frames 48] [--cases cv_plain,vd,clone_icl]
     python scripts/parity.py --device cuda --venv VENV     # both packages on a GPU, graphs included
 
 Prints a table (case, frames, identical?, max |Δ|, min greedy margin) and exits 1 on any mismatch.
@@ -88,14 +88,17 @@ def reference_python(venv: Path) -> Path:
     return python
 
 
-def build_inputs(work: Path) -> dict[str, Path]:
-    """Checkpoints (cached by name) and a reference clip at 16 kHz stereo (exercises resampling)."""
+def build_inputs(work: Path, chosen: list[dict] = CASES) -> dict[str, Path]:
+    """The chosen cases' checkpoints and cv-0.6b (the token ids; cached by name) and a reference clip at
+    16 kHz stereo (exercises resampling)."""
     import soundfile as sf
 
     from omnitts.testing.checkpoint import build_checkpoint
 
     paths = {}
     for name, (kind, preset, eos_scale) in CHECKPOINTS.items():
+        if name != "cv-0.6b" and all(c["ckpt"] != name for c in chosen):
+            continue
         folder = work / "ckpt" / name
         if not (folder / "model.safetensors").exists():
             build_checkpoint(folder, kind=kind, preset=preset, seed=zlib.crc32(name.encode()) % 1000, eos_scale=eos_scale)
@@ -110,14 +113,29 @@ def build_inputs(work: Path) -> dict[str, Path]:
     return paths
 
 
-def run_reference(python: Path, paths: dict, frames: int, work: Path, device: str = "cpu") -> Path:
-    """Run the official package over every case (one runner call per checkpoint)."""
+def select(names: str | None) -> list[dict]:
+    """The CASES named (comma-separated, in CASES' order), or all of them."""
+    if not names:
+        return CASES
+    wanted = set(names.split(","))
+    unknown = wanted - {c["name"] for c in CASES}
+    if unknown:
+        sys.exit(f"parity: unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(c['name'] for c in CASES)}")
+    return [c for c in CASES if c["name"] in wanted]
+
+
+def run_reference(python: Path, paths: dict, frames: int, work: Path, device: str = "cpu",
+                  chosen: list[dict] = CASES) -> Path:
+    """Run the official package over the chosen cases (one runner call per checkpoint they use; the token
+    ids always, on cv-0.6b)."""
     out = work / f"reference-{device}"
     out.mkdir(parents=True, exist_ok=True)
     for ckpt in CHECKPOINTS:
-        cases = [_official_case(c, frames, paths) for c in CASES if c["ckpt"] == ckpt]
+        cases = [_official_case(c, frames, paths) for c in chosen if c["ckpt"] == ckpt]
         if ckpt == "cv-0.6b":
             cases.append({"name": "tokenize", "mode": "tokenize", "texts": TOKENIZE_TEXTS})
+        if not cases:
+            continue
         spec = work / f"cases-{ckpt}.json"
         spec.write_text(json.dumps({"checkpoint": str(paths[ckpt]), "dtype": "float32", "device": device,
                                     "cases": cases}, indent=1))
@@ -164,9 +182,10 @@ def _max_abs_diff(ref_wav: np.ndarray, wav: np.ndarray) -> float:
     return float(np.abs(ref_wav - wav).max()) if wav.size else 0.0
 
 
-def compare(reference: Path, frames: int, paths: dict, device: str = "cpu") -> tuple[list[dict], bool]:
+def compare(reference: Path, frames: int, paths: dict, device: str = "cpu",
+            chosen: list[dict] = CASES) -> tuple[list[dict], bool]:
     rows, ok = [], True
-    for case in CASES:
+    for case in chosen:
         ref = np.load(reference / f"{case['name']}.npz")
         started = time.time()
         result = run_omnitts(case, frames, paths, device)
@@ -184,12 +203,15 @@ def compare(reference: Path, frames: int, paths: dict, device: str = "cpu") -> t
     return rows, ok
 
 
-def compare_engine(reference: Path, frames: int, paths: dict, device: str) -> tuple[list[dict], bool]:
+def compare_engine(reference: Path, frames: int, paths: dict, device: str,
+                   chosen: list[dict] = CASES) -> tuple[list[dict], bool]:
     """Each checkpoint's cases through the engine (graphs, then eager): one at a time, then all in one
     batch; every run's codes must equal the official ones, and the audio stay within tolerance."""
     rows, ok = [], True
     for ckpt in CHECKPOINTS:
-        cases = [c for c in CASES if c["ckpt"] == ckpt]
+        cases = [c for c in chosen if c["ckpt"] == ckpt]
+        if not cases:
+            continue
         refs = {c["name"]: np.load(reference / f"{c['name']}.npz") for c in cases}
         for eager in (False, True) if device != "cpu" else (True,):  # the CPU has no graphs
             started = time.time()
@@ -234,17 +256,19 @@ def main(argv=None) -> int:
     parser.add_argument("--engine", action=argparse.BooleanOptionalAction, default=None,
                         help="also compare the batching engine (default: on off the CPU)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--cases", help="comma-separated case names (default: all)")
     args = parser.parse_args(argv)
+    chosen = select(args.cases)
     python = reference_python(args.venv)
     if args.device != "cpu":
         os.environ["NVIDIA_TF32_OVERRIDE"] = "0"  # before CUDA starts here, and inherited by the runner
     args.work.mkdir(parents=True, exist_ok=True)
-    paths = build_inputs(args.work)
-    reference = run_reference(python, paths, args.frames, args.work, args.device)
-    rows, ok = compare(reference, args.frames, paths, args.device)
+    paths = build_inputs(args.work, chosen)
+    reference = run_reference(python, paths, args.frames, args.work, args.device, chosen)
+    rows, ok = compare(reference, args.frames, paths, args.device, chosen)
     engine_rows = []
     if args.engine if args.engine is not None else args.device != "cpu":
-        engine_rows, engine_ok = compare_engine(reference, args.frames, paths, args.device)
+        engine_rows, engine_ok = compare_engine(reference, args.frames, paths, args.device, chosen)
         ok &= engine_ok
     token_rows, tokens_ok = compare_tokens(reference, paths)
     print(f"{'case':26} {'frames':>6} {'identical':>9} {'max|Δ|':>10} {'min margin':>10}  ok")

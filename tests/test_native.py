@@ -137,9 +137,15 @@ def _environ_without_native_switch() -> dict:
     return {k: v for k, v in os.environ.items() if k != "OMNITTS_NATIVE"}
 
 
-def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tmp_path):
-    """In a fresh process (a process keeps the library it loaded): no kernel, one warning saying why,
-    nothing cached, and packed linears still compute nn.Linear's result through oneDNN."""
+@pytest.mark.parametrize("env, warned", [({"CXX": "/nonexistent/g++"}, ["compiler '/nonexistent/g++' not found"]),
+                                         ({"OMNITTS_NATIVE": "0"}, [])], ids=["no-compiler", "native-off"])
+def test_without_native_kernels_onednn_computes_and_auto_on_a_bf16_cpu_synthesizes(ckpt_dir, tmp_path, env, warned):
+    """No compiler, or OMNITTS_NATIVE=0, in a fresh process (a process keeps the library it loaded): no kernel,
+    one warning saying why (none for the switch), nothing cached, and packed linears still compute
+    nn.Linear's result through oneDNN. Then, on a CPU with native bf16, `auto` is bfloat16 for the language
+    models with the float32 codec of a non-parity run, and every layer runs on oneDNN and torch (the codec's
+    set-up once asked the unloaded library whether it vectorises float32, and the load died). One process
+    per case checks both: each start imports torch and omnitts."""
     import json
     import subprocess
     import sys
@@ -155,43 +161,23 @@ def test_off_switch_and_missing_compiler_fall_back_to_onednn_with_one_warning(tm
         "linear = nn.Linear(24, 40)\n"
         "packed = PackedLinear(linear)\n"
         "x = torch.randn(3, 24)\n"
-        "print(json.dumps({'have': have, 'warnings': [str(w.message) for w in caught],\n"
-        "                  'native': packed.native, 'close': torch.allclose(packed(x), linear(x), atol=1e-5)}))\n"
-    )
-    for env, warned in (({"CXX": "/nonexistent/g++"}, ["compiler '/nonexistent/g++' not found"]),
-                        ({"OMNITTS_NATIVE": "0"}, [])):
-        run_env = {**_environ_without_native_switch(), "OMNITTS_CACHE_DIR": str(tmp_path), **env}
-        done = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True, check=True)
-        got = json.loads(done.stdout.strip().splitlines()[-1])
-        assert got["have"] == [False, False] and not got["native"] and got["close"], got
-        assert len(got["warnings"]) == len(warned) and all(w in m for w, m in zip(warned, got["warnings"])), got
-        assert not list(tmp_path.glob("native/*/*.so"))
-
-
-@pytest.mark.parametrize("env", [{"CXX": "/nonexistent/g++"}, {"OMNITTS_NATIVE": "0"}], ids=["no-compiler", "native-off"])
-def test_without_native_kernels_auto_on_a_bf16_cpu_synthesizes(ckpt_dir, tmp_path, env):
-    """No compiler, or OMNITTS_NATIVE=0, on a CPU with native bf16: `auto` is bfloat16 for the language models
-    with the float32 codec of a non-parity run, and every layer runs on oneDNN and torch (the codec's set-up
-    once asked the unloaded library whether it vectorises float32, and the load died)."""
-    import json
-    import subprocess
-    import sys
-
-    script = (
-        "import json, warnings\n"
+        "close = torch.allclose(packed(x), linear(x), atol=1e-5)\n"
         "warnings.simplefilter('ignore')\n"
         "import omnitts\n"
         "from omnitts.device import features\n"
         "features.cpu_flags = lambda: frozenset({'avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_bf16'})\n"
         f"tts = omnitts.load({str(ckpt_dir('custom_voice'))!r}, dtype='auto')\n"
         "audio = tts.synthesize('Fallback check.', speaker='ryan', greedy=True, max_frames=6)\n"
-        "print(json.dumps({'dtype': str(tts.ckpt.dtype), 'frames': audio.frames,\n"
+        "print(json.dumps({'have': have, 'warnings': [str(w.message) for w in caught], 'native': packed.native,\n"
+        "                  'close': close, 'dtype': str(tts.ckpt.dtype), 'frames': audio.frames,\n"
         "                  'finite': bool(abs(audio.samples).max() <= 1.0)}))\n"
     )
     run_env = {**_environ_without_native_switch(), "OMNITTS_CACHE_DIR": str(tmp_path), **env}
     done = subprocess.run([sys.executable, "-c", script], env=run_env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["have"] == [False, False] and not got["native"] and got["close"], got
+    assert len(got["warnings"]) == len(warned) and all(w in m for w, m in zip(warned, got["warnings"])), got
     assert got["dtype"] == "torch.bfloat16" and got["frames"] > 0 and got["finite"], got
     assert not list(tmp_path.glob("native/*/*.so"))
 
