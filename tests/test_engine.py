@@ -40,13 +40,13 @@ def cv(tts_factory):
     return tts_factory("custom_voice", "tiny-1.7b")
 
 
-def cv_jobs(tts, greedy=True, n=6):
+def cv_jobs(tts, greedy=True, n=6, step=4):
     texts = ["Short one.", "A somewhat longer sentence for the batch.", "你好，今天怎么样？",
              "Instructions change the voice.", "Auto language, streaming text.", "Last of the group here."]
     extra = [dict(speaker="ryan", language="english"), dict(speaker="vivian"), dict(speaker="eric", language="chinese"),
              dict(speaker="serena", instruct="Whisper softly."), dict(speaker="aiden", non_streaming=False),
              dict(speaker="dylan", language="auto")]
-    return [(Request(texts[i], **extra[i]), tts.default_params(greedy, max_frames=6 + 4 * i, seed=100 + i))
+    return [(Request(texts[i], **extra[i]), tts.default_params(greedy, max_frames=6 + step * i, seed=100 + i))
             for i in range(n)]
 
 
@@ -91,16 +91,17 @@ def test_batches_mixing_sampling_plans_match_each_request_alone(cv):
             (Request("Nucleus and a wide sub-talker top-k.", speaker="eric"),
              cv.default_params(False, max_frames=7, seed=5, top_p=0.9, subtalker_top_k=200))]
     backend = FakeGraphBackend()
+    alone = [slow(cv, req, params) for req, params in jobs]
     for done in (run_engine(cv, jobs, max_num_seqs=2), run_engine(cv, jobs, backend=backend, max_num_seqs=2)):
-        for i, (req, params) in enumerate(jobs):
-            np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")
+        for i, codes in enumerate(alone):
+            np.testing.assert_array_equal(done[i].codes(), codes, err_msg=f"request {i}")
     plans = len(backend.captured) // 2  # buckets 1 and 2 per plan
     assert plans >= 3 and len(backend.captured) == 2 * plans
 
 
 def test_fake_graph_path_equals_eager(cv):
     for greedy in (True, False):
-        jobs = cv_jobs(cv, greedy=greedy)
+        jobs = cv_jobs(cv, greedy=greedy, step=2)  # budgets 6..16: batches of 4, 3, 2 and 1 all still run
         eager = run_engine(cv, jobs, max_num_seqs=4)
         backend = FakeGraphBackend()
         graphed = run_engine(cv, jobs, backend=backend, max_num_seqs=4)
