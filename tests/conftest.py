@@ -32,10 +32,13 @@ def _float32_auto_dtype():
 def _one_torch_thread():
     """One torch thread for the whole session: on two shared cores, two threads made a busy machine
     run test_codec_stream.py 18x longer. Tests of threading set two themselves
-    (`_seeded_and_single_threaded` puts one back after them)."""
+    (`_seeded_and_single_threaded` puts one back after them). Processes the tests start (the CLI, the
+    official package) get one thread too, through OMP_NUM_THREADS."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
     torch.set_num_threads(threads)
 
 
@@ -49,6 +52,7 @@ def _seeded_and_single_threaded():
     yield
     if torch.get_num_threads() != 1:
         torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def ckpt_dir(tmp_path_factory):
