@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import omnitts
@@ -11,6 +12,17 @@ AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_NO_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}
 ZEN4 = AVX512_NO_BF16 | {"avx512_bf16"}
 SAPPHIRE_RAPIDS = AVX512_NO_BF16 | {"amx_tile", "amx_bf16", "amx_int8"}
+
+
+@pytest.fixture(scope="module")
+def auto_in_a_module_fixture():
+    return features.resolve_dtype("auto", "cpu")
+
+
+def test_module_scoped_fixtures_see_the_suites_float32_auto(auto_in_a_module_fixture):
+    """conftest pins `auto` to float32 for the session before any module- or session-scoped fixture is
+    built (a per-test patch came after them: their models were bfloat16 on a bf16 CPU, float32 elsewhere)."""
+    assert auto_in_a_module_fixture == "float32"
 
 
 def test_auto_picks_float32_without_native_bf16():
