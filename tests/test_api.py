@@ -156,3 +156,17 @@ def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir):
     assert "24000 Hz mono, 12.5 frames/s" in text and "english" in text
     missing = CliRunner().invoke(app, ["info", str(path.parent / "nope")])
     assert missing.exit_code == 2 and "checkpoint directory not found" in missing.output
+
+
+def test_the_library_prints_nothing(ckpt_dir, ref_wav, tmp_path, capfd):
+    """The library never prints (the CLI owns the terminal): load, synthesize, stream, clone, save, info and
+    read_results write nothing to stdout or stderr, at the file-descriptor level (C++ builds included)."""
+    capfd.readouterr()
+    tts = omnitts.load(ckpt_dir("custom_voice"), dtype="float32")
+    tts.synthesize(["One.", "Two."], speaker="ryan", greedy=True, max_frames=2)[0].save(tmp_path / "a.flac")
+    list(tts.stream([{"id": "s", "text": "Streamed.", "speaker": "ryan"}], max_frames=2))
+    tts.info()
+    base = omnitts.load(ckpt_dir("base"), dtype="float32")
+    base.clone_voice(ref_wav, x_vector_only=True).save(tmp_path / "v.safetensors")
+    omnitts.read_results(tmp_path)
+    assert capfd.readouterr() == ("", "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -353,3 +354,44 @@ def test_voice_clone_out_is_a_directory(ckpt_dir, tmp_path, monkeypatch):
                                   f"write -o {tmp_path} --id hello --format flac")
     unsafe = runner.invoke(app, args + ["-o", str(tmp_path), "--id", "../up"])
     assert unsafe.exit_code == 2 and "--id '../up': not a safe file name" in unsafe.output
+
+
+def test_info_and_validate_load_no_weights(ckpt_dir, tmp_path, monkeypatch):
+    """`info` reads the config and safetensors headers, `validate` checks lines against the config: neither
+    builds a model (a load would reach models.loader.load_strict, made to fail here)."""
+    from omnitts.models import loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(loader, "load_strict", no_load)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    for args in (["info", str(ckpt_dir("custom_voice"))], ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice"))]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and result.exception is None, (args, result.output)
+    synth = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")])
+    assert isinstance(synth.exception, AssertionError)  # the check can fail: synth does load weights
+
+
+def test_a_bad_line_is_recorded_again_only_when_its_message_changes(ckpt_dir, tmp_path):
+    good = {"id": "ok", "text": "Fine.", "speaker": "ryan"}
+    args = ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+            "--max-frames", "2", "-q"]
+    errors = []
+    for speaker in ("bob", "bob", "alice"):
+        _manifest(tmp_path / "m.jsonl", [good, {"id": "bad", "text": "Hi.", "speaker": speaker}])
+        assert runner.invoke(app, args).exit_code == 1
+        records = [json.loads(line) for line in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+        errors.append([r["error"] for r in records if r["id"] == "bad"])
+    assert [len(e) for e in errors] == [1, 1, 2] and "'alice'" in errors[2][1]
+    assert [r["id"] for r in records].count("ok") == 1
+
+
+def test_the_summary_lists_the_failed_ids(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "ok", "text": "Fine.", "speaker": "ryan"},
+                                                {"id": "spk", "text": "Hi.", "speaker": "bob"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+                                 "--max-frames", "2"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    summary = result.output[result.output.index("omnitts synth ->"):]
+    assert re.search(r"failed spk: .*speaker: 'bob' is not known", summary) and "failed ok" not in summary
