@@ -59,3 +59,24 @@ def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatc
                                       "--out", "out/lines", "--max-frames", "25"])
     assert result.exit_code == 0, result.output
     assert all(sf.info(tmp_path / "out" / "lines" / f"{name}.wav").frames == 25 * 1920 for name in ("intro", "calm"))
+
+
+def test_the_readme_python_example_runs_as_is(ckpt_dir, ref_wav, tmp_path, monkeypatch, capsys):
+    """README's "Python and notebooks" block, read from the README and run where the examples before it left
+    the demo checkpoints (tiny-1.7b CustomVoice, tiny-0.6b Base) and `ref.wav`."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### 3. Python and notebooks"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "demo-tiny-customvoice").symlink_to(ckpt_dir("custom_voice", "tiny-1.7b"))
+    (tmp_path / ".cache" / "demo-tiny-base").symlink_to(ckpt_dir("base"))
+    (tmp_path / "ref.wav").symlink_to(ref_wav)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert sf.info(tmp_path / "out" / "python" / "hello.flac").frames == 25 * 1920
+    assert scope["audio"].frames == 25 and scope["voice"] is not None
+    assert sorted(line.split()[0] for line in capsys.readouterr().out.splitlines()) == ["a", "b"]  # its print loop
