@@ -395,3 +395,17 @@ def test_the_summary_lists_the_failed_ids(ckpt_dir, tmp_path):
     assert result.exit_code == 1
     summary = result.output[result.output.index("omnitts synth ->"):]
     assert re.search(r"failed spk: .*speaker: 'bob' is not known", summary) and "failed ok" not in summary
+
+
+def test_synth_writes_into_out_and_nowhere_else(ckpt_dir, tmp_path, monkeypatch):
+    """docs/outputs.md: `synth` writes everything into OUT: the manifest's folder and the working directory
+    are left as they were (a bad line is recorded in OUT too)."""
+    (tmp_path / "in").mkdir(), (tmp_path / "cwd").mkdir()
+    manifest = _manifest(tmp_path / "in" / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},
+                                                         {"id": "b", "text": "Hi.", "speaker": "bob"}])
+    monkeypatch.chdir(tmp_path / "cwd")
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"),
+                                 "--max-frames", "2", "--save-codes", "-q"])
+    assert result.exit_code == 1, result.output
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "cwd", "in", "in/m.jsonl", "out", "out/a.codes.npy", "out/a.wav", "out/results.jsonl"]

@@ -209,3 +209,17 @@ def test_compaction_copies_only_the_positions_a_moved_row_has(cv, monkeypatch):
         assert 0 < length < capacity and beyond == 0, (length, capacity, beyond)
     for i, (req, params) in enumerate(jobs):
         np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")
+
+
+def test_eager_and_omnitts_eager_rule_graph_capture_out(cv, monkeypatch):
+    """`--eager` (the backend's `eager`) and OMNITTS_EAGER=1 run every frame eagerly: nothing is captured."""
+    jobs = cv_jobs(cv, n=2)
+    graphed = FakeGraphBackend()
+    run_engine(cv, jobs, backend=graphed, max_num_seqs=2)
+    assert graphed.captured  # the same run without the switches captures
+    flag = FakeGraphBackend(eager=True)
+    run_engine(cv, jobs, backend=flag, max_num_seqs=2)
+    monkeypatch.setenv("OMNITTS_EAGER", "1")
+    env = FakeGraphBackend()
+    run_engine(cv, jobs, backend=env, max_num_seqs=2)
+    assert flag.captured == [] and env.captured == []
