@@ -33,6 +33,17 @@ def find_tags(texts: dict[str, str]) -> dict[str, set[str]]:
     return tags
 
 
+def tags_in_code(name: str, text: str) -> list[str]:
+    """Tags inside fenced code blocks, where they would show (and break the code): `file:line` each."""
+    found, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced and TAG.search(line):
+            found.append(f"{name}:{number}: a promise tag inside a code block (put it after the block)")
+    return found
+
+
 def parse_table(text: str) -> list[dict]:
     """The table's rows: {line, id, where (set of files), tests [(file, name, pending)]}. A row is a
     Markdown table line whose first cell is a backticked id; header and separator lines are skipped."""
@@ -63,6 +74,8 @@ def problems(texts: dict[str, str], table: str, tests: dict[str, set[str]]) -> l
     """Everything wrong between the tagged docs, the table and the test files; [] when they agree.
     `tests` maps a test file's path to the names it defines (a missing file maps to nothing)."""
     tags, rows, found = find_tags(texts), parse_table(table), []
+    for name, text in texts.items():
+        found += tags_in_code(name, text)
     seen: dict[str, int] = {}
     for row in rows:
         where = f"{TABLE}:{row['line']}: {row['id']}"
@@ -133,6 +146,10 @@ def test_the_checker_finds_a_missing_row_test_tag_and_duplicate():
     twice = SYNTHETIC_TABLE + "| `resume` | again | README.md | `tests/test_cli.py::test_exit` |\n"
     assert problems({"README.md": SYNTHETIC_DOC}, twice, SYNTHETIC_TESTS) == [
         "docs/promises.md:5: resume: duplicate row (first on line 3)"]
+
+    fenced = SYNTHETIC_DOC + "```bash\nomnitts synth  # <!-- promise: resume -->\n```\n"
+    assert problems({"README.md": fenced}, SYNTHETIC_TABLE, SYNTHETIC_TESTS) == [
+        "README.md:4: a promise tag inside a code block (put it after the block)"]
 
     moved = problems({"docs/outputs.md": SYNTHETIC_DOC}, SYNTHETIC_TABLE, SYNTHETIC_TESTS)
     assert moved[0] == "docs/promises.md:3: resume: 'where' says README.md; the tag is in docs/outputs.md"
