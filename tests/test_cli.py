@@ -366,10 +366,11 @@ def test_info_and_validate_load_no_weights(ckpt_dir, tmp_path, monkeypatch):
 
     monkeypatch.setattr(loader, "load_strict", no_load)
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
-    for args in (["info", str(ckpt_dir("custom_voice"))], ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice"))]):
+    model = str(ckpt_dir("custom_voice"))
+    for args in (["info", model], ["validate", str(manifest), "-m", model]):
         result = runner.invoke(app, args)
         assert result.exit_code == 0 and result.exception is None, (args, result.output)
-    synth = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")])
+    synth = runner.invoke(app, ["synth", str(manifest), "-m", model, "-o", str(tmp_path / "o")])
     assert isinstance(synth.exception, AssertionError)  # the check can fail: synth does load weights
 
 
@@ -404,8 +405,8 @@ def test_synth_writes_into_out_and_nowhere_else(ckpt_dir, tmp_path, monkeypatch)
     manifest = _manifest(tmp_path / "in" / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},
                                                          {"id": "b", "text": "Hi.", "speaker": "bob"}])
     monkeypatch.chdir(tmp_path / "cwd")
-    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"),
-                                 "--max-frames", "2", "--save-codes", "-q"])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")),
+                                 "-o", str(tmp_path / "out"), "--max-frames", "2", "--save-codes", "-q"])
     assert result.exit_code == 1, result.output
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
         "cwd", "in", "in/m.jsonl", "out", "out/a.codes.npy", "out/a.wav", "out/results.jsonl"]
