@@ -27,8 +27,13 @@ def _recipe(tmp_path, text: str) -> Path:
 def test_shipped_recipes_load(name, device):
     recipe = load_recipe(RECIPES / f"{name}.toml")
     assert recipe.device == device and recipe.max_batch >= 1 and recipe.codec_chunk_frames > 0
-    if device != "cpu":
-        assert recipe.graph_buckets[-1] == recipe.max_batch and recipe.dtype == "bfloat16"
+    # recipes/README.md's table: max batch 16 on the CPU (dtype auto), 64 with bfloat16 graphs elsewhere;
+    # no recipe sets codec_dtype, so the codec stays float32.
+    assert recipe.max_batch == (16 if device == "cpu" else 64) and recipe.codec_dtype is None
+    if device == "cpu":
+        assert recipe.dtype == "auto" and recipe.env == {}
+    else:
+        assert recipe.graph_buckets == [1, 2, 4, 8, 16, 32, 64] and recipe.dtype == "bfloat16"
         # NPU graphs also need task queue level 1 (many Ascend guides export 2, under which capture fails).
         extra = {"TASK_QUEUE_ENABLE": "1"} if device == "npu" else {}
         assert recipe.env == {f"PYTORCH_{device.upper()}_ALLOC_CONF": "expandable_segments:True", **extra}
