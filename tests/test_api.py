@@ -170,3 +170,10 @@ def test_the_library_prints_nothing(ckpt_dir, ref_wav, tmp_path, capfd):
     base.clone_voice(ref_wav, x_vector_only=True).save(tmp_path / "v.safetensors")
     omnitts.read_results(tmp_path)
     assert capfd.readouterr() == ("", "")
+
+
+def test_stream_yields_results_in_the_order_they_finish(cv):
+    """README: `stream` yields results as they finish, not in input order: a short item given last comes first."""
+    lines = [{"id": "long", "text": "A long one.", "speaker": "ryan", "max_seconds": 0.8},
+             {"id": "short", "text": "A short one.", "speaker": "ryan", "max_seconds": 0.16}]
+    assert [a.id for a in cv.stream(lines, greedy=True)] == ["short", "long"]
