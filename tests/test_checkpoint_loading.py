@@ -96,3 +96,30 @@ def test_codec_dtype_is_asked_for_and_checked(ckpt_dir):
     assert result.frames == 6 and result.audio.dtype.name == "float32" and result.audio.std() > 0
     with pytest.raises(CheckpointError, match="codec dtype 'float16' is not one of float32, bfloat16"):
         omnitts.load(ckpt_dir("custom_voice"), codec_dtype="float16")
+
+
+def test_float32_on_an_accelerator_turns_tf32_and_hf32_off(ckpt_dir, monkeypatch):
+    """A float32 run on CUDA or an NPU computes in float32: TF32 (cuDNN convolutions allow it by default)
+    and HF32 (torch_npu's convolutions allow it by default) are switched off; bfloat16 runs keep the defaults."""
+    import types
+
+    import torch
+
+    from omnitts.device import prepare_weights
+    from omnitts.models.loader import load_models
+
+    models = load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.float32, torch.float32)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    prepare_weights(models, torch.device("cuda"), torch.bfloat16, torch.float32)
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    prepare_weights(load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.float32, torch.float32),
+                    torch.device("cuda"), torch.float32, torch.float32)
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    npu = types.SimpleNamespace(matmul=types.SimpleNamespace(allow_hf32=True),
+                                conv=types.SimpleNamespace(allow_hf32=True))
+    monkeypatch.setattr(torch, "npu", npu, raising=False)  # what torch_npu registers
+    npu_device = types.SimpleNamespace(type="npu")  # torch.device("npu") exists only once torch_npu is imported
+    prepare_weights(load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.float32, torch.float32),
+                    npu_device, torch.float32, torch.float32)
+    assert not npu.matmul.allow_hf32 and not npu.conv.allow_hf32

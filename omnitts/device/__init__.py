@@ -52,3 +52,21 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
         return
     fuse_projections(models.model.talker)
     fuse_projections(models.codec)
+    if dtype == torch.float32:
+        exact_float32(device)
+
+
+def exact_float32(device: torch.device) -> None:
+    """float32 means float32 arithmetic (the parity runs): matrix products and convolutions on `device`
+    stop using TF32 (CUDA; torch allows it for cuDNN convolutions by default) or HF32 (Ascend; torch_npu
+    allows it for convolutions by default). Process-wide, as these switches are; bfloat16 runs keep the
+    defaults (their float32 codec included)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif device.type == "npu":
+        npu = getattr(torch, "npu", None)  # registered by torch_npu
+        for switch in ("matmul", "conv"):
+            settings = getattr(npu, switch, None)
+            if settings is not None and hasattr(settings, "allow_hf32"):
+                settings.allow_hf32 = False
