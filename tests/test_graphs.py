@@ -317,3 +317,42 @@ def test_the_fake_trace_names_the_op_whose_output_shape_changed():
     with pytest.raises(GraphRuleError, match=r"differs from the capture \(op \d+: captured aten\.bincount"):
         graph.replay()
         graph.replay()
+
+
+def test_pinned_transfers_wait_for_their_event_only_when_read_and_hand_out_owned_copies():
+    """The real accelerator copy path (PinnedTransfer), with a stub device API: the copy is enqueued
+    with no wait (no host sync on the step's path), `result()` waits on that copy's own event, every
+    copy gets a fresh buffer, and what `result()` returns owns its memory (never a view of a buffer
+    that a later copy could overwrite: the bug class of vllm-omni #3164)."""
+    from omnitts.device.accelerator import PinnedTransfer
+
+    log = []
+
+    class Event:
+        def __init__(self):
+            self.number = sum(entry[0] == "event" for entry in log)
+            log.append(("event", self.number))
+
+        def record(self):
+            log.append(("record", self.number))
+
+        def synchronize(self):
+            log.append(("wait", self.number))
+
+    api = type("Api", (), {"Event": Event})
+    buffers = []
+
+    def empty(shape, dtype):
+        buffers.append(torch.empty(shape, dtype=dtype))
+        return buffers[-1]
+
+    first_codes, second_codes = torch.arange(16).reshape(1, 16), torch.arange(16, 32).reshape(1, 16)
+    first, second = PinnedTransfer(api, first_codes, empty), PinnedTransfer(api, second_codes, empty)
+    assert log == [("event", 0), ("record", 0), ("event", 1), ("record", 1)]  # nothing waited for yet
+    assert buffers[0].data_ptr() != buffers[1].data_ptr()  # a fresh buffer per copy
+    got = second.result()
+    assert log[-1] == ("wait", 1) and ("wait", 0) not in log  # each result waits for its own copy only
+    assert np.array_equal(got, second_codes.numpy()) and not np.shares_memory(got, buffers[1].numpy())
+    buffers[1].fill_(-1)  # the buffer reused or overwritten later: what was handed out stays
+    assert np.array_equal(got, second_codes.numpy())
+    assert np.array_equal(first.result(), first_codes.numpy()) and log[-1] == ("wait", 0)

@@ -20,8 +20,13 @@ class PinnedTransfer:
     found in vllm-omni PR #3164's review); `result()` returns an owned copy.
     """
 
-    def __init__(self, api, tensor: torch.Tensor):
-        self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    def __init__(self, api, tensor: torch.Tensor, empty=None):
+        # `empty(shape, dtype)` allocates the pinned buffer (a test passes a plain allocator: CPU-only torch
+        # builds cannot pin memory).
+        if empty is None:
+            self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        else:
+            self.host = empty(tensor.shape, tensor.dtype)
         self.host.copy_(tensor, non_blocking=True)
         self.event = api.Event()
         self.event.record()
