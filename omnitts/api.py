@@ -306,8 +306,9 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     Args:
         path: the checkpoint directory, exactly as published.
         device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling).
-        dtype: auto (default: bfloat16 on cuda/npu and on CPUs with native bf16, AVX512-BF16 or
-            AMX; float32 elsewhere), float32, bfloat16 or float16 for the language models. Parity
+        dtype: auto (default: bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs
+            with native bf16, AVX512-BF16 or AMX; float32 elsewhere), float32, bfloat16 or float16 for
+            the language models. Parity
             with the official package is judged in float32.
         official_tokenizer: reproduce the official package's token ids (see tokenizer.py).
         max_batch: how many requests decode together at most.

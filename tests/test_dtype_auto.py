@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -31,10 +33,12 @@ def test_auto_picks_float32_without_native_bf16():
     assert features.resolve_dtype("auto", "cpu", frozenset()) == "float32"  # unknown CPU: the safe choice
 
 
-def test_auto_picks_bfloat16_with_native_bf16_and_on_accelerators():
+def test_auto_picks_bfloat16_with_native_bf16_and_on_accelerators(monkeypatch):
     assert features.resolve_dtype("auto", "cpu", ZEN4) == "bfloat16"
     assert features.resolve_dtype("auto", "cpu", SAPPHIRE_RAPIDS) == "bfloat16"
     assert features.resolve_dtype("auto", "cuda", AVX2_ONLY) == "bfloat16"
+    npu = types.SimpleNamespace(current_device=lambda: 0, get_device_name=lambda index: "Ascend910B3")
+    monkeypatch.setattr(torch, "npu", npu, raising=False)  # an A2-class part (older ones: test_predictor_cache)
     assert features.resolve_dtype("auto", "npu", frozenset()) == "bfloat16"
 
 

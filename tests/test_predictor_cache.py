@@ -154,7 +154,7 @@ def test_npu_kernel_call_site_under_fake_graphs_with_a_stub_torch_npu(cv, stub_n
 
 
 def test_npu_backend_selects_the_fused_kernel_and_cpu_keeps_todays_path(cv, stub_npu, monkeypatch):
-    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(is_available=lambda: True), raising=False)
+    monkeypatch.setattr(torch, "npu", _npu_namespace("Ascend910B3"), raising=False)
     backend = get_backend("npu", eager=True)
     attend = backend.predictor_attention()
     assert isinstance(attend, FusionAttention) and attend.op == stub_npu.npu_fusion_attention
@@ -163,6 +163,29 @@ def test_npu_backend_selects_the_fused_kernel_and_cpu_keeps_todays_path(cv, stub
     assert isinstance(chosen, FusionAttention) and chosen.op == stub_npu.npu_fusion_attention
     cpu = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=64)).runner.predictor_cache
     assert isinstance(cpu, FrameKVCache) and cpu.attend is None  # preallocated, torch's kernel
+
+
+def _npu_namespace(soc: str):
+    """What torch_npu registers as torch.npu, as far as the backend asks."""
+    return types.SimpleNamespace(is_available=lambda: True, current_device=lambda: 0, get_device_name=lambda index: soc)
+
+
+@pytest.mark.parametrize("soc,fused,dtype", [("Ascend910B3", True, "bfloat16"), ("Ascend910_9392", True, "bfloat16"),
+                                              ("Ascend950PR", True, "bfloat16"), ("Ascend310P3", False, "float16"),
+                                              ("Ascend910A", False, "float16"), ("", False, "float16")])
+def test_npu_parts_without_the_fused_kernel_get_sdpa_and_float16(stub_npu, monkeypatch, soc, fused, dtype):
+    """`npu_fusion_attention` and bfloat16 are documented for Atlas A2-class parts: elsewhere `auto` means
+    float16 and the code predictor attends with torch's sdpa, with a warning naming the part."""
+    from omnitts.device.features import resolve_dtype
+
+    monkeypatch.setattr(torch, "npu", _npu_namespace(soc), raising=False)
+    assert resolve_dtype("auto", "npu") == dtype and resolve_dtype("float32", "npu") == "float32"
+    backend = get_backend("npu", eager=True)
+    if fused:
+        assert isinstance(backend.predictor_attention(), FusionAttention)
+    else:
+        with pytest.warns(RuntimeWarning, match=f"this one is {soc or 'unknown'}, so the code predictor attends"):
+            assert backend.predictor_attention() is None
 
 
 @pytest.mark.parametrize("preset", ["tiny-0.6b", "tiny-1.7b"])

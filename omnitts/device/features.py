@@ -45,10 +45,15 @@ def native_bf16(flags: frozenset[str] | None = None) -> bool:
 
 
 def resolve_dtype(dtype: str, device: str, flags: frozenset[str] | None = None) -> str:
-    """`auto` -> bfloat16 on cuda/npu and on CPUs with native bf16, else float32; other names unchanged."""
+    """`auto` -> bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs with native bf16,
+    else float32; other names unchanged."""
     if dtype != "auto":
         return dtype
-    if device.split(":")[0] in ("cuda", "npu"):
+    if device.split(":")[0] == "npu":
+        from .npu import auto_dtype
+
+        return auto_dtype()  # bfloat16 on A2-class parts, float16 on older ones (device/npu.py)
+    if device.split(":")[0] == "cuda":
         return "bfloat16"
     return "bfloat16" if native_bf16(flags) else "float32"
 

@@ -50,6 +50,29 @@ def import_torch_npu():
         raise OmniTTSError("--device npu: torch_npu is installed but no NPU is visible")
 
 
+# SoCs whose documentation lists `npu_fusion_attention` and bfloat16 matrix products: the Atlas A2 training
+# series (Ascend910B*), Atlas A3 (Ascend910_93*) and Ascend950. Elsewhere (Ascend310P inference cards, the
+# first Ascend910) `auto` means float16 and the code predictor attends with torch's sdpa.
+FUSED_SOCS = ("Ascend910B", "Ascend910_93", "Ascend950")
+
+
+def soc_name() -> str:
+    """The NPU's SoC name as torch_npu reports it (e.g. "Ascend910B3"); "" where it cannot tell."""
+    try:
+        return str(torch.npu.get_device_name(torch.npu.current_device()))
+    except Exception:  # torch_npu missing or too old to say: treated as an unknown part
+        return ""
+
+
+def fused_attention_supported(name: str) -> bool:
+    return name.startswith(FUSED_SOCS)
+
+
+def auto_dtype() -> str:
+    """What `--dtype auto` means on this NPU: bfloat16 on A2-class parts and later, else float16."""
+    return "bfloat16" if fused_attention_supported(soc_name()) else "float16"
+
+
 class FusionAttention:
     """`torch_npu.npu_fusion_attention` as an attention kernel `(q, k, v, mask, causal) -> out`.
 
@@ -107,6 +130,13 @@ class NpuBackend(AcceleratorBackend):
     def new_graph(self, fn, state, output):
         return torch.npu.NPUGraph()
 
-    def predictor_attention(self) -> FusionAttention:
-        """The fused kernel, run over the code predictor's fixed-shape frame cache."""
-        return FusionAttention()
+    def predictor_attention(self) -> FusionAttention | None:
+        """The fused kernel, run over the code predictor's fixed-shape frame cache, on the parts its
+        documentation lists; elsewhere None (torch's sdpa over the growing frame cache), with a warning."""
+        name = soc_name()
+        if fused_attention_supported(name):
+            return FusionAttention()
+        warnings.warn(f"omnitts: npu_fusion_attention is documented for Atlas A2-class NPUs ({', '.join(FUSED_SOCS)}); "
+                      f"this one is {name or 'unknown'}, so the code predictor attends with torch's sdpa",
+                      RuntimeWarning, stacklevel=2)
+        return None
