@@ -223,3 +223,15 @@ def test_eager_and_omnitts_eager_rule_graph_capture_out(cv, monkeypatch):
     env = FakeGraphBackend()
     run_engine(cv, jobs, backend=env, max_num_seqs=2)
     assert flag.captured == [] and env.captured == []
+
+
+def test_no_frame_runs_when_every_running_request_has_launched_its_whole_budget(cv):
+    """With deferred copies the host learns of EOS one step late, but a frame budget it knows: a request
+    alone, or a batch whose last requests have launched every frame they may keep, runs no overshoot frame."""
+    jobs = cv_jobs(cv, n=3, step=3)  # budgets 6, 9, 12
+    done = run_engine(cv, jobs, max_num_seqs=4)
+    for i, (req, params) in enumerate(jobs):
+        np.testing.assert_array_equal(done[i].codes(), slow(cv, req, params), err_msg=f"request {i}")
+    assert done[2].launched == 12  # the longest ran last, alone: no frame beyond its budget
+    alone = run_engine(cv, [jobs[0]], max_num_seqs=1)[0]
+    assert alone.launched == len(alone.frames) == 6

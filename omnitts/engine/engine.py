@@ -151,6 +151,10 @@ class Engine:
         self._admit()
         launched = None
         running = list(self.scheduler.running)
+        # A sequence with its whole frame budget launched needs no frame; when none needs one (the end of
+        # a run, or a request alone), no frame runs: only the copy in flight is collected.
+        if running and all(seq.launched >= seq.params.max_frames for seq in running):
+            running = []
         if running:
             span = max(self.cache_lengths(running)) + 1  # positions this frame attends to
             for seq in running:
