@@ -42,22 +42,39 @@ MIN_CANDIDATES = 16
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9  # odd; spreads consecutive counters over the 32-bit space
 _MASS_ONE = 2**24  # fixed-point unit of the top-p probability sums
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
+def _c(value, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`value` as a 0-dim tensor on `like`'s device, made once per (value, dtype, device).
+
+    These functions run inside captured device graphs, where a Python number operand is a host-to-device
+    copy on some backends (torch_npu before 2.11 stages it through a pinned buffer, which graph capture
+    does not support): every constant operand is a device tensor instead, and fill values go to ops that
+    take them as attributes (`masked_fill`, `clamp`). The first call, in an eager warm-up, makes them.
+    """
+    dtype = dtype or like.dtype
+    key = (value, dtype, like.device)
+    tensor = _CONSTANTS.get(key)
+    if tensor is None:
+        tensor = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=like.device)
+    return tensor
 
 
 # -- counter-based noise -------------------------------------------------------------------------
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     """x * c mod 2**32 for 0 <= x < 2**32 without int64 overflow: c >= 2**31 is used as c - 2**32,
     whose product stays in (-2**63, 2**63); the mask then keeps the low 32 bits (two's complement)."""
-    return (x * (c - 2**32 if c >= 2**31 else c)) & _M32
+    return (x * _c(c - 2**32 if c >= 2**31 else c, x)) & _c(_M32, x)
 
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
     """MurmurHash3's 32-bit finaliser (a bijection with full avalanche) on values in [0, 2**32)."""
-    h = h ^ (h >> 16)
+    h = h ^ (h >> _c(16, h))
     h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
+    h = h ^ (h >> _c(13, h))
     h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
+    return h ^ (h >> _c(16, h))
 
 
 def seed_word(seed: int | None) -> int:
@@ -69,10 +86,11 @@ def seed_word(seed: int | None) -> int:
 
 def frame_keys(seed: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
     """Per-row 32-bit keys (B, 1) int64 for one frame, from seeds (B, 1) int64 and frame indices (B,)."""
-    lo, hi = seed & _M32, (seed >> 32) & _M32  # arithmetic shift, then mask: the top word as unsigned
-    h = _fmix32(lo ^ 0x3C6EF372)  # the constants keep all-zero inputs away from fmix32's fixed point 0
-    h = _fmix32(h ^ hi ^ 0x243F6A88)
-    return _fmix32(h ^ (frame.reshape(-1, 1) & _M32) ^ 0x85A308D3)
+    mask = _c(_M32, seed)
+    lo, hi = seed & mask, (seed >> _c(32, seed)) & mask  # arithmetic shift, then mask: the top word as unsigned
+    h = _fmix32(lo ^ _c(0x3C6EF372, seed))  # the constants keep all-zero inputs away from fmix32's fixed point 0
+    h = _fmix32(h ^ hi ^ _c(0x243F6A88, seed))
+    return _fmix32(h ^ (frame.reshape(-1, 1) & _c(_M32, frame)) ^ _c(0x85A308D3, seed))
 
 
 def uniforms(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tensor:
@@ -80,9 +98,10 @@ def uniforms(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tenso
 
     u = ((h >> 9) + 0.5) / 2**23 is exact in float32, so it lies in [2**-24, 1 - 2**-24].
     """
-    counter = index + (group << 16)  # index < 2**16 (vocabularies are 2048 and 3072)
+    counter = index + _c(group << 16, index)  # index < 2**16 (vocabularies are 2048 and 3072)
     h = _fmix32(keys ^ _mul32(counter, _GOLDEN))
-    return ((h >> 9).float() + 0.5) * 2.0**-23
+    u = (h >> _c(9, h)).float()
+    return (u + _c(0.5, u)) * _c(2.0**-23, u)
 
 
 def gumbel(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tensor:
@@ -93,7 +112,7 @@ def gumbel(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tensor:
 # -- logits processing ---------------------------------------------------------------------------
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
     """Penalise every code in `seen` (B, V bool) once: divide positive logits, multiply negative ones."""
-    penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+    penalised = torch.where(logits < _c(0.0, logits), logits * penalty, logits / penalty)
     return torch.where(seen, penalised, logits)
 
 
@@ -108,7 +127,8 @@ def talker_mask(vocab: int, eos: int, device=None) -> torch.Tensor:
 def process_talker(logits, seen, penalty, generated, suppress, eos: int) -> torch.Tensor:
     """Codebook-0 logits (B, V) -> processed logits: penalty, EOS ban while `generated` < 2, suppression."""
     logits = repetition_penalty(logits, seen, penalty)
-    too_early = (generated < MIN_NEW_TOKENS)[:, None] & (torch.arange(logits.shape[-1], device=logits.device) == eos)
+    codes = torch.arange(logits.shape[-1], device=logits.device)
+    too_early = (generated < _c(MIN_NEW_TOKENS, generated))[:, None] & (codes == _c(eos, codes))
     return logits.masked_fill(too_early | suppress, float("-inf"))
 
 
@@ -171,15 +191,15 @@ def warp(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None) 
     no row filters by top-p. Both filters are value thresholds, so the result does not depend on K.
     """
     candidates = values.shape[-1]
-    k = torch.where(top_k > 0, top_k, candidates).clamp(1, candidates)  # greedy rows may ask for more
-    kth = values.gather(-1, k - 1)
+    k = top_k.masked_fill(top_k <= _c(0, top_k), candidates).clamp(1, candidates)  # greedy rows may ask for more
+    kth = values.gather(-1, k - _c(1, k))
     if top_p is None:
         return values >= kth
     in_k = values >= kth
-    mass = torch.round(torch.exp(values - values[:, :1]) * _MASS_ONE).long() * in_k  # exact integer masses
+    mass = torch.round(torch.exp(values - values[:, :1]) * _c(float(_MASS_ONE), values)).long() * in_k  # exact
     before = mass.cumsum(-1) - mass  # mass strictly before each position, exact
-    kept = (before.float() < top_p * mass.sum(-1, keepdim=True).float()) | (top_p >= 1)
-    cut = torch.where(kept & in_k, values, float("inf")).amin(-1, keepdim=True)  # smallest kept value
+    kept = (before.float() < top_p * mass.sum(-1, keepdim=True).float()) | (top_p >= _c(1.0, top_p))
+    cut = values.masked_fill(~(kept & in_k), float("inf")).amin(-1, keepdim=True)  # smallest kept value
     return values >= torch.maximum(kth, cut)
 
 
@@ -198,7 +218,7 @@ def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan:
         values, index = torch.sort(logits, dim=-1, descending=True)
     values = values / temperature
     keep = warp(values, top_k, top_p if plan.top_p else None)
-    scores = torch.where(keep, values + gumbel(keys, group, index), float("-inf"))
+    scores = (values + gumbel(keys, group, index)).masked_fill(~keep, float("-inf"))
     sampled = index.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
     return torch.where(do_sample, sampled, greedy)
 

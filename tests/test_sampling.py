@@ -257,3 +257,39 @@ def test_gumbel_noise_has_the_gumbel_mean_and_variance():
     g = sampling.gumbel(keys_of(torch.arange(512)), 0, torch.arange(2048)[None]).double().flatten()
     assert abs(float(g.mean()) - 0.5772) < 0.01  # Euler-Mascheroni
     assert abs(float(g.var()) - math.pi**2 / 6) < 0.02
+
+
+def test_a_sampled_frame_passes_no_python_number_as_a_tensor_operand():
+    """Sampled frames run inside device graphs: a Python number operand (x >> 16, x < 0, torch.where(c, x, 5))
+    is a host-to-device copy on some backends (torch_npu before 2.11 stages it through pinned memory, which
+    capture does not support). Every constant is a device tensor; fill values go to ops that take them as
+    attributes (masked_fill, clamp). Checked at the dispatcher, over everything one sampled frame runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    operand_ops = {"add", "sub", "mul", "div", "__rshift__", "__lshift__", "bitwise_and", "bitwise_or",
+                   "bitwise_xor", "gt", "lt", "ge", "le", "eq", "ne", "where", "maximum", "minimum", "remainder"}
+    seen = []
+
+    class NoPythonOperands(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            numbers = [a for a in args if isinstance(a, (bool, int, float))]
+            if name == "scalar_tensor" or (name in operand_ops and numbers):
+                seen.append(f"{func}{tuple(numbers)}")
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 3072)
+    rows = rows_of(3, top_k=50, top_p=0.8, temperature=0.9)
+    seen_codes = torch.zeros(3, 3072, dtype=torch.bool)
+    sampling.choose(logits, keys=keys_of([1, 2, 3]), group=0, plan=Plan(128, True), **rows)  # constants made
+    with NoPythonOperands():
+        keys = sampling.frame_keys(torch.tensor([[1], [2], [3]]), torch.tensor([4, 5, 6]))
+        processed = sampling.process_talker(logits, seen_codes, torch.full((3, 1), 1.05), torch.tensor([0, 1, 5]),
+                                            sampling.talker_mask(3072, 2150), eos=2150)
+        for group, plan in ((0, Plan(128, True)), (1, Plan(3072, False)), (5, Plan(64, True))):
+            sampling.choose(processed, keys=keys, group=group, plan=plan, **rows)
+    assert seen == []
+    with NoPythonOperands():  # the check itself sees what it must refuse
+        torch.where(logits > 0, logits, 5.0) + 1
+    assert len(seen) == 3
