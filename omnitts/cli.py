@@ -207,11 +207,12 @@ def synth(
     """Synthesize every line of MANIFEST into OUT/ID.wav, recorded in OUT/results.jsonl.
 
     Bad lines are reported as file:line: field: problem and the rest run. Running the same
-    command again resumes: finished items are skipped. Ctrl-C finishes the running items
-    (twice: drops them). Engine settings: the flag, else --recipe, else the default.
+    command again resumes: finished items are skipped. Ctrl-C or SIGTERM finishes the running
+    items (twice: drops them). Engine settings: the flag, else --recipe, else the default.
 
     Exit code 0 when every item has audio; 1 when some have none (failed in this run or an
-    earlier one); 2 for a usage error, a bad file, or a bad line with --strict; 130 on Ctrl-C.
+    earlier one) or the disk filled up; 2 for a usage error, a bad file or --out, or a bad line
+    with --strict; 130 on Ctrl-C; 143 on SIGTERM.
     """
     from .batch.manifest import BadLine, column_map, iter_manifest
     from .batch.outdir import Batch, Settings
@@ -266,17 +267,17 @@ def synth(
         stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
     except OmniTTSError as exc:
         _fail(str(exc))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
                    "again to resume", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(_exit_code(exc))
     if export_dataset is not None and batch.tally.done + batch.tally.skipped:
         from .batch.export import export_dataset as export
 
         count = export(out, (item for item in items() if batch.is_current(item)), export_dataset)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
-        raise typer.Exit(130)
+        raise typer.Exit(stopped)
     if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
         raise typer.Exit(1)
 
@@ -284,7 +285,7 @@ def synth(
 def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> bool:
     """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary.
 
-    Returns whether a Ctrl-C stopped the run early.
+    Returns the exit code of a signal that stopped the run early (130 Ctrl-C, 143 SIGTERM), else None.
     """
     from rich.console import Console
     from rich.progress import (
@@ -303,7 +304,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
     tally = batch.tally
     pending = batch.pending(items)
     first = next(pending, None)
-    stopped = False
+    stopped = None
     if first is not None:
         if not quiet:
             console.print("loading checkpoint")
@@ -322,7 +323,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
                     console.print(f"error: {rec['id']}: {rec['error']}")
                 progress.update(task, completed=tally.done + tally.failed + tally.skipped,
                                 rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
-        stopped = stopping.count > 0
+        stopped = stopping.exit_code if stopping.count else None
         if stopped:
             console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
                           "keeps what is done)")
@@ -335,12 +336,34 @@ def _chain(first, rest):
     yield from rest
 
 
+class _Interrupt(KeyboardInterrupt):
+    """Raised by a signal that stops at once: Ctrl-C (SIGINT) or SIGTERM, with the exit code it calls for."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def _exit_code(exc: KeyboardInterrupt) -> int:
+    return getattr(exc, "exit_code", 130)
+
+
+def _interrupt(signum, frame):
+    raise _Interrupt(signum)
+
+
 class _GracefulStop:
-    """First Ctrl-C: stop starting items, finish the running ones. Second: interrupt at once."""
+    """First Ctrl-C or SIGTERM: stop starting items, finish the running ones. Second: interrupt at once.
+
+    SIGTERM (what `kill`, schedulers and `docker stop` send) is handled as Ctrl-C is: the run exits 143.
+    """
+
+    SIGNALS = ("SIGINT", "SIGTERM")
 
     def __init__(self, console):
         self.console = console
         self.count = 0
+        self.exit_code = 130
 
     def requested(self) -> bool:
         return self.count > 0
@@ -348,23 +371,29 @@ class _GracefulStop:
     def _handle(self, signum, frame):
         self.count += 1
         if self.count > 1:
-            raise KeyboardInterrupt
-        self.console.print("stopping: finishing the items in progress (Ctrl-C again to drop them)")
+            raise _Interrupt(signum)
+        import signal
+
+        self.exit_code = 128 + signum
+        again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM or Ctrl-C"
+        self.console.print(f"stopping: finishing the items in progress ({again} again to drop them)")
 
     def __enter__(self):
         import signal
         import threading
 
-        self.previous = None
+        self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            for name in self.SIGNALS:
+                number = getattr(signal, name)
+                self.previous[number] = signal.signal(number, self._handle)
         return self
 
     def __exit__(self, *exc):
         import signal
 
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 def _summary(console, batch) -> None:
@@ -645,11 +674,14 @@ def voice_clone(
 
 
 def main():
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops as Ctrl-C does (synth: gracefully), exit 143
     try:
         app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(_exit_code(exc))
 
 
 if __name__ == "__main__":

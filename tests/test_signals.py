@@ -1,9 +1,11 @@
-"""Ctrl-C in `omnitts synth`, driven by real SIGINTs: once finishes the running items, twice drops them.
+"""Ctrl-C and SIGTERM in `omnitts synth`, driven by real signals: once finishes the running items, twice
+drops them. SIGTERM (what `kill`, schedulers and `docker stop` send) does what Ctrl-C does, exit 143.
 
 tests/test_kill.py interrupts at random points and checks the resumed run; these tests pin what each
 press does to the items in flight (README "Resume"): the first stops new items from starting and lets
-the running ones finish (their records are written, exit 130); a second drops the running ones at
-once (no record, no audio file, no temporary file left; exit 130), and the same command resumes.
+the running ones finish (their records are written, exit 130, or 143 for SIGTERM); a second drops the
+running ones at once (no record, no audio file, no temporary file left; the same exit code), and the
+same command resumes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 import threading
 import time
 
+import pytest
 import soundfile as sf
 
 BATCH = 4
@@ -63,15 +66,19 @@ class _Synth:
         return "".join(self.err)
 
 
-def test_one_sigint_finishes_the_running_items_and_starts_no_more(ckpt_dir, tmp_path):
+SIGNALS = pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["int", "term"])
+
+
+@SIGNALS
+def test_one_sigint_finishes_the_running_items_and_starts_no_more(ckpt_dir, tmp_path, sig, code):
     rows = _manifest(tmp_path / "m.jsonl", long_seconds=6.4, count=LONG)  # 80 frames each
     run = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out")
     # The first item ends after 3 frames, while the BATCH - 1 admitted beside it have ~77 to go (time for the
     # signal to land before they end, even on a loaded machine).
     run.wait_for(lambda: run.records(), "the first record")
-    run.proc.send_signal(signal.SIGINT)
+    run.proc.send_signal(sig)
     err = run.finish()
-    assert run.proc.returncode == 130, err
+    assert run.proc.returncode == code, err
     assert "stopping: finishing the items in progress" in err and "stopped early" in err, err
     records = run.records()
     ids = [r["id"] for r in records]
@@ -84,19 +91,20 @@ def test_one_sigint_finishes_the_running_items_and_starts_no_more(ckpt_dir, tmp_
     assert not list(run.out.glob(".*.tmp"))
 
 
-def test_a_second_sigint_drops_the_running_items_and_the_run_resumes(ckpt_dir, tmp_path):
+@SIGNALS
+def test_a_second_sigint_drops_the_running_items_and_the_run_resumes(ckpt_dir, tmp_path, sig, code):
     # 1500 frames each: finishing them (what a single Ctrl-C does) would take far past the assertions.
     rows = _manifest(tmp_path / "m.jsonl", long_seconds=120, count=LONG)
     run = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out")
     run.wait_for(lambda: run.records(), "the first record")
     # Audio of the running items is streaming into temporary files (a codec chunk is 25 frames).
     run.wait_for(lambda: list(run.out.glob(".long-*.tmp")), "a running item's temporary file")
-    run.proc.send_signal(signal.SIGINT)
+    run.proc.send_signal(sig)
     # Two signals before the handler runs would count as one: wait until it has run.
     run.wait_for(lambda: any("stopping:" in line for line in run.err), "the first press's message")
-    run.proc.send_signal(signal.SIGINT)
+    run.proc.send_signal(sig)
     err = run.finish(timeout=60)
-    assert run.proc.returncode == 130, err
+    assert run.proc.returncode == code, err
     assert "interrupted: finished items are recorded" in err and "stopped early" not in err, err
     assert [r["id"] for r in run.records()] == ["first"]  # the running items were dropped, not finished
     assert sorted(p.name for p in run.out.iterdir()) == ["first.wav", "results.jsonl"]  # no partial or temp file
