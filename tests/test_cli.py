@@ -76,8 +76,8 @@ def test_bad_lines_are_reported_recorded_and_the_rest_runs(ckpt_dir, tmp_path):
     assert sf.info(out / "ok.wav").frames == 4 * 1920  # the good line still ran
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["id"]: r["status"] for r in records} == {
-        "ok": "ok", "line-2": "error", "spk": "error", "lang": "error", "line-5": "error", "line-6": "error",
-        "extra": "error", "clone": "error", "line-9": "error"}
+        "ok": "ok", "line:2": "error", "spk": "error", "lang": "error", "line:5": "error", "line:6": "error",
+        "extra": "error", "clone": "error", "line:9": "error"}
     assert not (out / "spk.wav").exists()
     # --strict stops before synthesis; a re-run skips what is done and does not repeat error lines.
     strict = runner.invoke(app, args + ["--strict"])

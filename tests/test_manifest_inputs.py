@@ -93,7 +93,7 @@ def _battery(tmp_path):
 def _expected_id(row, line, earlier_ids):
     item_id = row.get("id") if isinstance(row, dict) else None
     safe = isinstance(item_id, str) and not item_id.startswith((".", "-")) and "/" not in item_id
-    return item_id if safe and item_id not in earlier_ids else f"line-{line}"
+    return item_id if safe and item_id not in earlier_ids else f"line:{line}"
 
 
 @pytest.mark.parametrize("row,needle", BAD, ids=[_line(r)[:40] for r, _ in BAD])
@@ -215,7 +215,7 @@ def test_an_id_belongs_to_the_first_line_even_a_bad_one(ckpt_dir, tmp_path):
     ckpt = ckpt_dir("custom_voice")
     first, second, third = iter_manifest(path, load_config(ckpt))
     assert isinstance(first, BadLine) and first.id == "x"
-    assert isinstance(second, BadLine) and second.id == "line-2"
+    assert isinstance(second, BadLine) and second.id == "line:2"
     assert second.message == (f"{path}:2: id: 'x' already used on line 1 (a bad line: fix that one, or give "
                               "this line another id)")
     assert isinstance(third, Item)
@@ -226,7 +226,7 @@ def test_an_id_belongs_to_the_first_line_even_a_bad_one(ckpt_dir, tmp_path):
                                  "-q"])
     assert result.exit_code == 1 and f"{path}:2: id: 'x' already used on line 1" in result.output
     records = {r["id"]: r["status"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    assert records == {"x": "error", "line-2": "error", "y": "ok"}
+    assert records == {"x": "error", "line:2": "error", "y": "ok"}
 
 
 # ---------------------------------------------------------------- tables and column mapping

@@ -52,8 +52,14 @@ class Item:
 @dataclass
 class BadLine:
     line: int  # 0 for a problem with the whole file
-    id: str  # the line's id, or "line-N" / "row-N" when it has no usable one
+    id: str  # the line's id, or `placeholder(unit, line)` when it has no usable one
     message: str  # "file:line: field: problem" (or "file:row N: field: problem")
+
+
+def placeholder(unit: str, number: int) -> str:
+    """The id a bad line without a usable one is recorded under: "line:N" (or "row:N"). SAFE_ID never
+    allows ':', so it cannot be a real item's id (or a file name on any system)."""
+    return f"{unit}:{number}"
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, dict | str]]:
@@ -308,7 +314,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item 
     else:
         plan, problem = _table_plan(source.columns, columns)
         if problem:
-            yield BadLine(0, f"{unit}-0", f"{path}: {problem}")
+            yield BadLine(0, placeholder(unit, 0), f"{path}: {problem}")
             return
         rows = ((n, r if isinstance(r, str) else {f: r[c] for f, c in plan.items() if c in r})
                 for n, r in source.rows(sorted(set(plan.values()))))
@@ -340,12 +346,12 @@ def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item 
             if usable:  # the id is taken: a later line with it must not run in its place
                 seen[raw_id] = number
                 taken_by_bad.add(raw_id)
-            yield BadLine(number, raw_id if usable else f"{unit}-{number}", f"{path}:{where(number)}: {exc}")
+            yield BadLine(number, raw_id if usable else placeholder(unit, number), f"{path}:{where(number)}: {exc}")
             continue
         seen[item.request.id] = number
         yield item
     if empty:
-        yield BadLine(0, f"{unit}-0", f"{path}: no items (the manifest is empty)")
+        yield BadLine(0, placeholder(unit, 0), f"{path}: no items (the manifest is empty)")
 
 
 def check_manifest(path, cfg, columns: dict | None = None) -> tuple[list[Item], list[BadLine]]:
