@@ -215,7 +215,7 @@ def synth(
     with --strict; 130 on Ctrl-C; 143 on SIGTERM.
     """
     from .batch.manifest import BadLine, column_map, iter_manifest
-    from .batch.outdir import Batch, Settings
+    from .batch.outdir import Batch, Settings, check_out
     from .config import load_config
     from .voice import checkpoint_identity
 
@@ -227,6 +227,10 @@ def synth(
         _fail(str(exc))
     _check_engine(engine)
     _check_output(audio_format, loudness)
+    try:
+        check_out(out)
+    except OmniTTSError as exc:
+        _fail(str(exc))
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
                         retry_failed=retry_failed, force=force, retry_runaway=retry_runaway, loudness=loudness,
                         split_chars=split_chars)

@@ -19,6 +19,7 @@ The terminal belongs to the CLI: this module only returns records and counts. Ex
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,9 +28,35 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..engine.pipeline import Job, Outcome
+from ..errors import OmniTTSError
 from ..params import SamplingParams
 from .fingerprint import fingerprint
 from .ledger import Ledger, check_log, remove_leftovers
+
+
+class OutDirError(OmniTTSError):
+    """The output directory cannot be created or written."""
+
+
+def check_out(out: Path) -> None:
+    """Raise OutDirError unless `out` is, or can be made, a directory omnitts can write; creates nothing.
+
+    Checked before anything runs: `out` (or the nearest part of its path that exists) must be a
+    directory, writable, and not on a read-only filesystem. `Batch` then creates `out` and writes a
+    probe file in it, which catches whatever this cannot see.
+    """
+    out = Path(out)
+    existing = out
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    where = f"--out {out}: " + ("" if existing == out else f"{existing} ")
+    if not existing.is_dir():
+        what = "is a file" if existing.is_file() else "is a broken symbolic link" if existing.is_symlink() else "is"
+        raise OutDirError(f"{where}{what}, not a directory (choose a directory; omnitts creates it if missing)")
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise OutDirError(f"{where}is on a read-only filesystem (choose a writable --out)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutDirError(f"{where}is not writable: permission denied (choose a writable --out)")
 
 
 @dataclass
@@ -100,9 +127,13 @@ class Batch:
         self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
         self.config, self.identity = config, identity
-        self.out.mkdir(parents=True, exist_ok=True)
-        check_log(self.out)
-        self.leftovers = remove_leftovers(self.out)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            check_log(self.out)
+            self.leftovers = remove_leftovers(self.out)
+            _probe(self.out)
+        except OSError as exc:  # what check_out cannot see (e.g. a filesystem that refuses new files)
+            raise OutDirError(f"--out {self.out}: cannot be written ({exc.strerror or exc})") from None
         self.ledger = Ledger(self.out)
         self.tally = Tally()
         self._prints: dict[str, str] = {}  # id -> fingerprint, for the jobs handed out and not yet saved
@@ -215,6 +246,14 @@ def _same(recorded: str | None, current: str, old: bool = True) -> bool:
     counts as the same when `old` (good records: not redone merely because omnitts was upgraded), and
     as different otherwise (a failed record without one is a bad line, which a fixed line replaces)."""
     return recorded == current or (recorded is None and old)
+
+
+def _probe(out: Path) -> None:
+    """Create and delete a temporary file in `out` (named as omnitts' temporaries, so a kill leaves
+    nothing a later run would not delete)."""
+    from ..io.atomic import temp_name
+
+    Path(temp_name(out / "probe")).unlink()
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

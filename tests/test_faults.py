@@ -1,0 +1,108 @@
+"""Faults outside omnitts' control end as one error line, never a traceback (README "Exit codes").
+
+- a full disk (ENOSPC, simulated: no tiny filesystem can be mounted here) stops the run with one line,
+  exit 1; the item being written leaves no temporary file and no record, and runs again on resume;
+- an unusable --out is one `error:` line naming the path, exit 2, before the model loads;
+- a bad line without a usable id is recorded under a placeholder (`line:N`) no real id can take.
+SIGTERM is covered with the real signals in tests/test_signals.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from omnitts.batch.ledger import Ledger, read_results
+from omnitts.batch.manifest import SAFE_ID, BadLine, iter_manifest, placeholder
+from omnitts.cli import app
+from omnitts.io import audio
+
+runner = CliRunner()
+
+
+def _manifest(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- placeholder ids
+
+def test_a_placeholder_id_is_never_a_real_id():
+    assert placeholder("line", 2) == "line:2" and placeholder("row", 7) == "row:7"
+    assert not SAFE_ID.match(placeholder("line", 2)) and not SAFE_ID.match(placeholder("row", 0))
+
+
+def test_a_bad_line_does_not_block_a_real_item_named_like_its_old_placeholder(ckpt_dir, tmp_path):
+    """Bad line 2 has no id; the item "line-2" is real. Before, the bad line was recorded as "line-2": every
+    run wrote an error record over the real item's and synthesized it again."""
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "First.", "speaker": "ryan"},
+                                                {"text": "No id here.", "speaker": "ryan"},
+                                                {"id": "line-2", "text": "Named like a placeholder.", "speaker": "ryan"}])
+    bad = [e for e in iter_manifest(manifest) if isinstance(e, BadLine)]
+    assert [(b.line, b.id) for b in bad] == [(2, "line:2")]
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--greedy", "--max-frames",
+            "2", "-q"]
+    assert runner.invoke(app, args).exit_code == 1  # the bad line has no audio
+    first = _records(out)
+    assert runner.invoke(app, args).exit_code == 1
+    assert _records(out) == first  # nothing recorded or synthesized again
+    assert {k: r["status"] for k, r in read_results(out).items()} == {"a": "ok", "line:2": "error", "line-2": "ok"}
+
+
+# ---------------------------------------------------------------- unusable --out
+
+def _bad_out(ckpt_dir, tmp_path, out, monkeypatch, *extra):
+    import omnitts.api
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model loaded despite an unusable --out")
+
+    monkeypatch.setattr(omnitts.api, "load", no_load)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "-q",
+                                 *extra])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out {out}: "), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    return lines[0]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["", "strict"])
+def test_an_out_that_is_a_file_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkeypatch, strict):
+    (tmp_path / "file.txt").write_text("not a directory")
+    line = _bad_out(ckpt_dir, tmp_path, tmp_path / "file.txt", monkeypatch, *(["--strict"] if strict else []))
+    assert line.endswith("is a file, not a directory (choose a directory; omnitts creates it if missing)")
+    line = _bad_out(ckpt_dir, tmp_path, tmp_path / "file.txt" / "out", monkeypatch)
+    assert f"{tmp_path / 'file.txt'} is a file, not a directory" in line
+    assert (tmp_path / "file.txt").read_text() == "not a directory"
+
+
+def test_an_out_on_a_read_only_filesystem_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkeypatch):
+    import os
+
+    import omnitts.batch.outdir as outdir
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    monkeypatch.setattr(outdir.os, "statvfs", lambda path: ReadOnly())
+    line = _bad_out(ckpt_dir, tmp_path, tmp_path / "new" / "out", monkeypatch)
+    assert line.endswith(f"{tmp_path} is on a read-only filesystem (choose a writable --out)")
+    assert not (tmp_path / "new").exists()  # nothing created
+
+
+def test_an_out_where_no_directory_can_be_made_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkeypatch):
+    """/sys refuses new directories even to root (EPERM); where it is mounted read-only, or for another user,
+    check_out says so instead. Either way: one line, exit 2."""
+    _bad_out(ckpt_dir, tmp_path, "/sys/omnitts-test-out", monkeypatch)
