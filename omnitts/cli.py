@@ -253,6 +253,8 @@ def synth(
                 good += 1
     except OmniTTSError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _disk_full(exc, out, batch)
     if bad and not good:
         _fail(f"{manifest}: no good lines ({_plural(bad, 'bad line')}); nothing to synthesize")
     if bad and strict:
@@ -271,6 +273,8 @@ def synth(
         stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
     except OmniTTSError as exc:
         _fail(str(exc))
+    except OSError as exc:
+        _disk_full(exc, out, batch)
     except KeyboardInterrupt as exc:
         typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
                    "again to resume", err=True)
@@ -286,11 +290,24 @@ def synth(
         raise typer.Exit(1)
 
 
+def _disk_full(exc: OSError, out: Path, batch) -> None:
+    """A full disk ends the run with one line, exit 1 (what is done stays done); any other OSError is raised."""
+    from .io.atomic import disk_full
+
+    if not disk_full(exc):
+        raise exc
+    done = len(batch.ledger.done) if batch is not None else 0
+    _fail(f"no space left on {out}: {_plural(done, 'item')} done ({out}/results.jsonl); free some space and run the "
+          "same command again to resume", code=1)
+
+
 def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> bool:
     """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary.
 
     Returns the exit code of a signal that stopped the run early (130 Ctrl-C, 143 SIGTERM), else None.
     """
+    from contextlib import closing
+
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -319,9 +336,11 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
                             split=batch.settings.splitter(), sink=batch.sink)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
-        with stopping, Progress(*columns, console=console, disable=quiet) as progress:
+        # closing: an error raised while saving (a full disk) aborts the running items' files at once
+        with (stopping, Progress(*columns, console=console, disable=quiet) as progress,
+              closing(pipeline.run(_chain(first, pending))) as outcomes):
             task = progress.add_task("synthesizing", total=total, rate="")
-            for outcome in pipeline.run(_chain(first, pending)):
+            for outcome in outcomes:
                 rec = batch.save(outcome)
                 if not outcome.ok:
                     console.print(f"error: {rec['id']}: {rec['error']}")

@@ -106,3 +106,115 @@ def test_an_out_where_no_directory_can_be_made_is_one_line_and_exit_2(ckpt_dir, 
     """/sys refuses new directories even to root (EPERM); where it is mounted read-only, or for another user,
     check_out says so instead. Either way: one line, exit 2."""
     _bad_out(ckpt_dir, tmp_path, "/sys/omnitts-test-out", monkeypatch)
+
+
+# ---------------------------------------------------------------- a full disk
+
+ROWS = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(6)]
+
+
+def _full_disk_run(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", ROWS)
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--greedy", "--max-frames",
+            "3", "--max-batch", "2", "-q"]
+    return out, lambda: runner.invoke(app, args)
+
+
+def _enospc(path="x"):
+    return OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def _check_stopped(result, out):
+    """One line, exit 1; only whole files with their records; no temporary file."""
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    records = _records(out)
+    assert all(r["status"] == "ok" for r in records), records  # a full disk is no item's failure
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: no space left on {out}: {len(records)} item{'' if len(records) == 1 else 's'} done "
+        f"({out}/results.jsonl); free some space and run the same command again to resume")
+    assert sorted(p.name for p in out.iterdir()) == sorted(["results.jsonl"] + [r["path"] for r in records])
+    assert (out / "results.jsonl").read_bytes().endswith(b"\n")
+    for r in records:
+        assert sf.info(out / r["path"]).frames == 3 * 1920
+    return records
+
+
+def _check_resumed(result, out, before):
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert records[:len(before)] == before  # nothing done is redone
+    assert sorted(r["id"] for r in records) == sorted(r["id"] for r in ROWS)  # each id once
+    assert all(r["status"] == "ok" for r in records) and not list(out.glob(".*.tmp"))
+
+
+def test_a_full_disk_at_an_items_rename_stops_the_run_and_resume_finishes(ckpt_dir, tmp_path, monkeypatch):
+    out, run = _full_disk_run(ckpt_dir, tmp_path)
+    commit, calls = audio.AudioSink.commit, []
+
+    def full_at_the_third(sink):
+        calls.append(sink.path.name)
+        if len(calls) == 3:  # the temporary file is written; putting it in place fails
+            assert sink.tmp is not None and sf.info(sink.tmp).frames == 3 * 1920
+            raise _enospc(sink.path)
+        return commit(sink)
+
+    monkeypatch.setattr(audio.AudioSink, "commit", full_at_the_third)
+    records = _check_stopped(run(), out)
+    assert len(records) == 2 and len(calls) == 3  # no item started after the failed one
+    monkeypatch.setattr(audio.AudioSink, "commit", commit)  # space freed
+    _check_resumed(run(), out, records)
+
+
+def test_a_full_disk_while_an_item_streams_stops_the_run_and_resume_finishes(ckpt_dir, tmp_path, monkeypatch):
+    out, run = _full_disk_run(ckpt_dir, tmp_path)
+    write, sinks = audio.AudioSink.write, []
+
+    def full_in_the_third(sink, samples):
+        if sink not in sinks:
+            sinks.append(sink)
+        write(sink, samples)  # part of the audio reaches the temporary file, then the disk is full
+        if len(sinks) == 3 and sink is sinks[2]:
+            raise _enospc(sink.tmp)
+
+    monkeypatch.setattr(audio.AudioSink, "write", full_in_the_third)
+    records = _check_stopped(run(), out)
+    assert len(sinks) == 3 and sinks[2].path.stem not in {r["id"] for r in records}
+    monkeypatch.setattr(audio.AudioSink, "write", write)
+    _check_resumed(run(), out, records)
+
+
+def test_a_full_disk_while_appending_a_record_leaves_no_torn_line_and_no_unrecorded_file(ckpt_dir, tmp_path,
+                                                                                        monkeypatch):
+    """The audio is in place when its record cannot be written: it is removed again (it would hold space the
+    resumed run needs, and no record vouches for it), and the item runs again on resume."""
+    import omnitts.batch.ledger as ledger
+
+    out, run = _full_disk_run(ckpt_dir, tmp_path)
+    write_all, calls = ledger._write_all, []
+
+    def half_then_full(fd, data):
+        calls.append(data)
+        if len(calls) == 3:
+            write_all(fd, data[:len(data) // 2])  # a torn line on disk
+            raise _enospc(out / "results.jsonl")
+        write_all(fd, data)
+
+    monkeypatch.setattr(ledger, "_write_all", half_then_full)
+    records = _check_stopped(run(), out)
+    lost = json.loads(calls[2])["id"]
+    assert len(records) == 2 and lost not in {r["id"] for r in records}
+    assert not (out / f"{lost}.wav").exists()
+    assert Ledger(out).done.keys() == {r["id"] for r in records}
+    monkeypatch.setattr(ledger, "_write_all", write_all)
+    _check_resumed(run(), out, records)
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
+def test_libsndfile_on_a_full_device_raises_enospc():
+    """libsndfile's own error for a full disk is "System error." with no cause; os_errors recovers it."""
+    with pytest.raises(OSError) as caught, audio.os_errors("/dev/full"):
+        with sf.SoundFile("/dev/full", "w", samplerate=24000, channels=1, format="WAV", subtype="PCM_16") as f:
+            f.write(np.zeros(24000, dtype=np.float32))
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"

@@ -14,6 +14,7 @@ directory later (O_APPEND lines, or one log per writer merged on read): a compac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -76,7 +77,8 @@ class Ledger:
     def write(self, record: dict) -> None:
         """Append `record` as one line, fsynced. The log is never followed through a symbolic link (it
         would write outside the output directory), and a last line torn by a kill is closed first, so
-        the new record is never glued to it."""
+        the new record is never glued to it. A write that fails (a full disk, a signal) is undone: the
+        log is cut back to its length before, so no torn line is left, and the error is raised."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
         try:
@@ -86,13 +88,20 @@ class Ledger:
                 raise LedgerError(f"{self.path}: is a symbolic link; omnitts writes only inside the output "
                                   "directory (replace the link with a file, or choose another --out)") from None
             raise
-        with open(fd, "ab") as handle:
+        try:
+            size = os.lseek(fd, 0, os.SEEK_END)
             line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-            if handle.tell() and not _ends_with_newline(self.path):
+            if size and not _ends_with_newline(self.path):
                 line = b"\n" + line
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+            try:
+                _write_all(fd, line)
+                os.fsync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise
+        finally:
+            os.close(fd)
         self._note(record)
 
     def _note(self, record: dict) -> None:
@@ -161,6 +170,12 @@ def check_log(out: Path) -> None:
         kind = "a symbolic link" if path.is_symlink() else "not a regular file"
         raise LedgerError(f"{path}: is {kind}; omnitts writes only inside the output directory (replace it "
                           "with a file, or choose another --out)")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # os.write may write part of it
+        view = view[os.write(fd, view):]
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -195,31 +195,45 @@ class Batch:
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, outcome: Outcome) -> dict:
-        """Write an outcome's audio (and codes), then its ledger line; returns the record."""
+        """Write an outcome's audio (and codes), then its ledger line; returns the record.
+
+        If any of it fails (a full disk, a second Ctrl-C), the files this call put in place are removed
+        again and the error is raised: nothing stays without its record, no space is held by a file
+        nobody vouches for, and the item runs again on resume.
+        """
         item_id = outcome.job.request.id
         if not outcome.ok:
-            self.tally.fail(item_id, outcome.error)
             rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings,
                          fingerprint=self._prints.pop(item_id, None))
             self.ledger.write(rec)
+            self.tally.fail(item_id, outcome.error)
             return rec
         result, s = outcome.result, self.settings
         name = f"{item_id}.{s.format}"
-        if s.save_codes:  # codes first: the ledger line (written last) vouches for both files
-            _save_npy(self.out / f"{item_id}.codes.npy", result.codes.astype(np.int64))
-        if outcome.sink is not None:
-            outcome.sink.commit()
-        else:  # an outcome from a pipeline without sinks
-            if s.loudness is not None:
-                from ..io.loudness import normalize_loudness
+        placed = []
+        try:
+            if s.save_codes:  # codes first: the ledger line (written last) vouches for both files
+                _save_npy(self.out / f"{item_id}.codes.npy", result.codes.astype(np.int64))
+                placed.append(self.out / f"{item_id}.codes.npy")
+            if outcome.sink is not None:
+                placed.append(outcome.sink.commit())
+            else:  # an outcome from a pipeline without sinks
+                if s.loudness is not None:
+                    from ..io.loudness import normalize_loudness
 
-                result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
-            result.save(self.out / name)
-        rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), samples=outcome.samples,
-                     frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
-                     seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces, timings=outcome.timings,
-                     fingerprint=self._prints.pop(item_id, None))
-        self.ledger.write(rec)
+                    result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
+                placed.append(result.save(self.out / name))
+            rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), samples=outcome.samples,
+                         frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
+                         seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
+                         timings=outcome.timings, fingerprint=self._prints.pop(item_id, None))
+            self.ledger.write(rec)
+        except BaseException:
+            if outcome.sink is not None:
+                outcome.sink.abort()
+            for path in placed:
+                Path(path).unlink(missing_ok=True)
+            raise
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
         return rec

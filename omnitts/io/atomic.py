@@ -7,6 +7,7 @@ rename is atomic); `ledger.remove_leftovers` deletes those a killed run leaves b
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -15,8 +16,14 @@ from pathlib import Path
 from typing import Iterator
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
 TEMP_MARK = ".omnitts-"  # between the target's name and mkstemp's random part
 _TEMP = re.compile(r"\..+\.omnitts-[A-Za-z0-9_]{8}\.tmp\Z")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says the filesystem (or the user's quota) is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL
 
 
 def is_temp_name(name: str) -> bool:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import AudioError
-from .atomic import atomic_write, temp_name
+from .atomic import DISK_FULL, atomic_write, temp_name
 
 MIN_REFERENCE_SECONDS = 0.5
 MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
@@ -84,8 +85,26 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     if kind not in FORMATS:
         raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as tmp:
+    with atomic_write(path) as tmp, os_errors(path):
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
+
+
+@contextmanager
+def os_errors(path: Path):
+    """Raise a full disk met by libsndfile as the OSError(ENOSPC) it is.
+
+    libsndfile reports a failed write as "System error." and drops the cause; cffi keeps the C `errno`
+    of its calls, which says it. Other libsndfile errors pass unchanged.
+    """
+    import soundfile as sf
+
+    try:
+        yield
+    except sf.LibsndfileError as exc:
+        code = getattr(getattr(sf, "_ffi", None), "errno", None)
+        if code in DISK_FULL:
+            raise OSError(code, os.strerror(code), str(path)) from exc
+        raise
 
 
 class AudioSink:
@@ -110,14 +129,16 @@ class AudioSink:
         self._file = None
 
     def write(self, samples: np.ndarray) -> None:
+        """Append `samples`; a full disk raises OSError(ENOSPC) (the caller aborts the sink)."""
         import soundfile as sf
 
-        if self._file is None:
-            self.tmp = temp_name(self.path)
-            fmt, subtype = ("WAV", "FLOAT") if self.loudness is not None else (self.kind.upper(), FORMATS[self.kind])
-            self._file = sf.SoundFile(self.tmp, "w", samplerate=self.sample_rate, channels=1, format=fmt,
-                                      subtype=subtype)
-        self._file.write(np.asarray(samples, dtype=np.float32))
+        with os_errors(self.path):
+            if self._file is None:
+                self.tmp = temp_name(self.path)
+                kind = ("WAV", "FLOAT") if self.loudness is not None else (self.kind.upper(), FORMATS[self.kind])
+                self._file = sf.SoundFile(self.tmp, "w", samplerate=self.sample_rate, channels=1, format=kind[0],
+                                          subtype=kind[1])
+            self._file.write(np.asarray(samples, dtype=np.float32))
         self.samples += len(samples)
 
     def commit(self) -> Path:
@@ -127,8 +148,9 @@ class AudioSink:
         if self._file is None:
             write_audio(self.path, np.zeros(0, dtype=np.float32), self.sample_rate)
             return self.path
-        self._file.close()
         try:
+            with os_errors(self.path):
+                self._file.close()
             if self.loudness is not None:
                 from .loudness import normalize_loudness
 
@@ -144,8 +166,13 @@ class AudioSink:
         return self.path
 
     def abort(self) -> None:
-        """Drop the partial file (idempotent)."""
-        if self._file is not None and not self._file.closed:
-            self._file.close()
-        if self.tmp is not None:
-            Path(self.tmp).unlink(missing_ok=True)
+        """Drop the partial file (idempotent). Never raises: it runs while another error (a full disk)
+        is on its way out, and closing a file on a full disk may fail again."""
+        try:
+            if self._file is not None and not self._file.closed:
+                self._file.close()
+        except Exception:  # noqa: BLE001 - the file is deleted below either way
+            pass
+        finally:
+            if self.tmp is not None:
+                Path(self.tmp).unlink(missing_ok=True)
