@@ -13,7 +13,9 @@ Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power lo
   line, which replaces the earlier one for every reader;
 - "done" means the id's last record is good and its file holds what the record says (its sample
   count, from the header and the last samples: `ledger.audio_problem`); anything else runs again,
-  and the atomic rename replaces, never duplicates, a file. Nothing is written outside `out`.
+  and the atomic rename replaces, never duplicates, a file. Nothing is written outside `out`;
+- a save that fails part-way (a full disk) removes the files it placed and raises: the item has no
+  record and runs again, and the caller stops the run (the CLI: one line, exit 1).
 The terminal belongs to the CLI: this module only returns records and counts. Exports: export.py.
 """
 
