@@ -44,9 +44,9 @@ def test_a_placeholder_id_is_never_a_real_id():
 def test_a_bad_line_does_not_block_a_real_item_named_like_its_old_placeholder(ckpt_dir, tmp_path):
     """Bad line 2 has no id; the item "line-2" is real. Before, the bad line was recorded as "line-2": every
     run wrote an error record over the real item's and synthesized it again."""
-    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "First.", "speaker": "ryan"},
-                                                {"text": "No id here.", "speaker": "ryan"},
-                                                {"id": "line-2", "text": "Named like a placeholder.", "speaker": "ryan"}])
+    rows = [{"id": "a", "text": "First.", "speaker": "ryan"}, {"text": "No id here.", "speaker": "ryan"},
+            {"id": "line-2", "text": "Named like a placeholder.", "speaker": "ryan"}]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
     bad = [e for e in iter_manifest(manifest) if isinstance(e, BadLine)]
     assert [(b.line, b.id) for b in bad] == [(2, "line:2")]
     out = tmp_path / "out"
@@ -91,7 +91,7 @@ def test_an_out_that_is_a_file_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkey
 def test_an_out_on_a_read_only_filesystem_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkeypatch):
     import os
 
-    import omnitts.batch.outdir as outdir
+    from omnitts.batch import outdir
 
     class ReadOnly:
         f_flag = os.ST_RDONLY
@@ -189,7 +189,7 @@ def test_a_full_disk_while_appending_a_record_leaves_no_torn_line_and_no_unrecor
                                                                                         monkeypatch):
     """The audio is in place when its record cannot be written: it is removed again (it would hold space the
     resumed run needs, and no record vouches for it), and the item runs again on resume."""
-    import omnitts.batch.ledger as ledger
+    from omnitts.batch import ledger
 
     out, run = _full_disk_run(ckpt_dir, tmp_path)
     write_all, calls = ledger._write_all, []
@@ -214,7 +214,7 @@ def test_a_full_disk_while_appending_a_record_leaves_no_torn_line_and_no_unrecor
 @pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (Linux)")
 def test_libsndfile_on_a_full_device_raises_enospc():
     """libsndfile's own error for a full disk is "System error." with no cause; os_errors recovers it."""
-    with pytest.raises(OSError) as caught, audio.os_errors("/dev/full"):
-        with sf.SoundFile("/dev/full", "w", samplerate=24000, channels=1, format="WAV", subtype="PCM_16") as f:
-            f.write(np.zeros(24000, dtype=np.float32))
+    with (pytest.raises(OSError) as caught, audio.os_errors("/dev/full"),
+          sf.SoundFile("/dev/full", "w", samplerate=24000, channels=1, format="WAV", subtype="PCM_16") as f):
+        f.write(np.zeros(24000, dtype=np.float32))
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"

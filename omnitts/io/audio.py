@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -169,10 +169,9 @@ class AudioSink:
         """Drop the partial file (idempotent). Never raises: it runs while another error (a full disk)
         is on its way out, and closing a file on a full disk may fail again."""
         try:
-            if self._file is not None and not self._file.closed:
-                self._file.close()
-        except Exception:  # noqa: BLE001 - the file is deleted below either way
-            pass
+            with suppress(Exception):  # the file is deleted below either way
+                if self._file is not None and not self._file.closed:
+                    self._file.close()
         finally:
             if self.tmp is not None:
                 Path(self.tmp).unlink(missing_ok=True)
