@@ -218,3 +218,38 @@ def test_libsndfile_on_a_full_device_raises_enospc():
           sf.SoundFile("/dev/full", "w", samplerate=24000, channels=1, format="WAV", subtype="PCM_16") as f):
         f.write(np.zeros(24000, dtype=np.float32))
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
+
+
+def test_a_full_disk_while_recording_a_bad_line_is_one_line_before_the_model_loads(ckpt_dir, tmp_path, monkeypatch):
+    import omnitts.api
+    from omnitts.batch import ledger
+
+    def full(fd, data):
+        raise _enospc(tmp_path / "out" / "results.jsonl")
+
+    monkeypatch.setattr(ledger, "_write_all", full)
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    manifest = _manifest(tmp_path / "m.jsonl", [ROWS[0], {"text": "No id.", "speaker": "ryan"}])
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "-q"])
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith(
+        f"error: no space left on {out}: 0 items done"), result.output
+    assert (out / "results.jsonl").read_bytes() == b""  # created empty; the failed line was cut back
+
+
+def test_an_aborted_sink_leaves_no_file_even_when_closing_fails(tmp_path):
+    sink = audio.AudioSink(tmp_path / "a.wav", 24000)
+    sink.write(np.zeros(1920, dtype=np.float32))
+    assert sink.tmp is not None and (tmp_path / sink.tmp).exists()
+    real = sink._file
+
+    class Failing:  # closing a file on a full disk can fail again
+        closed = False
+
+        def close(self):
+            real.close()
+            raise _enospc(sink.tmp)
+
+    sink._file = Failing()
+    sink.abort()  # raises nothing: it runs while the first error is on its way out
+    assert list(tmp_path.iterdir()) == []
