@@ -95,6 +95,7 @@ class TalkerConfig(DecoderConfig):
     spk_id: dict = field(default_factory=dict)
     spk_is_dialect: dict = field(default_factory=dict)
     codec_language_id: dict = field(default_factory=dict)
+    max_position_embeddings: int = 32768  # positions the talker was trained for (prompt + frames)
 
     def __post_init__(self):
         super().__post_init__()

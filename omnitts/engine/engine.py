@@ -20,12 +20,17 @@ On an asynchronous device everything before `_collect` only enqueues work (prefi
 replay, the copy); the one place the host waits is `_collect`, for the copy of the frame launched a
 step earlier, while the device already runs this step's frame. Admission is capped at
 `max_prefill_tokens` prompt positions per step, so a burst of new requests delays the running rows
-by a bounded prefill per frame rather than one long one.
+by a bounded prefill per frame rather than one long one, and at `max_prefill_bytes` of estimated
+prefill activations (`prefill_bytes`, from shapes on the host), so no prefill outgrows memory.
+`plan` rejects, before anything runs, a request whose prompt alone would exceed that budget or
+whose prompt plus frame budget exceeds the talker's `max_position_embeddings`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+PREFILL_BUDGET_BYTES = 2**30  # estimated activations of one prefill step at most (see prefill_bytes)
 
 from .. import sampling
 from ..device import Backend, get_backend
@@ -52,6 +57,8 @@ class EngineConfig:
     # Prompt positions prefilled per step at most (one request always goes in): a burst of new
     # requests is spread over steps instead of holding the running rows back for one long prefill.
     max_prefill_tokens: int | None = 2048
+    # Estimated bytes of one prefill step's activations at most (`prefill_bytes`; None: no limit).
+    max_prefill_bytes: int | None = PREFILL_BUDGET_BYTES
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
@@ -64,19 +71,44 @@ class EngineConfig:
             raise ValueError(f"span_buckets must be position counts >= 1, got {list(self.span_buckets)}")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1 (or None: no limit), got {self.max_prefill_tokens}")
+        if self.max_prefill_bytes is not None and self.max_prefill_bytes < 1:
+            raise ValueError(f"max_prefill_bytes must be >= 1 (or None: no limit), got {self.max_prefill_bytes}")
+
+
+def prefill_bytes(talker, rows: int, length: int, itemsize: int) -> int:
+    """Estimated peak activations of prefilling `rows` prompts padded to `length` positions through
+    talker config `talker` (one layer at a time): the (rows, L, L) boolean masks the runner builds,
+    attention scores (rows, heads, L, L) and a float mask in float32 (the math attention path; fused
+    kernels need less), and the layer's hidden, attention and MLP activations."""
+    t = talker
+    square = rows * length * length * (3 + 4 * t.num_attention_heads + 4)
+    linear = rows * length * (4 * t.hidden_size + 2 * t.num_attention_heads * t.head_dim
+                              + 3 * t.intermediate_size) * itemsize
+    return square + linear
 
 
 def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
          device: str = "cpu", eager: bool = False, graph_buckets=None, span_buckets=None,
-         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens) -> EngineConfig:
+         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, prompt_positions: int = 0,
+         prefill_budget_bytes: int | None = PREFILL_BUDGET_BYTES) -> EngineConfig:
     """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
 
     The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
-    slots are reduced until it fits `kv_budget_bytes`. Raises RequestError if not even one fits.
+    slots are reduced until it fits `kv_budget_bytes`. Raises RequestError if not even one fits, if
+    `positions` exceed the talker's `max_position_embeddings`, or if prefilling the longest prompt
+    (`prompt_positions`) alone is estimated over `prefill_budget_bytes` (`prefill_bytes`).
     """
     t = ckpt.config.talker
     itemsize = ckpt.cache_dtype.itemsize
-    positions = -(-positions // 64) * 64  # round up: fewer distinct shapes, a little headroom
+    if positions > t.max_position_embeddings:
+        raise RequestError(f"text: the prompt and its frame budget need {positions} talker positions, over the "
+                           f"model's {t.max_position_embeddings}; split the text or lower max_frames")
+    prefill = prefill_bytes(t, 1, prompt_positions, ckpt.model.talker.dtype.itemsize)
+    if prefill_budget_bytes is not None and prefill > prefill_budget_bytes:
+        raise RequestError(f"text: a prompt of {prompt_positions} positions needs about {prefill / 2**30:.1f} GiB to "
+                           f"prefill, over the {prefill_budget_bytes / 2**30:.1f} GiB budget; split the text")
+    # Round up: fewer distinct shapes, a little headroom (never past the model's positions).
+    positions = min(-(-positions // 64) * 64, t.max_position_embeddings)
     per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * positions * itemsize
     slots = min(max_num_seqs, kv_budget_bytes // per_slot)
     if slots < 1:
@@ -87,7 +119,7 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
                         device=device, eager=eager,
                         graph_buckets=None if graph_buckets is None else tuple(graph_buckets),
                         span_buckets=None if span_buckets is None else tuple(span_buckets),
-                        max_prefill_tokens=max_prefill_tokens)
+                        max_prefill_tokens=max_prefill_tokens, max_prefill_bytes=prefill_budget_bytes)
 
 
 class Engine:
@@ -176,7 +208,7 @@ class Engine:
         return [seq.prompt.embeds.shape[0] + seq.launched for seq in seqs]
 
     def _admit(self) -> None:
-        new = self.scheduler.admit(self.config.max_prefill_tokens)
+        new = self.scheduler.admit(self.config.max_prefill_tokens, self._prefill_fits)
         if not new:
             return
         state = self.state
@@ -187,6 +219,12 @@ class Engine:
             state.params.set(row, seq.params)
             state.load_text(row, seq.prompt.trailing.to(state.trailing.dtype), seq.prompt.pad.to(state.trailing.dtype))
         self.runner.prefill(new[0].slot, [seq.prompt.embeds for seq in new])
+
+    def _prefill_fits(self, rows: int, longest: int) -> bool:
+        """Whether prefilling `rows` prompts padded to `longest` positions stays within the budget."""
+        budget = self.config.max_prefill_bytes
+        return budget is None or prefill_bytes(self.ckpt.config.talker, rows, longest,
+                                               self.ckpt.model.talker.dtype.itemsize) <= budget
 
     def steps_for(self, params: list[SamplingParams]):
         """The frame steps a batch of requests with these parameters runs (see `_steps`)."""

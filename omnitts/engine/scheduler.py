@@ -58,15 +58,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def admit(self, max_tokens: int | None = None) -> list[Sequence]:
+    def admit(self, max_tokens: int | None = None, fits=None) -> list[Sequence]:
         """Move waiting sequences into free slots (appended after the running prefix), in admission
-        order, while their prompts total at most `max_tokens` positions (None: no limit; the first
-        always fits)."""
-        admitted, tokens = [], 0
+        order, while their prompts total at most `max_tokens` positions (None: no limit) and
+        `fits(rows, longest)` (the prefill's memory estimate, None: no check) holds for the batch
+        prefilled together; the first always goes in."""
+        admitted, tokens, longest = [], 0, 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             index = self._next_index()
-            tokens += self.waiting[index].prompt.embeds.shape[0]
-            if admitted and max_tokens is not None and tokens > max_tokens:
+            length = self.waiting[index].prompt.embeds.shape[0]
+            tokens, longest = tokens + length, max(longest, length)
+            if admitted and ((max_tokens is not None and tokens > max_tokens)
+                             or (fits is not None and not fits(len(admitted) + 1, longest))):
                 break
             seq = self.waiting[index]
             del self.waiting[index]
