@@ -34,6 +34,28 @@ def derive_seed(seed: int | None, salt: str, index: int) -> int | None:
     return int.from_bytes(digest, "little") >> 1  # non-negative, so it fits a signed int64
 
 
+def share_frames(total: int, weights: list[int]) -> list[int]:
+    """Split a frame budget of `total` among pieces in proportion to `weights` (their text tokens).
+
+    Every piece gets one frame, the other `total - len(weights)` go by largest remainder in
+    proportion to the weights (ties to the earlier piece), so the shares add up to `total` exactly.
+    Needs `total >= len(weights)` (one frame per piece at least).
+    """
+    count = len(weights)
+    if not 1 <= count <= total:
+        raise ValueError(f"cannot share {total} frames among {count} pieces (one each at least)")
+    weights = [max(int(w), 0) for w in weights]
+    if not any(weights):
+        weights = [1] * count
+    spare, weight = total - count, sum(weights)
+    exact = [spare * w / weight for w in weights]
+    shares = [int(e) for e in exact]
+    order = sorted(range(count), key=lambda i: (shares[i] - exact[i], i))  # largest remainder first
+    for i in order[: spare - sum(shares)]:
+        shares[i] += 1
+    return [1 + s for s in shares]
+
+
 def fresh_seed() -> int:
     """A seed for a request that samples without one (drawn on the host at admission, never per frame).
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from omnitts.cli import app
 from omnitts.engine.pipeline import Job, Pipeline
-from omnitts.params import derive_seed
+from omnitts.params import derive_seed, share_frames
 from omnitts.request import Request
 
 runner = CliRunner()
@@ -414,16 +414,18 @@ def test_long_text_runs_as_parallel_pieces_joined_with_crossfades(tts_factory, m
         return new
 
     monkeypatch.setattr(Scheduler, "admit", record)
-    params = tts.default_params(max_frames=12, seed=11)  # sampled: each piece has its own derived seed
+    # Sampled: each piece has its own derived seed. The budget is the item's: the pieces share it.
+    params = tts.default_params(max_frames=12 * len(pieces), seed=11)
     split = lambda t, language: split_text(t, max_chars=40, language=language)  # noqa: E731
     (outcome,) = Pipeline(tts, split=split).run([Job(Request(text, speaker="ryan", id="long"), params)])
     assert outcome.pieces == len(pieces)
     assert outcome.seed == 11 and outcome.seeds == [derive_seed(11, "piece", i) for i in range(len(pieces))]
     assert sorted(admitted[0]) == list(range(len(pieces)))  # all pieces admitted together: one batch
     fade = crossfade_samples(tts.sample_rate)
-    alone = [tts.synthesize(piece, speaker="ryan", max_frames=12, seed=derive_seed(11, "piece", i))
-             for i, piece in enumerate(pieces)]
-    assert outcome.result.frames == sum(a.frames for a in alone)
+    shares = share_frames(12 * len(pieces), [tts.prepare(Request(p, speaker="ryan")).text_tokens for p in pieces])
+    alone = [tts.synthesize(piece, speaker="ryan", max_frames=share, seed=derive_seed(11, "piece", i))
+             for i, (piece, share) in enumerate(zip(pieces, shares))]
+    assert outcome.result.frames == sum(a.frames for a in alone) == 12 * len(pieces)
     assert np.array_equal(outcome.result.codes, np.concatenate([a.codes for a in alone]))
     assert len(outcome.result.samples) == sum(len(a.samples) for a in alone) - (len(pieces) - 1) * fade
     # Outside the crossfades the joined audio is the pieces' own audio (up to the float rounding of
@@ -441,7 +443,7 @@ def test_synth_records_pieces_and_can_turn_splitting_off(ckpt_dir, tmp_path):
                                      "--greedy", "--max-frames", "5", "--split-chars", chars, "-q"])
         assert result.exit_code == 0, result.output
         (rec,) = _records(out)
-        assert rec["pieces"] == pieces and rec["frames"] == 5 * pieces
+        assert rec["pieces"] == pieces and rec["frames"] == 5  # the item's budget, shared by its pieces
 
 
 def test_an_item_too_big_for_the_cache_fails_alone(tts_factory):

@@ -29,6 +29,7 @@ from typing import Iterator
 from ..errors import OmniTTSError, RequestError
 from ..request import Request
 from ..text.prompt import resolve
+from ..text.split import MAX_PIECES, pieces_problem, split_text
 from .sources import JsonlSource, open_source
 
 NUMBER = (int, float)
@@ -281,7 +282,8 @@ class Voices:
 
 
 def check_item(cfg, item: Item, voices: Voices | None = None) -> None:
-    """Check `item` against checkpoint config `cfg` (speaker, language, mode); RequestError if not.
+    """Check `item` against checkpoint config `cfg` (speaker, language, mode, at most `MAX_PIECES`
+    pieces of text at the default split); RequestError if not.
 
     With `voices` (for `cfg`), a saved voice is also checked against the checkpoint's weights.
     """
@@ -294,6 +296,11 @@ def check_item(cfg, item: Item, voices: Voices | None = None) -> None:
             raise RequestError(f"voice: {problem}")
         request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
     resolve(cfg, request)
+    text = request.text
+    if len(text) > MAX_PIECES:  # (a piece has a character at least) as synth splits it by default
+        problem = pieces_problem(text, len(split_text(text, language=request.language)))
+        if problem:
+            raise RequestError(problem)
 
 
 def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item | BadLine]:

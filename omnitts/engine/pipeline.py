@@ -11,7 +11,10 @@ What it owns, between the caller's jobs and the engine:
   makes it drain and grow (rare: sizes round up and budgets derive from text length);
 - long text: a job whose text is split (`split`, by default `text_split.split_text`) runs as
   several requests side by side in the batch, joined in order with crossfades (`join.StreamJoiner`,
-  equal to `join.join_pieces`);
+  equal to `join.join_pieces`). What one job may cost is bounded before it runs: at most
+  `split.MAX_PIECES` pieces (their prompts are held until the job ends), and an explicit frame
+  budget (`max_frames`, a line's `max_seconds`) is the whole job's, shared by its pieces in
+  proportion to their text tokens (`params.share_frames`); the derived runaway budget is per piece;
 - audio: frames are decoded while generation continues, in chunks batched across requests
   (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead), and
   with a `sink` (the CLI's: a temporary file per item) the joined audio leaves as soon as it is
@@ -41,9 +44,10 @@ import torch
 from ..device import get_backend
 from ..errors import OmniTTSError
 from ..models.codec_streams import CodecStreams
-from ..params import SamplingParams, derive_seed
+from ..errors import RequestError
+from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, share_frames
 from ..request import Request
-from ..text.split import split_text
+from ..text.split import pieces_problem, split_text
 from .engine import Engine, plan
 from .join import StreamJoiner
 
@@ -88,6 +92,7 @@ class _Item:
     params: SamplingParams
     seed: int | None
     pieces: list = field(default_factory=list)  # (Request, Prompt) per piece
+    shares: list | None = None  # frames per piece of an explicit budget shared by several pieces
     done: dict = field(default_factory=dict)  # piece index -> (codes, finish_reason)
     joiner: StreamJoiner | None = None  # pieces' audio -> the item's audio, in order
     chunks: list = field(default_factory=list)  # the joined audio so far (without a sink)
@@ -205,12 +210,16 @@ class Pipeline:
                 item.pieces.append((request, job.prompt))
             else:
                 texts = self.split(request.text, request.language) or [request.text]  # empty: prepare says why
+                problem = pieces_problem(request.text, len(texts))
+                if problem:
+                    raise RequestError(problem)
                 if len(texts) > 1 and request.ref_audio is not None and request.voice is None:
                     voice = self.tts.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
                     request = replace(request, voice=voice)  # encode the reference once for all pieces
                 for text in texts:
                     piece = request if len(texts) == 1 else replace(request, text=text)
                     item.pieces.append((piece, self.tts.prepare(piece)))
+            item.shares = _shares(item)
             for index in range(len(item.pieces)):
                 self._check_fits_alone(item, index)
         except Exception as exc:  # noqa: BLE001 - one item's input, however broken, fails only that item
@@ -233,16 +242,20 @@ class Pipeline:
         item.sink.write(chunk)
 
     def _check_fits_alone(self, item: _Item, index: int) -> None:
-        """Raise RequestError if this piece would not fit an engine even on its own (cache budget)."""
+        """Raise RequestError if this piece would not fit an engine even on its own (cache and prefill
+        budgets, the talker's positions)."""
         prompt, params = item.pieces[index][1], self._piece_params(item, index)
         tts = self.tts
         plan(tts.ckpt, prompt.embeds.shape[0] + params.max_frames + 1, 1, prompt.trailing.shape[0],
              tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets, tts.span_buckets,
-             tts.max_prefill_tokens)
+             tts.max_prefill_tokens, prompt_positions=prompt.embeds.shape[0])
 
     def _piece_params(self, item: _Item, index: int) -> SamplingParams:
         request, prompt = item.pieces[index]
-        return replace(item.params, seed=_piece_seed(item, index)).with_budget(prompt.text_tokens, request.max_seconds)
+        params = replace(item.params, seed=_piece_seed(item, index))
+        if item.shares is not None:
+            params = replace(params, max_frames=item.shares[index])
+        return params.with_budget(prompt.text_tokens, request.max_seconds)
 
     def _feed(self, ready: deque, exhausted: bool) -> None:
         """Move prepared requests into the engine, (re)building it when one does not fit."""
@@ -268,9 +281,10 @@ class Pipeline:
         prompts = [(item.pieces[index][1], params) for item, index, params in ready]
         positions = max(p.embeds.shape[0] + params.max_frames + 1 for p, params in prompts)
         text = max(p.trailing.shape[0] for p, _ in prompts)
+        longest = max(p.embeds.shape[0] for p, _ in prompts)
         slots = min(tts.max_batch, len(prompts)) if exhausted else tts.max_batch
         config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
-                      tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens)
+                      tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens, prompt_positions=longest)
         self.engine = None  # free the old engine's cache before allocating the new one
         self.engines_built += 1
         return Engine(tts.ckpt, config)
@@ -379,6 +393,23 @@ class Pipeline:
         return Outcome(item.job, result, seed=item.seed, seeds=seeds, attempts=attempts, pieces=len(item.pieces),
                        timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate,
                        samples=count)
+
+
+def _shares(item: _Item) -> list[int] | None:
+    """The frames each piece of `item` gets from its explicit budget (None: no explicit budget, or
+    one piece). RequestError when the budget is smaller than the number of pieces."""
+    request, params = item.job.request, item.params
+    if len(item.pieces) < 2 or (params.max_frames is None and request.max_seconds is None):
+        return None
+    # The whole item's budget (each share is then capped at frame_cap, as one utterance is).
+    total = params.max_frames
+    if total is None:
+        total = max(1, round(request.max_seconds * FRAMES_PER_SECOND))
+    if total < len(item.pieces):
+        name = "max_frames" if params.max_frames is not None else "max_seconds"
+        raise RequestError(f"{name}: the item's budget of {total} frames cannot be shared by its {len(item.pieces)} "
+                           "pieces (one frame each at least); raise the budget or split the line")
+    return share_frames(total, [prompt.text_tokens for _, prompt in item.pieces])
 
 
 def _piece_seed(item: _Item, index: int) -> int | None:

@@ -26,6 +26,12 @@ input (`split_spans` gives the offsets), so removing whitespace from the joined 
 input without whitespace; joining with a single space (Latin) or nothing (CJK) restores the text
 up to whitespace. Text that fits is returned as one piece; blank text as no piece.
 
+What one item may cost is bounded by its number of pieces: at most `MAX_PIECES` (256) per item
+(`pieces_problem` says why a text makes more). The pipeline holds every piece's prompt until the
+item ends and runs its pieces side by side, so the cap bounds that memory; 256 pieces are about
+64,000 characters of alphabetic text (90 minutes of speech) or 25,600 of CJK text - a longer text
+belongs on several lines.
+
 Default limits (`default_max_chars`): 250 characters for alphabetic text, about 21 s at the
 ~12 characters/s of English speech, leaving room below the 30 s training ceiling for slow voices
 and instructions; 100 characters for Chinese/Japanese/Korean, about 20-25 s at 4-5 characters/s.
@@ -39,6 +45,7 @@ import unicodedata
 DEFAULT_MAX_CHARS = 250  # alphabetic scripts: ~21 s at ~12 characters/s
 DEFAULT_MAX_CHARS_CJK = 100  # Chinese/Japanese/Korean: ~20-25 s at 4-5 characters/s
 CJK_LANGUAGES = {"chinese", "japanese", "korean"}
+MAX_PIECES = 256  # pieces per item at most (see the module docstring)
 
 # Scripts written without spaces between words (Han, kana) plus Hangul syllables.
 _DENSE = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
@@ -72,6 +79,14 @@ def default_max_chars(text: str, language: str | None = None) -> int:
     dense = len(_DENSE_CHAR.findall(text))
     letters = sum(ch.isalpha() for ch in text)
     return DEFAULT_MAX_CHARS_CJK if letters and dense * 2 >= letters else DEFAULT_MAX_CHARS
+
+
+def pieces_problem(text: str, pieces: int) -> str | None:
+    """Why `text`, split into `pieces`, is too much for one item (None: it is not)."""
+    if pieces <= MAX_PIECES:
+        return None
+    return (f"text: {len(text):,} characters make {pieces} pieces; at most {MAX_PIECES} per item - "
+            "split the line")
 
 
 def split_text(text: str, max_chars: int | None = None, language: str | None = None) -> list[str]:

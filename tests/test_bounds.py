@@ -1,0 +1,191 @@
+"""Every item's cost is bounded before it runs: its frame budget, its number of pieces, the talker's
+positions and the prefill's memory (issue 30: one manifest line must not take the machine down)."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from omnitts.cli import app
+from omnitts.engine.engine import Engine, EngineConfig, plan, prefill_bytes
+from omnitts.engine.pipeline import Job, Pipeline
+from omnitts.errors import RequestError
+from omnitts.params import share_frames
+from omnitts.request import Request
+from omnitts.text.split import MAX_PIECES, split_text
+
+runner = CliRunner()
+SENTENCES = "The first sentence is here. A second one follows it. Then there is a third. And a fourth closes it."
+
+
+def _blob(chars: int) -> str:
+    """Unbroken text: a base64-like blob, no spaces, no sentence ends."""
+    rng = random.Random(chars)
+    return "".join(rng.choice(string.ascii_letters + string.digits + "+/") for _ in range(chars))
+
+
+def _words(chars: int) -> str:
+    rng = random.Random(chars)
+    words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))) for _ in range(chars // 4)]
+    return " ".join(words)[:chars].strip()
+
+
+def _split40(text, language):
+    return split_text(text, max_chars=40, language=language)
+
+
+def test_share_frames_adds_up_to_the_budget_in_proportion_to_the_weights():
+    assert share_frames(10, [3, 3, 4]) == [3, 3, 4]
+    assert share_frames(100, [1, 2, 97]) == [2, 3, 95]  # one each, then 97 more by largest remainder
+    assert share_frames(5, [1] * 5) == [1] * 5
+    assert share_frames(7, [0, 0]) == [4, 3]  # no weights: equal shares, the remainder to the earlier piece
+    for total, weights in ((1000, [5, 17, 250, 3]), (401, [250] * 400), (13, [9, 1, 1])):
+        shares = share_frames(total, weights)
+        assert sum(shares) == total and min(shares) >= 1
+    with pytest.raises(ValueError, match="cannot share 3 frames among 4 pieces"):
+        share_frames(3, [1, 1, 1, 1])
+
+
+def test_an_explicit_budget_is_the_whole_items_and_its_pieces_share_it(tts_factory):
+    tts = tts_factory("custom_voice")
+    pieces = _split40(SENTENCES, None)
+    assert len(pieces) >= 3
+    split = Pipeline(tts, split=_split40)
+    jobs = [Job(Request(SENTENCES, speaker="ryan", id="frames"), tts.default_params(max_frames=9, greedy=True)),
+            Job(Request(SENTENCES, speaker="ryan", id="seconds", max_seconds=1.0), tts.default_params(greedy=True))]
+    outcomes = {o.job.request.id: o for o in split.run(jobs)}
+    assert outcomes["frames"].pieces == len(pieces) and outcomes["frames"].result.frames == 9
+    assert outcomes["seconds"].result.frames == 12  # round(1.0 s x 12.5)
+    # The derived runaway budget stays per piece: each piece's from its own text.
+    split.live = set()  # (what `run` sets up)
+    item, _ = split._prepare(Job(Request(SENTENCES, speaker="ryan"), tts.default_params()))
+    budgets = [split._piece_params(item, i).max_frames for i in range(len(pieces))]
+    assert budgets == [40 + 10 * prompt.text_tokens for _, prompt in item.pieces]
+
+
+def test_a_budget_smaller_than_the_pieces_fails_that_item(tts_factory):
+    tts = tts_factory("custom_voice")
+    pieces = len(_split40(SENTENCES, None))
+    job = Job(Request(SENTENCES, speaker="ryan", id="x"), tts.default_params(max_frames=pieces - 1, greedy=True))
+    (outcome,) = Pipeline(tts, split=_split40).run([job])
+    assert outcome.error == (f"max_frames: the item's budget of {pieces - 1} frames cannot be shared by its {pieces} "
+                             "pieces (one frame each at least); raise the budget or split the line")
+
+
+def test_too_many_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_path):
+    manifest = tmp_path / "m.jsonl"
+    lines = [{"id": "ok", "text": "Hello there.", "speaker": "ryan"},
+             {"id": "blob", "text": _blob(100_000), "speaker": "ryan"}]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    pieces = len(split_text(lines[1]["text"]))
+    message = (f"{manifest}:2: text: 100,000 characters make {pieces} pieces; at most {MAX_PIECES} per item - "
+               "split the line")
+    checked = runner.invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice"))])
+    assert checked.exit_code == 1 and message in checked.output.splitlines()
+    out = tmp_path / "out"
+    ran = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                              "--greedy", "--max-frames", "4", "-q"])
+    assert ran.exit_code == 1
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert records["ok"]["status"] == "ok" and records["blob"]["error"] == message
+
+
+def test_the_pipeline_caps_pieces_with_its_own_split(tts_factory):
+    tts = tts_factory("custom_voice")
+    text = " ".join(["Short one."] * (MAX_PIECES + 1))
+    one_each = Pipeline(tts, split=lambda text, language: split_text(text, max_chars=10))
+    (outcome,) = one_each.run([Job(Request(text, speaker="ryan"), tts.default_params(max_frames=999, greedy=True))])
+    assert outcome.error == (f"text: {len(text):,} characters make {MAX_PIECES + 1} pieces; at most {MAX_PIECES} "
+                             "per item - split the line")
+
+
+def test_plan_rejects_positions_past_the_talkers_limit(tts_factory):
+    ckpt = tts_factory("custom_voice").ckpt
+    limit = ckpt.config.talker.max_position_embeddings
+    assert limit == 32768  # the published configs' value, read from config.json
+    assert plan(ckpt, limit, 1, 1, 2**40).max_positions == limit  # rounding up never passes the limit
+    with pytest.raises(RequestError, match=f"need {limit + 1} talker positions, over the model's {limit}"):
+        plan(ckpt, limit + 1, 1, 1, 2**40)
+
+
+def test_plan_rejects_a_prompt_whose_prefill_is_over_the_budget(tts_factory):
+    ckpt = tts_factory("custom_voice").ckpt
+    need = prefill_bytes(ckpt.config.talker, 1, 5000, 4)
+    assert plan(ckpt, 5100, 1, 1, 2**40, prompt_positions=5000, prefill_budget_bytes=need).max_prefill_bytes == need
+    with pytest.raises(RequestError, match="a prompt of 5000 positions needs about .* GiB to prefill"):
+        plan(ckpt, 5100, 1, 1, 2**40, prompt_positions=5000, prefill_budget_bytes=need - 1)
+
+
+def test_admission_keeps_each_prefill_within_its_memory_budget(tts_factory):
+    tts = tts_factory("custom_voice")
+    prompts = [tts.prepare(Request(text, speaker="ryan")) for text in ("One.", "Two words.", "Three words here.")]
+    longest = max(p.embeds.shape[0] for p in prompts)
+    alone = prefill_bytes(tts.ckpt.config.talker, 1, longest, 4)
+    for budget, batches in ((None, [3]), (alone, [1, 1, 1])):
+        engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=4, max_positions=256, max_prefill_bytes=budget))
+        for prompt in prompts:
+            engine.add(prompt, tts.default_params(max_frames=3, greedy=True))
+        admitted = []
+        while engine.has_work():
+            before = len(engine.scheduler.waiting)
+            engine.step()
+            if before != len(engine.scheduler.waiting):
+                admitted.append(before - len(engine.scheduler.waiting))
+        assert admitted == batches
+
+
+_PEAK = """
+import resource, runpy, sys
+sys.argv = ["omnitts", *sys.argv[1:]]
+try:
+    runpy.run_module("omnitts", run_name="__main__")
+except SystemExit as exc:
+    code = exc.code
+finally:
+    print("PEAK_KB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+"""
+
+
+def _synth_peak(manifest: Path, model: Path, out: Path, *flags: str) -> tuple[int, dict]:
+    """Run `synth` in a fresh process; its peak resident memory (bytes) and its records by id."""
+    proc = subprocess.run([sys.executable, "-c", _PEAK, "synth", str(manifest), "-m", str(model), "-o", str(out),
+                           "--greedy", "--dtype", "float32", "-q", *flags], capture_output=True, text=True)
+    peak = int(proc.stderr.rsplit("PEAK_KB", 1)[1].split()[0]) * 1024
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    return peak, records
+
+
+def test_peak_memory_of_a_100k_character_line_is_bounded(ckpt_dir, tmp_path):
+    """Measured in fresh processes against one that synthesizes a short line only. Before these bounds
+    (with the grapheme cut already in), a 20,000-character blob with splitting off peaked at 2.5 GB on
+    the tiny checkpoint (one prefill of its whole prompt), 100,000 characters took the machine down, and
+    --max-frames held per piece (the 100k blob gave 300 s of audio at --max-frames 10)."""
+    model = ckpt_dir("custom_voice")
+    short = {"id": "short", "text": "Hello there.", "speaker": "ryan"}
+
+    def manifest(name, *lines):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in (short, *lines)))
+        return path
+
+    base, _ = _synth_peak(manifest("base"), model, tmp_path / "base", "--max-frames", "10")
+    lines = manifest("long", {"id": "blob", "text": _blob(100_000), "speaker": "ryan"},
+                     {"id": "words", "text": _words(100_000), "speaker": "ryan"},
+                     {"id": "shared", "text": _words(60_000), "speaker": "ryan", "max_seconds": 20})
+    peak, records = _synth_peak(lines, model, tmp_path / "long", "--max-frames", "10")
+    assert records["short"]["frames"] == 10
+    assert "per item - split the line" in records["blob"]["error"]
+    assert "per item - split the line" in records["words"]["error"]
+    assert records["shared"]["pieces"] > 200 and records["shared"]["frames"] == 250  # 20 s for the whole item
+    unsplit = manifest("unsplit", {"id": "blob", "text": _blob(20_000), "speaker": "ryan"})
+    peak_unsplit, records = _synth_peak(unsplit, model, tmp_path / "unsplit", "--max-frames", "10",
+                                        "--split-chars", "0")
+    assert "GiB to prefill" in records["blob"]["error"] and records["short"]["frames"] == 10
+    assert max(peak, peak_unsplit) - base < 200 * 2**20, (base, peak, peak_unsplit)
