@@ -207,7 +207,8 @@ class TTS:
             greedy: take the most likely code at every step (deterministic); otherwise codes are
                 sampled with the checkpoint's defaults, overridable by keyword (`temperature`,
                 `top_k`, `top_p`, `repetition_penalty`, `subtalker_*`).
-            max_frames: frame budget per item (12.5 frames per second); None derives it from the text.
+            max_frames: frame budget per item (12.5 frames per second; a split item's pieces share it);
+                None derives it from the text.
             seed: makes sampling reproducible; with a list, item i uses `seed + i`.
 
         Returns:

@@ -163,7 +163,7 @@ def _synth_peak(manifest: Path, model: Path, out: Path, *flags: str) -> tuple[in
 
 
 def test_peak_memory_of_a_100k_character_line_is_bounded(ckpt_dir, tmp_path):
-    """Measured in fresh processes against one that synthesizes a short line only. Before these bounds
+    """Peak resident memory of fresh synth processes, against one that synthesizes a short line only. Before these bounds
     (with the grapheme cut already in), a 20,000-character blob with splitting off peaked at 2.5 GB on
     the tiny checkpoint (one prefill of its whole prompt), 100,000 characters took the machine down, and
     --max-frames held per piece (the 100k blob gave 300 s of audio at --max-frames 10)."""
@@ -178,12 +178,12 @@ def test_peak_memory_of_a_100k_character_line_is_bounded(ckpt_dir, tmp_path):
     base, _ = _synth_peak(manifest("base"), model, tmp_path / "base", "--max-frames", "10")
     lines = manifest("long", {"id": "blob", "text": _blob(100_000), "speaker": "ryan"},
                      {"id": "words", "text": _words(100_000), "speaker": "ryan"},
-                     {"id": "shared", "text": _words(60_000), "speaker": "ryan", "max_seconds": 20})
+                     {"id": "shared", "text": _words(30_000), "speaker": "ryan", "max_seconds": 12})
     peak, records = _synth_peak(lines, model, tmp_path / "long", "--max-frames", "10")
     assert records["short"]["frames"] == 10
     assert "per item - split the line" in records["blob"]["error"]
     assert "per item - split the line" in records["words"]["error"]
-    assert records["shared"]["pieces"] > 200 and records["shared"]["frames"] == 250  # 20 s for the whole item
+    assert records["shared"]["pieces"] > 100 and records["shared"]["frames"] == 150  # 12 s for the whole item
     unsplit = manifest("unsplit", {"id": "blob", "text": _blob(20_000), "speaker": "ryan"})
     peak_unsplit, records = _synth_peak(unsplit, model, tmp_path / "unsplit", "--max-frames", "10",
                                         "--split-chars", "0")
