@@ -241,7 +241,7 @@ def synth(
         identity = checkpoint_identity(model)  # in every record's fingerprint
         batch = None if strict else Batch(out, settings, cfg, identity)
         good = bad = 0
-        for entry in iter_manifest(manifest, cfg, columns):
+        for entry in iter_manifest(manifest, cfg, columns, split_chars):
             if isinstance(entry, BadLine):
                 bad += 1
                 typer.echo(f"error: {entry.message}", err=True)
@@ -266,7 +266,8 @@ def synth(
         _fail(str(exc))
 
     def items():  # pass 2 (and the export): the good items, read again lazily
-        return (entry for entry in iter_manifest(manifest, cfg, columns) if not isinstance(entry, BadLine))
+        return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars)
+                if not isinstance(entry, BadLine))
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
     try:

@@ -95,6 +95,13 @@ def test_too_many_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_pat
     assert ran.exit_code == 1
     records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert records["ok"]["status"] == "ok" and records["blob"]["error"] == message
+    # The count follows synth's own --split-chars: 1,000-character pieces make 100, under the cap, so the
+    # line passes the check (and then fails on its 4-frame budget, which 100 pieces cannot share).
+    wider = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "w"),
+                                "--greedy", "--max-frames", "4", "--split-chars", "1000", "-q"])
+    assert wider.exit_code == 1 and "per item - split the line" not in wider.output
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "w" / "results.jsonl").read_text().splitlines())}
+    assert records["blob"]["error"].startswith("max_frames: the item's budget of 4 frames cannot be shared")
 
 
 def test_the_pipeline_caps_pieces_with_its_own_split(tts_factory):

@@ -281,9 +281,10 @@ class Voices:
         return None
 
 
-def check_item(cfg, item: Item, voices: Voices | None = None) -> None:
+def check_item(cfg, item: Item, voices: Voices | None = None, split_chars: int | None = None) -> None:
     """Check `item` against checkpoint config `cfg` (speaker, language, mode, at most `MAX_PIECES`
-    pieces of text at the default split); RequestError if not.
+    pieces of text as synth splits it: `split_chars` as `--split-chars`, None the default, 0 never);
+    RequestError if not.
 
     With `voices` (for `cfg`), a saved voice is also checked against the checkpoint's weights.
     """
@@ -297,19 +298,21 @@ def check_item(cfg, item: Item, voices: Voices | None = None) -> None:
         request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
     resolve(cfg, request)
     text = request.text
-    if len(text) > MAX_PIECES:  # (a piece has a character at least) as synth splits it by default
-        problem = pieces_problem(text, len(split_text(text, language=request.language)))
+    if split_chars != 0 and len(text) > MAX_PIECES:  # (a piece has a character at least)
+        problem = pieces_problem(text, len(split_text(text, max_chars=split_chars, language=request.language)))
         if problem:
             raise RequestError(problem)
 
 
-def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item | BadLine]:
+def iter_manifest(path, cfg=None, columns: dict | None = None,
+                  split_chars: int | None = None) -> Iterator[Item | BadLine]:
     """Every row of manifest `path`, in file order, as a good `Item` or a `BadLine`, read lazily.
 
     `cfg` (from `omnitts.config.load_config`) adds the checkpoint checks, saved voices included
     (made with this checkpoint, see `Voices`); None checks fields only. An id belongs to the first
     line that uses it, good or bad: a later line with that id is a bad line (a duplicate).
-    `columns` maps fields to columns (JSON keys), see `column_map`. A problem with the whole file (a
+    `columns` maps fields to columns (JSON keys), see `column_map`; `split_chars` is synth's
+    `--split-chars` (the piece count a line may make, see `check_item`). A problem with the whole file (a
     mapped column that is missing, an empty manifest) is one `BadLine` with line 0; a file that cannot
     be opened raises OmniTTSError. Items keep only their id in memory after they are yielded.
     """
@@ -345,7 +348,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None) -> Iterator[Item 
                 bad = " (a bad line: fix that one, or give this line another id)" if item_id in taken_by_bad else ""
                 raise RequestError(f"id: {item_id!r} already used on {unit} {seen[item_id]}{bad}")
             if cfg is not None:
-                check_item(cfg, item, voices)
+                check_item(cfg, item, voices, split_chars)
         except RequestError as exc:
             raw_id = row.get("id") if isinstance(row, dict) else None
             raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
