@@ -6,13 +6,21 @@
     audio.save("hello.wav")      # audio.samples (float32), audio.sample_rate; plays inline in Jupyter
 """
 
-from .api import TTS, load
-from .batch.ledger import read_results
-from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError
-from .params import SamplingParams
-from .request import Request, Voice
-from .result import Audio, Result
-from .version import __version__
+import os as _os
+
+# OMNITTS_CPU_PROFILE (device/features.py) runs torch's kernels of that CPU class too: torch reads
+# ATEN_CPU_CAPABILITY once, at its first CPU operation, and importing the models makes one. The profile's
+# first word is torch's level (avx2, avx512); an exported ATEN_CPU_CAPABILITY wins.
+if _os.environ.get("OMNITTS_CPU_PROFILE", "").startswith("avx"):
+    _os.environ.setdefault("ATEN_CPU_CAPABILITY", _os.environ["OMNITTS_CPU_PROFILE"].split("_")[0])
+
+from .api import TTS, load  # noqa: E402
+from .batch.ledger import read_results  # noqa: E402
+from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError  # noqa: E402
+from .params import SamplingParams  # noqa: E402
+from .request import Request, Voice  # noqa: E402
+from .result import Audio, Result  # noqa: E402
+from .version import __version__  # noqa: E402
 
 __all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams", "read_results",
            "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError", "__version__"]

@@ -12,7 +12,8 @@ row's result does not depend on its batch.
 The library is built with the machine's own compiler for the machine's own CPU (`-march=native`):
 there is no prebuilt binary to ship for CPUs that differ in AVX-512 / AVX512-BF16. `OMNITTS_NATIVE_MARCH`
 names another target (`haswell`: AVX2 and FMA only, what a mixed fleet's oldest CPUs run; also how the
-tests time the AVX2 path on an AVX-512 machine). The build takes ~10 s once; the result is cached under
+tests time the AVX2 path on an AVX-512 machine); `OMNITTS_CPU_PROFILE` (device/features.py) picks the
+target of the CPU class it poses as. The build takes ~10 s once; the result is cached under
 `$OMNITTS_CACHE_DIR` (default `~/.cache/omnitts`) in `native/<digest>/`, the digest covering the
 source, the flags (the target included), torch's version and the CPU's model and flags, so a shared
 home directory never hands one CPU, or one target, another's build. Written to a temporary name and
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ..cache import cache_root
+from .features import native_march
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 # -ffp-contract=off: a product and a sum written apart stay rounded apart (the kernels copy roundings).
@@ -80,8 +82,9 @@ class BuildError(RuntimeError):
 
 
 def flags() -> tuple[str, ...]:
-    """The compiler flags: `-march=$OMNITTS_NATIVE_MARCH` (default `native`, this CPU) then FLAGS."""
-    return (f"-march={os.environ.get('OMNITTS_NATIVE_MARCH') or 'native'}", *FLAGS)
+    """The compiler flags: `-march=$OMNITTS_NATIVE_MARCH`, else the `OMNITTS_CPU_PROFILE`'s target (default
+    `native`, this CPU), then FLAGS."""
+    return (f"-march={native_march()}", *FLAGS)
 
 
 def library() -> Path:
@@ -115,8 +118,9 @@ def build(target: Path) -> None:
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
-            target_set = os.environ.get("OMNITTS_NATIVE_MARCH")
-            hint = f" (OMNITTS_NATIVE_MARCH={target_set!r})" if target_set else ""
+            march, profile = os.environ.get("OMNITTS_NATIVE_MARCH"), os.environ.get("OMNITTS_CPU_PROFILE")
+            hint = (f" (OMNITTS_NATIVE_MARCH={march!r})" if march else
+                    f" (OMNITTS_CPU_PROFILE={profile!r}: -march={native_march()})" if profile else "")
             raise BuildError(f"{Path(compiler).name} exited {done.returncode}{hint}: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
     finally:

@@ -1,0 +1,160 @@
+"""Every CPU profile on one machine: `OMNITTS_CPU_PROFILE` (device/features.py) makes this CPU pose as an
+AVX2-only one, an AVX-512 one without bf16 or one with it; `OMNITTS_NATIVE=0` and a missing compiler turn
+omnitts' kernels off. Each profile, in a fresh process (torch and the kernel library are chosen once per
+process), loads the tiny checkpoint in every `--dtype` and synthesizes through the codec.
+scripts/cpu_profiles.py runs the whole default tier under each one (CI does, on its newest stack)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from omnitts.device import features, native
+from omnitts.errors import OmniTTSError
+
+ZEN4 = frozenset({"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl",
+                  "avx512_vnni", "avx512_bf16", "avx512_vbmi"})
+SAPPHIRE_RAPIDS = ZEN4 | {"amx_tile", "amx_bf16", "amx_int8", "avx512_fp16", "avx_vnni"}
+AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
+DTYPES = ("auto", "float32", "bfloat16")  # the CLI's --dtype choices on a CPU (float16 is not offered there)
+# The kernels off, by switch and for want of a compiler: the profiles beside features.PROFILES.
+FALLBACKS = {"native-off": {"OMNITTS_NATIVE": "0"}, "no-compiler": {"CXX": "/nonexistent/c++"}}
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_CPU_FLAGS = features.cpu_flags  # taken at collection, before conftest pins `auto` to float32
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """cpu(flags, profile): this process poses as a CPU with `flags`, `OMNITTS_CPU_PROFILE=profile`."""
+    def pose(flags, profile=None):
+        monkeypatch.setattr(features, "_detected_flags", lambda: flags)
+        monkeypatch.setattr(features, "cpu_flags", SHIPPED_CPU_FLAGS)
+        monkeypatch.delenv("OMNITTS_NATIVE_MARCH", raising=False)
+        if profile is None:
+            monkeypatch.delenv(features.PROFILE_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(features.PROFILE_VARIABLE, profile)
+    return pose
+
+
+def test_a_profile_masks_the_flags_and_picks_the_kernels_target(cpu, monkeypatch):
+    """On a Sapphire Rapids, each profile hides what its class lacks, so `auto` resolves as on such a CPU, and
+    builds omnitts' kernels for that class; OMNITTS_NATIVE_MARCH still names the target where given."""
+    expected = {"native": ("bfloat16", "native"), "avx512_bf16": ("bfloat16", "cooperlake"),
+                "avx512": ("float32", "skylake-avx512"), "avx2": ("float32", "haswell")}
+    assert set(expected) == set(features.PROFILES)
+    for profile, (auto, march) in expected.items():
+        cpu(SAPPHIRE_RAPIDS, profile)
+        flags = features.cpu_flags()
+        assert features.resolve_dtype("auto", "cpu") == auto, profile
+        assert native.flags()[0] == f"-march={march}", profile
+        assert ("avx512f" in flags) == (profile != "avx2") and ("amx_bf16" in flags) == (profile == "native")
+        assert ("avx512_bf16" in flags) == (profile in ("native", "avx512_bf16")), profile
+        assert features.describe()["profile"] == profile
+    monkeypatch.setenv("OMNITTS_NATIVE_MARCH", "znver3")
+    assert native.flags()[0] == "-march=znver3"
+    cpu(SAPPHIRE_RAPIDS, None)
+    assert features.cpu_profile() == "native" and features.cpu_flags() == SAPPHIRE_RAPIDS
+
+
+def test_each_profile_builds_apart():
+    """The build cache is keyed by the target, so profiles never share a library."""
+    keys = set()
+    for profile in features.PROFILES:
+        env = {features.PROFILE_VARIABLE: profile}
+        with pytest.MonkeyPatch.context() as patch:
+            patch.delenv("OMNITTS_NATIVE_MARCH", raising=False)
+            patch.setattr(features, "_detected_flags", lambda: SAPPHIRE_RAPIDS)
+            for key, value in env.items():
+                patch.setenv(key, value)
+            keys.add(native._digest())
+    assert len(keys) == len(features.PROFILES)
+
+
+def test_a_bad_or_unrunnable_profile_is_an_error_naming_the_variable(cpu):
+    cpu(ZEN4, "avx1024")
+    with pytest.raises(OmniTTSError, match="OMNITTS_CPU_PROFILE='avx1024' is not a CPU profile; use one of native"):
+        features.cpu_flags()
+    cpu(AVX2_ONLY, "avx512")  # a profile poses as a lesser CPU; it cannot add instructions
+    with pytest.raises(OmniTTSError, match="OMNITTS_CPU_PROFILE=avx512: this CPU lacks avx512f, avx512cd"):
+        features.cpu_profile()
+    cpu(AVX2_ONLY, "avx2")
+    assert features.cpu_flags() == AVX2_ONLY
+
+
+_SYNTH_EVERY_DTYPE = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch, omnitts
+from omnitts.device import features, native
+got = {"capability": torch.backends.cpu.get_cpu_capability(), "march": features.native_march(),
+       "native": [native.available(torch.float32), native.available(torch.bfloat16)],
+       "native_bf16": features.native_bf16(), "runs": {}}
+for dtype in ("auto", "float32", "bfloat16"):
+    tts = omnitts.load(sys.argv[1], dtype=dtype)
+    audio = tts.synthesize("Every profile.", speaker="ryan", greedy=True, max_frames=3)
+    got["runs"][dtype] = {"dtype": str(tts.ckpt.dtype).split(".")[1],
+                          "codec": str(tts.ckpt.codec.pre_conv.conv.weight.dtype).split(".")[1],
+                          "frames": audio.frames, "samples": int(audio.samples.shape[0]),
+                          "bounded": bool(abs(audio.samples).max() <= 1.0), "sound": bool(abs(audio.samples).max() > 0)}
+print(json.dumps(got))
+"""
+
+
+def _environ(**extra) -> dict:
+    """This process's environment less every profile switch, plus `extra`."""
+    switches = {"OMNITTS_NATIVE", "OMNITTS_NATIVE_MARCH", "OMNITTS_CPU_PROFILE", "ATEN_CPU_CAPABILITY", "CXX"}
+    env = {k: v for k, v in os.environ.items() if k not in switches}
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])), **extra}
+
+
+def _runnable(profile: str) -> bool:
+    return all(flag in features._detected_flags() for flag in features.PROFILES[profile].needs)
+
+
+def test_every_profile_runs_every_dtype_through_the_codec(ckpt_dir, tmp_path):
+    """Each profile x dtype (auto, float32, bfloat16): the models load in the dtype `auto` resolves to on such
+    a CPU, torch runs the profile's kernel level, and three frames decode to bounded, non-silent audio. One
+    process per profile, all started at once (each imports torch and omnitts, and may build its kernels)."""
+    folder = str(ckpt_dir("custom_voice"))
+    profiles = {name: features.profile_environment(name) for name in features.PROFILES if _runnable(name)}
+    profiles.update({name: {**env, "OMNITTS_CACHE_DIR": str(tmp_path / name)} for name, env in FALLBACKS.items()})
+    started = {name: subprocess.Popen([sys.executable, "-c", _SYNTH_EVERY_DTYPE, folder], env=_environ(**env),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, env in profiles.items()}
+    results = {}
+    for name, process in started.items():
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, f"{name}: {err[-3000:]}"
+        results[name] = json.loads(out.strip().splitlines()[-1])
+    for name, got in results.items():
+        profile = features.PROFILES.get(name, features.PROFILES["native"])
+        bf16 = features.native_bf16(features._detected_flags()) and name not in ("avx512", "avx2")
+        assert got["native_bf16"] == bf16, (name, got)
+        assert set(got["runs"]) == set(DTYPES), (name, got)
+        for dtype, run in got["runs"].items():
+            want = ("bfloat16" if bf16 else "float32") if dtype == "auto" else dtype
+            assert run["dtype"] == want and run["codec"] == "float32", (name, dtype, run)
+            assert run["frames"] == 3 and run["samples"] == 3 * 1920 and run["bounded"] and run["sound"], (name, run)
+        if profile.aten:
+            assert got["capability"] == profile.aten.upper(), (name, got)
+        if name in FALLBACKS:
+            assert got["native"] == [False, False], (name, got)
+        elif _compiler():  # the kernels built for the profile's class: bfloat16 ones only where it has them
+            assert got["march"] == (profile.march or "native") and got["native"] == [True, bf16], (name, got)
+    assert not list((tmp_path / "no-compiler").glob("native/*/*.so"))
+    covered = {(name, dtype) for name, got in results.items() for dtype in got["runs"]}
+    wanted = {(name, dtype) for name in [*features.PROFILES, *FALLBACKS] for dtype in DTYPES}
+    missing = sorted(wanted - covered)
+    assert all(not _runnable(name) for name, _ in missing), f"profile x dtype left uncovered: {missing}"
+
+
+def _compiler() -> bool:
+    import shutil
+
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
