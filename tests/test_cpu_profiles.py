@@ -158,3 +158,65 @@ def _compiler() -> bool:
     import shutil
 
     return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
+# The `omnitts` command as `python -m omnitts` runs it, on a CPU with native bf16: where this one has none,
+# its flags gain avx512_bf16 (what `auto` reads), so that every machine runs what a bf16 CPU's user runs.
+_OMNITTS_ON_A_BF16_CPU = """
+import sys
+from omnitts.device import features
+flags = features.cpu_flags()
+features.cpu_flags = lambda: flags | {"avx512_bf16"}
+from omnitts import api
+load = api.load
+def loaded(*args, **kwargs):  # says which dtype `auto` loaded
+    tts = load(*args, **kwargs)
+    print("loaded", tts.ckpt.dtype, tts.ckpt.codec.pre_conv.conv.weight.dtype, file=sys.stderr, flush=True)
+    return tts
+api.load = loaded
+sys.argv[0] = "omnitts"
+from omnitts.cli import main
+main()
+"""
+
+
+def test_the_command_runs_without_native_kernels_on_a_bf16_cpu(ckpt_dir, tmp_path):
+    """`OMNITTS_NATIVE=0 omnitts demo`, and `omnitts synth --dtype auto` without a compiler (an empty cache),
+    on a bf16 CPU: both exit 0 and write every item (auto is bfloat16 there: the language models load in
+    bf16 while the codec stays float32 with every layer on oneDNN and torch). Both processes at once."""
+    manifest = tmp_path / "lines.jsonl"
+    manifest.write_text('{"id": "a", "text": "No compiler.", "speaker": "ryan"}\n'
+                        '{"id": "b", "text": "Still speaks.", "speaker": "vivian"}\n', encoding="utf-8")
+    runs = {
+        "demo": (["demo", "-o", str(tmp_path / "demo"), "--model-dir", str(tmp_path / "demo-ckpt")],
+                 {"OMNITTS_NATIVE": "0"}),
+        "synth": (["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "synth"),
+                   "--dtype", "auto", "--max-frames", "4"],
+                  {"CXX": "/nonexistent/c++", "OMNITTS_CACHE_DIR": str(tmp_path / "cache")}),
+    }
+    started = {name: subprocess.Popen([sys.executable, "-c", _OMNITTS_ON_A_BF16_CPU, *argv], env=_environ(**env),
+                                      cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for name, (argv, env) in runs.items()}
+    for name, process in started.items():
+        output = process.communicate(timeout=600)[0]
+        assert process.returncode == 0, f"{name}: {output[-3000:]}"
+        assert "loaded torch.bfloat16 torch.float32" in output, f"{name} did not run bf16 models: {output[-3000:]}"
+        records = [json.loads(line) for line in (tmp_path / name / "results.jsonl").read_text().splitlines()]
+        assert records and all(r["status"] == "ok" and r["frames"] > 0 for r in records), (name, records)
+    assert len(records) == 2 and not list((tmp_path / "cache").glob("native/*/*.so"))
+
+
+def test_ci_runs_the_default_tier_under_every_profile(load_script):
+    """scripts/cpu_profiles.py's default list holds every CPU class but `avx512_bf16` (`native` on CI's bf16
+    CPU; a test above runs it on every machine) and both fallbacks, and .ci/run hands it all of them but
+    `native`, the run just before; a profile added to features.PROFILES must join them."""
+    import re
+
+    script = load_script("cpu_profiles")
+    assert set(script.DEFAULT) == {*features.PROFILES, *FALLBACKS} - {"avx512_bf16"}
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert 'python scripts/cpu_profiles.py --profiles "$profiles"' in ci
+    handed = re.search(r'^stack newest \S+ "" (\S+)', ci, re.MULTILINE).group(1).split(",")
+    assert sorted(handed) == sorted(set(script.DEFAULT) - {"native"})
+    for name in handed:  # each names a profile the script knows
+        assert isinstance(script.profile_environment(name, ROOT), (dict, str))

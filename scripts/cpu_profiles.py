@@ -1,0 +1,88 @@
+"""Run the test suite under every CPU profile, one after another, on this machine.
+
+    python scripts/cpu_profiles.py                        # the default tier under each profile
+    python scripts/cpu_profiles.py --profiles avx2,no-compiler -- tests/test_engine.py -x
+    python scripts/cpu_profiles.py --logs .cache/ci       # each profile's pytest output in DIR/profile-NAME.log
+
+The profiles (docs/devices.md): `native` (this machine as it is), `avx512` (AVX-512 without bf16), `avx2`
+(AVX2 + FMA only), `avx512_bf16` (on request: AVX-512 with bf16, no AMX), `native-off` (OMNITTS_NATIVE=0)
+and `no-compiler` (CXX names no compiler, with an empty cache). The CPU classes are OMNITTS_CPU_PROFILE
+with torch's matching ATEN_CPU_CAPABILITY, both set before pytest starts; a class this CPU lacks is
+skipped with the reason. Prints each profile's time and pytest summary; exits 1 if any profile failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+DEFAULT = ("native", "avx512", "avx2", "native-off", "no-compiler")
+SWITCHES = ("OMNITTS_CPU_PROFILE", "ATEN_CPU_CAPABILITY", "OMNITTS_NATIVE", "OMNITTS_NATIVE_MARCH", "CXX")
+
+
+def profile_environment(name: str, scratch: Path) -> dict[str, str] | str:
+    """The variables that make a process run as profile `name`, or why this CPU cannot."""
+    from omnitts.device import features
+
+    if name == "native-off":
+        return {"OMNITTS_NATIVE": "0"}
+    if name == "no-compiler":  # an empty cache: a library built earlier would otherwise load
+        return {"CXX": "/nonexistent/c++", "OMNITTS_CACHE_DIR": str(scratch / "no-compiler-cache")}
+    if name not in features.PROFILES:
+        sys.exit(f"cpu_profiles: unknown profile {name!r}; choose from {', '.join([*features.PROFILES, *DEFAULT])}")
+    missing = [flag for flag in features.PROFILES[name].needs if flag not in features._detected_flags()]
+    if missing:
+        return f"this CPU lacks {', '.join(missing)}"
+    return features.profile_environment(name)
+
+
+def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | None) -> tuple[int, float, str]:
+    """pytest under one profile: (exit status, seconds, its closing summary line)."""
+    base = {k: v for k, v in os.environ.items() if k not in SWITCHES}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
+    began = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    seconds = time.monotonic() - began
+    if logs is not None:
+        (logs / f"profile-{name}.log").write_text(done.stdout, encoding="utf-8")
+    lines = done.stdout.strip().splitlines()
+    return done.returncode, seconds, lines[-1] if lines else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profiles", default=",".join(DEFAULT), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--logs", type=Path, help="write each profile's pytest output to DIR/profile-NAME.log")
+    parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
+    args = parser.parse_args()
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    failed, began = [], time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="omnitts-profiles-") as scratch:
+        for name in args.profiles.split(","):
+            env = profile_environment(name, Path(scratch))
+            if isinstance(env, str):
+                print(f"cpu_profiles: {name:<12} skipped: {env}", flush=True)
+                continue
+            shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "OMNITTS_CACHE_DIR") or "(as is)"
+            print(f"cpu_profiles: {name:<12} {shown}", flush=True)
+            status, seconds, summary = run(name, env, args.pytest_args, args.logs)
+            print(f"cpu_profiles: {name:<12} {'passed' if status == 0 else 'FAILED'} in {seconds:.0f} s: {summary}",
+                  flush=True)
+            if status != 0:
+                failed.append(name)
+    print(f"cpu_profiles: {len(failed)} profile(s) failed{': ' + ', '.join(failed) if failed else ''}; "
+          f"{time.monotonic() - began:.0f} s in all")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
