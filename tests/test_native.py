@@ -106,6 +106,7 @@ def test_the_build_is_keyed_by_source_torch_and_cpu(monkeypatch):
 
 def test_the_build_target_is_a_switch_and_part_of_the_key(monkeypatch):
     monkeypatch.delenv("OMNITTS_NATIVE_MARCH", raising=False)
+    monkeypatch.delenv("OMNITTS_CPU_PROFILE", raising=False)  # scripts/cpu_profiles.py runs the suite under each
     assert native.flags()[0] == "-march=native"
     key = native._digest()
     monkeypatch.setenv("OMNITTS_NATIVE_MARCH", "haswell")
