@@ -288,8 +288,10 @@ def report(results: dict, args) -> str:
             lib.table(["dtype", "MB read per batch-1 frame", "roofline ms (MB / read GB/s at start)", "measured ms",
                        "of roofline", "paired (each step then a read probe; medians)", "GFLOP/s (of matmul peak)"],
                       rows), ""]
+    profile = m.get("profile", "native")  # OMNITTS_CPU_PROFILE: this CPU posing as a lesser one
+    posing = f" (as OMNITTS_CPU_PROFILE={profile})" if profile != "native" else ""
     out += ["### Machine", "", lib.table(["", ""], [
-        ["CPU", m["model"]], ["flags", " ".join(m["flags"]) or "none of interest"],
+        ["CPU", m["model"]], ["flags", (" ".join(m["flags"]) or "none of interest") + posing],
         ["torch CPU capability", f"{m['torch_capability']} (torch {m['torch']})"],
         ["threads", f"{m['torch_threads']} torch of {m['logical_cpus']} logical CPUs"],
         ["omnitts linear kernel", ", ".join(f"{k} {v}" for k, v in m.get("linear_kernels", {}).items())],

@@ -83,11 +83,14 @@ def uptime() -> str:
 
 
 def cpu_info() -> dict:
+    """The machine as omnitts sees it: flags masked by OMNITTS_CPU_PROFILE, so `auto` resolves as omnitts' does."""
+    from omnitts.device import features
+
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    have = set(flags.group(1).split()) if flags else set()
-    return {"model": model.group(1).strip() if model else "?", "flags": [f for f in CPU_FLAGS if f in have],
+    have = features.cpu_flags()
+    return {"model": model.group(1).strip() if model else "?", "profile": features.cpu_profile(),
+            "flags": [f for f in CPU_FLAGS if f in have],
             "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "linear_kernels": linear_kernels()}
