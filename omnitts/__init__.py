@@ -14,13 +14,13 @@ import os as _os
 if _os.environ.get("OMNITTS_CPU_PROFILE", "").startswith("avx"):
     _os.environ.setdefault("ATEN_CPU_CAPABILITY", _os.environ["OMNITTS_CPU_PROFILE"].split("_")[0])
 
-from .api import TTS, load  # noqa: E402
-from .batch.ledger import read_results  # noqa: E402
-from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError  # noqa: E402
-from .params import SamplingParams  # noqa: E402
-from .request import Request, Voice  # noqa: E402
-from .result import Audio, Result  # noqa: E402
-from .version import __version__  # noqa: E402
+from .api import TTS, load
+from .batch.ledger import read_results
+from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError
+from .params import SamplingParams
+from .request import Request, Voice
+from .result import Audio, Result
+from .version import __version__
 
 __all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams", "read_results",
            "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError", "__version__"]

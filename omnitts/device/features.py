@@ -12,8 +12,8 @@ the profile's (so `auto` resolves as on such a CPU), omnitts' kernels are built 
 `-march` (device/native.py; `OMNITTS_NATIVE_MARCH` still wins) and torch is told the profile's kernel
 level through `ATEN_CPU_CAPABILITY`, which torch reads once, at its first CPU operation: export both
 before the process starts (scripts/cpu_profiles.py does); `import omnitts` sets the latter (unless
-exported) when torch has computed nothing yet. A profile needs a CPU that has it: forcing AVX-512 on an AVX2-only
-CPU is an error, not an emulation.
+exported) when torch has computed nothing yet. A profile needs a CPU that has it: forcing AVX-512 on
+an AVX2-only CPU is an error, not an emulation.
 """
 
 from __future__ import annotations
@@ -56,11 +56,10 @@ def cpu_profile() -> str:
     if name not in PROFILES:
         raise OmniTTSError(f"{PROFILE_VARIABLE}={name!r} is not a CPU profile; use one of {', '.join(PROFILES)}")
     missing = [flag for flag in PROFILES[name].needs if flag not in _detected_flags()]
-    if missing and _detected_flags():
+    if missing and _detected_flags():  # no flags at all: a CPU we cannot read, given the benefit of the doubt
         raise OmniTTSError(f"{PROFILE_VARIABLE}={name}: this CPU lacks {', '.join(missing)}, so it cannot run "
                            f"that profile's code; pick a lesser one ({', '.join(PROFILES)}) or unset it")
     return name
-
 
 
 def _cpuinfo(keys: tuple[str, ...]) -> str | None:
@@ -130,4 +129,3 @@ def describe() -> dict:
     return {"cpu": cpu_model(), "profile": cpu_profile(), "flags": [f for f in REPORTED_FLAGS if f in flags],
             "torch_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
             "auto_dtype": resolve_dtype("auto", "cpu", flags)}
-
