@@ -155,9 +155,11 @@ def test_every_profile_runs_every_dtype_through_the_codec(ckpt_dir, tmp_path):
 
 
 def _compiler() -> bool:
+    """Whether omnitts' kernels can build here (native.build's conditions: a compiler, an x86-64 CPU)."""
+    import platform
     import shutil
 
-    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++")) and platform.machine() in ("x86_64", "AMD64")
 
 
 # The `omnitts` command as `python -m omnitts` runs it, on a CPU with native bf16: where this one has none,
