@@ -8,7 +8,8 @@ machine's read bandwidth. `PackedLinear` lays the weight out once for a faster k
 about 1.4x faster than oneDNN's packed inner product at batch 1 and stays ahead up to batch 32, in
 float32 and bfloat16; or, where it cannot be built, oneDNN's inner product over a weight reordered
 into its blocked layout (1.6x torch's default in float32, 1.3x in bfloat16). oneDNN's layout depends
-on the batch it is tuned for (`layout_batch`): engines of more than one row get the batch-32 one.
+on the batch it is tuned for; every engine gets the batch-32 one (`layout_batch`: the batch-1 one is not
+row-invariant).
 The reorder is a one-time copy, so `pack_linears` swaps each `nn.Linear` for a `PackedLinear`
 holding only the packed weight.
 
@@ -44,6 +45,8 @@ import torch
 from torch import nn
 
 from ..models.codec import ResidualUnit, SnakeBeta
+import torch.nn.functional as F
+
 from ..models.layers import Attention, DecoderStack, GatedMLP, RMSNorm, concat_biases, float32_attention
 from . import native
 from .hugepages import HugePageArena
@@ -123,14 +126,22 @@ def packed_shape(out_features: int, in_features: int, stored: torch.dtype) -> tu
 
 
 def layout_batch(batch: int) -> int:
-    """The batch size oneDNN lays a packed weight out for, given the most rows a call will have.
+    """The batch size oneDNN lays a packed weight out for: 32, whatever the engine's largest batch.
 
-    Measured on an AVX-512 EPYC (0.6B engine step, float32): the batch-1 layout gives 398 ms at
-    batch 1 but 686 ms at batch 8; the batch-32 layout gives 450 ms and 462 ms, and 958 ms instead
-    of 1082 at batch 32 (bfloat16: within noise at batch 1, ~10% faster at 8). So batch-1 engines
-    get the batch-1 layout and every other engine the batch-32 one.
+    A row's result must not depend on its batch, nor on the engine's `max_batch` (docs/architecture.md,
+    determinism). oneDNN's batch-1 layout breaks both in float32: a row computed alone differs in its
+    last bits from the same row in a batch of 2 or more (measured, torch 2.13 on an AVX-512 EPYC,
+    tests/test_invariance.py), and an engine of max_batch 1 would pack differently from one of 6.
+    The batch-32 layout gives every row the same bits at any batch (bfloat16: both layouts do).
+    Measured on that EPYC (0.6B engine step, float32): the batch-1 layout gave 398 ms at batch 1 but
+    686 ms at batch 8, the batch-32 one 450 ms and 462 ms (958 instead of 1082 at batch 32), so a
+    batch-1 engine on this fallback path pays ~13% for determinism; omnitts' native kernel, the
+    default, is row-invariant and unaffected.
     """
-    return 1 if batch <= 1 else 32
+    return LAYOUT_BATCH
+
+
+LAYOUT_BATCH = 32
 
 
 def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1,
@@ -185,7 +196,7 @@ def use_cpu_attention(module: nn.Module) -> int:
     stacks = [m for m in module.modules() if isinstance(m, DecoderStack)]
     native_kernel = native.available(torch.float32)
     for stack in stacks:
-        stack.attend = native_attention if native_kernel else float32_attention
+        stack.attend = native_attention if native_kernel else cpu_attention
         # Histories the kernel does not read (float16) are widened once, on write.
         read_as_stored = native_kernel and stack.norm.weight.dtype in ATTENTION_KV_DTYPES
         stack.kv_dtype = None if read_as_stored else torch.float32
@@ -208,7 +219,57 @@ def native_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
             and _rows_contiguous(v) and _one_row_mask(mask, k.shape[2])):
         out = torch.ops.omnitts.decode_attention(q.float(), k, v, mask, q.shape[-1] ** -0.5)
         return out.to(q.dtype)
+    return cpu_attention(q, k, v, mask, causal)
+
+
+def cpu_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
+    """`layers.float32_attention`, with the masked calls of one query per row (every talker step) taken by
+    `chunked_decode_attention`, whose rows do not depend on their batch: the CPU kernel where the native
+    one does not build, and the native one's fallback."""
+    if q.shape[2] == 1 and mask is not None and _one_row_mask(mask, k.shape[2]):
+        return chunked_decode_attention(q, k, v, mask).to(q.dtype)
     return float32_attention(q, k, v, mask, causal)
+
+
+KEY_CHUNK = 64  # keys per fixed-shape product in `chunked_decode_attention`
+
+
+def chunked_decode_attention(q, k, v, mask) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D)) v for one query per row, in float32, a row's result bitwise independent
+    of the other rows and of how many keys the batch spans: q (B, H, 1, D), k/v (B, Hkv, S, D), `mask`
+    boolean (B|1, 1, 1, S), True = attend.
+
+    torch's sdpa reduces over all S keys of the call, and S is the longest row's length: a row's sums
+    then round differently alone and next to a longer row (issue 35, bfloat16 codes that changed with
+    --max-batch). Here the keys go in chunks of KEY_CHUNK, each chunk one product of a fixed shape (the
+    last one zero-padded), so a row's chunk products are the same whatever follows; the softmax (over
+    -inf past the row's length, which adds exact zeros) and the sum of the chunks' partial outputs add
+    a longer batch's extra keys as exact zeros. Checked bitwise by tests/test_invariance.py.
+    """
+    b, h, _, d = q.shape
+    hkv, keys = k.shape[1], k.shape[2]
+    g, c = h // hkv, KEY_CHUNK
+    full = keys // c * c
+    q = q.float().view(b, hkv, 1, g, d)
+    k, v = k.float(), v.float()
+    # Whole chunks as views of the history; the rest (under one chunk) copied and zero-padded.
+    k_parts = [k[:, :, :full].view(b, hkv, full // c, c, d)] if full else []
+    v_parts = [v[:, :, :full].view(b, hkv, full // c, c, d)] if full else []
+    if full < keys:
+        pad = (0, 0, 0, c - (keys - full))
+        k_parts.append(F.pad(k[:, :, full:], pad)[:, :, None])
+        v_parts.append(F.pad(v[:, :, full:], pad)[:, :, None])
+        mask = F.pad(mask, (0, c - (keys - full)), value=False)
+    n = sum(part.shape[2] for part in k_parts)
+    scores = torch.cat([torch.matmul(q, part.transpose(-1, -2)) for part in k_parts], dim=2)  # (B, Hkv, n, G, C)
+    scores = scores.transpose(2, 3).reshape(b, hkv, g, n * c).mul_(d ** -0.5)
+    scores.masked_fill_(~mask.reshape(mask.shape[0], 1, 1, n * c), float("-inf"))
+    p = torch.softmax(scores, dim=-1).view(b, hkv, g, n, c).transpose(2, 3)  # (B, Hkv, n, G, C)
+    outs, start = [], 0
+    for part in v_parts:
+        outs.append(torch.matmul(p[:, :, start:start + part.shape[2]], part))  # (B, Hkv, n_i, G, D)
+        start += part.shape[2]
+    return torch.cat(outs, dim=2).sum(2).reshape(b, h, 1, d)
 
 
 def _rows_contiguous(t: torch.Tensor) -> bool:

@@ -38,22 +38,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, start: int, prompts: list[torch.Tensor]) -> None:
-        """Prompts (L_i, D) into rows start..start+n: K/V written, next logits and hidden stored."""
+        """Prompts (L_i, D) into rows start..start+n: K/V written, next logits and hidden stored.
+
+        One forward per prompt, over exactly its own positions: a batched prefill pads the prompts to
+        the longest, and the padded attention (more keys, other GEMM shapes) and the linears over more
+        rows round a row's values differently from the same prompt prefilled alone, so a request's
+        codes would depend on who was admitted with it (issue 35). Prefill is eager and a small part of
+        a request's work; the frames, where the time goes, stay batched.
+        """
         dev, dtype = self.ckpt.device, self.state.hidden.dtype
-        n, longest = len(prompts), max(p.shape[0] for p in prompts)
+        n = len(prompts)
         # non_blocking: a plain host-to-device copy would wait for the frame still running.
         lengths = torch.tensor([p.shape[0] for p in prompts]).to(dev, non_blocking=True)
-        x = torch.zeros((n, longest, prompts[0].shape[1]), dtype=dtype, device=dev)
-        for i, p in enumerate(prompts):  # right padding: real positions keep their indices 0..L-1
-            x[i, : p.shape[0]] = p
-        pos = torch.arange(longest, device=dev)
-        causal = pos[None, :] <= pos[:, None]
-        valid = pos[None, :] < lengths[:, None]  # (n, L) keys that exist
-        mask = (causal[None] & valid[:, None, :])[:, None]  # (n, 1, L, L)
-        mask = mask | torch.eye(longest, dtype=torch.bool, device=dev)  # padded queries see themselves
-        self.cache.prefill(start, n)
-        hidden = self.talker(x, pos.expand(n, longest), self.cache, mask)
-        last = hidden[torch.arange(n, device=dev), lengths - 1]  # (n, D)
+        last = []
+        for i, p in enumerate(prompts):
+            length = p.shape[0]
+            self.cache.prefill(start + i, 1)
+            hidden = self.talker(p.to(dev, dtype)[None], torch.arange(length, device=dev)[None], self.cache)
+            last.append(hidden[0, length - 1])
+        last = torch.stack(last)  # (n, D)
         rows = slice(start, start + n)
         self.state.hidden[rows] = last
         self.state.logits[rows] = self.talker.logits(last).float()

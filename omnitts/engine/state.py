@@ -25,17 +25,19 @@ class SlotCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.capacity = capacity
-        self.length = 1  # never "empty": callers always pass explicit masks
+        # What the stack reads to choose causal attention without a mask: 0 while a prefill is bound
+        # (fresh rows, nothing before the new positions), 1 while decoding (callers pass masks).
+        self.length = 1
         self._rows = slice(0, 0)
         self._positions = None
         self._row_index = None
         self._span = 0
 
     def prefill(self, start: int, count: int) -> None:
-        self._rows, self._positions = slice(start, start + count), None
+        self._rows, self._positions, self.length = slice(start, start + count), None, 0
 
     def decode(self, batch: int, positions: torch.Tensor, span: int) -> None:
-        self._rows, self._positions, self._span = slice(0, batch), positions, span
+        self._rows, self._positions, self._span, self.length = slice(0, batch), positions, span, 1
         self._row_index = torch.arange(batch, device=positions.device)  # one per frame, not per layer
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
