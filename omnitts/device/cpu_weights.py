@@ -223,10 +223,12 @@ def native_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
 
 
 def cpu_attention(q, k, v, mask, causal: bool) -> torch.Tensor:
-    """`layers.float32_attention`, with the masked calls of one query per row (every talker step) taken by
-    `chunked_decode_attention`, whose rows do not depend on their batch: the CPU kernel where the native
-    one does not build, and the native one's fallback."""
-    if q.shape[2] == 1 and mask is not None and _one_row_mask(mask, k.shape[2]):
+    """`layers.float32_attention`, with the calls of one query per row (every talker step, the code
+    predictor's after its first position) taken by `chunked_decode_attention`, whose rows do not depend
+    on their batch: the CPU kernel where the native one does not build, and the native one's fallback.
+    torch's sdpa is not row-invariant there, even without a mask (two threads, float32, 8 keys: a
+    predictor row differed alone and in a batch of 2, tests/test_invariance.py)."""
+    if q.shape[2] == 1 and _one_row_mask(mask, k.shape[2]):
         return chunked_decode_attention(q, k, v, mask).to(q.dtype)
     return float32_attention(q, k, v, mask, causal)
 
@@ -237,7 +239,7 @@ KEY_CHUNK = 64  # keys per fixed-shape product in `chunked_decode_attention`
 def chunked_decode_attention(q, k, v, mask) -> torch.Tensor:
     """softmax(q k^T / sqrt(D)) v for one query per row, in float32, a row's result bitwise independent
     of the other rows and of how many keys the batch spans: q (B, H, 1, D), k/v (B, Hkv, S, D), `mask`
-    boolean (B|1, 1, 1, S), True = attend.
+    boolean (B|1, 1, 1, S), True = attend, or None (every key).
 
     torch's sdpa reduces over all S keys of the call, and S is the longest row's length: a row's sums
     then round differently alone and next to a longer row (issue 35, bfloat16 codes that changed with
@@ -250,11 +252,15 @@ def chunked_decode_attention(q, k, v, mask) -> torch.Tensor:
     hkv, keys = k.shape[1], k.shape[2]
     g, c = h // hkv, KEY_CHUNK
     full = keys // c * c
-    q = q.float().view(b, hkv, 1, g, d)
+    q = q.float().reshape(b, hkv, 1, g, d).contiguous()
     k, v = k.float(), v.float()
-    # Whole chunks as views of the history; the rest (under one chunk) copied and zero-padded.
-    k_parts = [k[:, :, :full].view(b, hkv, full // c, c, d)] if full else []
-    v_parts = [v[:, :, :full].view(b, hkv, full // c, c, d)] if full else []
+    # Whole chunks, then the rest (under one chunk) zero-padded. Contiguous copies: torch's batched
+    # products over strided views of the slot cache (rows `capacity` apart) took another path whose
+    # rounding depended on the batch's span (measured, torch 2.13, two threads).
+    k_parts = [k[:, :, :full].reshape(b, hkv, full // c, c, d).contiguous()] if full else []
+    v_parts = [v[:, :, :full].reshape(b, hkv, full // c, c, d).contiguous()] if full else []
+    if mask is None:
+        mask = torch.ones((1, 1, 1, keys), dtype=torch.bool, device=q.device)
     if full < keys:
         pad = (0, 0, 0, c - (keys - full))
         k_parts.append(F.pad(k[:, :, full:], pad)[:, :, None])
@@ -264,7 +270,8 @@ def chunked_decode_attention(q, k, v, mask) -> torch.Tensor:
     scores = torch.cat([torch.matmul(q, part.transpose(-1, -2)) for part in k_parts], dim=2)  # (B, Hkv, n, G, C)
     scores = scores.transpose(2, 3).reshape(b, hkv, g, n * c).mul_(d ** -0.5)
     scores.masked_fill_(~mask.reshape(mask.shape[0], 1, 1, n * c), float("-inf"))
-    p = torch.softmax(scores, dim=-1).view(b, hkv, g, n, c).transpose(2, 3)  # (B, Hkv, n, G, C)
+    # Contiguous: strided operands would send the products down another path than a lone chunk's.
+    p = torch.softmax(scores, dim=-1).view(b, hkv, g, n, c).transpose(2, 3).contiguous()  # (B, Hkv, n, G, C)
     outs, start = [], 0
     for part in v_parts:
         outs.append(torch.matmul(p[:, :, start:start + part.shape[2]], part))  # (B, Hkv, n_i, G, D)
