@@ -140,19 +140,20 @@ def _run(tts, jobs, max_num_seqs: int) -> dict:
 
 
 def _differences(alone: dict, batched: dict, tag) -> list[str]:
-    """Where request `tag`'s records differ: 'what[step]: max difference' (first step only)."""
+    """Where request `tag`'s records differ: 'what[step]: max difference' (the first step only), or their
+    step counts."""
     found = []
     for (t, what), steps in sorted(alone.items(), key=lambda item: str(item[0])):
         if t != tag:
             continue
         other = batched[tag, what]
-        if len(other) != len(steps):
-            found.append(f"{what}: {len(steps)} steps alone, {len(other)} batched")
-            continue
         for step, (a, b) in enumerate(zip(steps, other)):
             if not torch.equal(a, b):
                 found.append(f"{what}[{step}]: {(a.double() - b.double()).abs().max().item():.3g}")
                 break
+        else:
+            if len(other) != len(steps):  # another finish (an EOS moved): the codes differ
+                found.append(f"{what}: {len(steps)} steps alone, {len(other)} batched")
     return found
 
 
