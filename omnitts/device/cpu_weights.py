@@ -42,12 +42,18 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..models.codec import ResidualUnit, SnakeBeta
-import torch.nn.functional as F
-
-from ..models.layers import Attention, DecoderStack, GatedMLP, RMSNorm, concat_biases, float32_attention
+from ..models.layers import (
+    Attention,
+    DecoderStack,
+    GatedMLP,
+    RMSNorm,
+    concat_biases,
+    float32_attention,
+)
 from . import native
 from .hugepages import HugePageArena
 

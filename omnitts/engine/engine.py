@@ -6,7 +6,7 @@
         for seq in engine.step():
             ...  # seq.codes(), seq.finish_reason
 
-One `step()`: admit waiting requests into free slots (batched prefill), launch one frame for every
+One `step()`: admit waiting requests into free slots (each prompt prefilled on its own), launch one frame for every
 running slot, start copying that frame's codes to the host, then read the *previous* step's codes
 (which have long arrived) and retire requests that hit EOS or their budget. The host therefore
 learns about EOS one step late: a finished request runs at most one extra frame, which is
