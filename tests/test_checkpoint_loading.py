@@ -109,13 +109,18 @@ def test_float32_on_an_accelerator_turns_tf32_and_hf32_off(ckpt_dir, monkeypatch
     from omnitts.models.loader import load_models
 
     models = load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.float32, torch.float32)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    prepare_weights(models, torch.device("cuda"), torch.bfloat16, torch.float32)
-    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
-    prepare_weights(load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.float32, torch.float32),
-                    torch.device("cuda"), torch.float32, torch.float32)
-    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    # Saved and restored by hand: these switches are served by the backends' __getattr__, which pytest's
+    # monkeypatch (newer releases) cannot undo.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        prepare_weights(models, torch.device("cuda"), torch.bfloat16, torch.float32)
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        prepare_weights(load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.float32, torch.float32),
+                        torch.device("cuda"), torch.float32, torch.float32)
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
     npu = types.SimpleNamespace(matmul=types.SimpleNamespace(allow_hf32=True),
                                 conv=types.SimpleNamespace(allow_hf32=True))
     monkeypatch.setattr(torch, "npu", npu, raising=False)  # what torch_npu registers
