@@ -441,14 +441,15 @@ def test_bfloat16_cpu_model_attends_in_float32_over_its_own_kv(tts_factory):
     builds, reading the K/V history in bfloat16 (widened as read, so the codes are those of a float32
     history, which torch's fallback keeps); the batched engine equals the one-request slow path.
     float32 models get the same kernel, their cache stays float32; float16 ones keep a float32 one."""
-    from omnitts.device.cpu_weights import native_attention
+    from omnitts.device.cpu_weights import cpu_attention, native_attention
     from omnitts.engine import Engine, EngineConfig
     from omnitts.engine.reference import generate_codes
-    from omnitts.models.layers import DecoderStack, float32_attention
+    from omnitts.models.layers import DecoderStack
     from omnitts.request import Request
 
     built = native.available(torch.float32)
-    kernel, history = (native_attention, torch.bfloat16) if built else (float32_attention, torch.float32)
+    # Without the native kernels: torch's float32 attention, with one-query calls in fixed key chunks.
+    kernel, history = (native_attention, torch.bfloat16) if built else (cpu_attention, torch.float32)
     tts = tts_factory("custom_voice", dtype="bfloat16")
     stacks = [m for m in tts.ckpt.model.talker.modules() if isinstance(m, DecoderStack)]
     assert len(stacks) == 2 and all(s.attend is kernel for s in stacks)
