@@ -160,10 +160,10 @@ class Batch:
         for item in items:
             job = self.job(item)
             item_id = item.request.id
-            current = fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
+            current = self._fingerprint(job)
             done = ledger.done.get(item_id)
             if not s.force:
-                if done is not None and _same(done.fingerprint, current) and ledger.is_done(item_id, self.out):
+                if self._done_as(item_id, current):
                     self.tally.skipped += 1
                     continue
                 if item_id in ledger.failed and _same(ledger.failed_prints[item_id], current, old=False):
@@ -190,10 +190,16 @@ class Batch:
 
     def is_current(self, item) -> bool:
         """Whether `item`'s audio in `out` is done and was made from the item as it is now."""
-        job, s = self.job(item), self.settings
-        done = self.ledger.done.get(item.request.id)
-        current = fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
-        return done is not None and _same(done.fingerprint, current) and self.ledger.is_done(item.request.id, self.out)
+        return self._done_as(item.request.id, self._fingerprint(self.job(item)))
+
+    def _fingerprint(self, job: Job) -> str:
+        s = self.settings
+        return fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
+
+    def _done_as(self, item_id: str, current: str) -> bool:
+        """The id's last record is good, made from fingerprint `current`, and its file is intact."""
+        done = self.ledger.done.get(item_id)
+        return done is not None and _same(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, outcome: Outcome) -> dict:
