@@ -87,6 +87,8 @@ ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=Fa
                                              help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
 Loudness = Annotated[Optional[float], _option("--loudness", panel=OUTPUT, metavar="LUFS",
                                               help="Normalize each output's loudness (e.g. -23).")]
+ShardOpt = Annotated[Optional[str], _option("--shard", panel=INPUT, metavar="K/N",
+                                           help="Take only shard K of N (by id), e.g. one per Slurm task.")]
 SplitChars = Annotated[Optional[int], _option("--split-chars", panel=INPUT, metavar="N", min=0,
                                               help="Split longer texts at sentences (0: never).")]
 RetryRunaway = Annotated[int, _option("--retry-runaway", panel=DECODING, metavar="N", min=0, show_default=True,
@@ -184,6 +186,7 @@ def synth(
     text_column: TextCol = None,
     split_chars: SplitChars = None,
     strict: Strict = False,
+    shard: ShardOpt = None,
     greedy: Greedy = False,
     max_frames: MaxFrames = None,
     seed: Seed = None,
@@ -216,6 +219,7 @@ def synth(
     """
     from .batch.manifest import BadLine, column_map, iter_manifest
     from .batch.outdir import Batch, Settings, check_out
+    from .batch.shard import in_shard, parse_shard
     from .config import load_config
     from .voice import checkpoint_identity
 
@@ -223,6 +227,7 @@ def synth(
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch,
                                  eager=eager)
+        shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         _fail(str(exc))
     _check_engine(engine)
@@ -239,9 +244,12 @@ def synth(
     try:
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
         identity = checkpoint_identity(model)  # in every record's fingerprint
-        batch = None if strict else Batch(out, settings, cfg, identity)
+        batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
         good = bad = 0
         for entry in iter_manifest(manifest, cfg, columns, split_chars):
+            if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
+                                                   *shard):
+                continue  # another shard's line: its process reports it
             if isinstance(entry, BadLine):
                 bad += 1
                 typer.echo(f"error: {entry.message}", err=True)
@@ -261,9 +269,20 @@ def synth(
         _fail(f"--strict: {_plural(bad, 'bad line')} in {manifest}; nothing was synthesized (fix them, or drop "
               f"--strict to run the {_plural(good, 'good line')})")
     try:
-        batch = batch or Batch(out, settings, cfg, identity)
+        batch = batch or Batch(out, settings, cfg, identity, shard=shard)
     except OmniTTSError as exc:
         _fail(str(exc))
+    with batch:  # this writer's claims and lock are given up however the run ends
+        _synth_run(batch, manifest, model, cfg, columns, split_chars, good + bad, engine, official_tokenizer,
+                   export_dataset, quiet)
+
+
+def _synth_run(batch, manifest, model, cfg, columns, split_chars, total, engine, official_tokenizer, export_dataset,
+               quiet):
+    """synth after pass 1: run the pending items, export, exit code."""
+    from .batch.manifest import BadLine, iter_manifest
+
+    out = batch.out
 
     def items():  # pass 2 (and the export): the good items, read again lazily
         return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars)
@@ -271,7 +290,7 @@ def synth(
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
     try:
-        stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
+        stopped = _run(batch, items(), total, model, load_kwargs, quiet)
     except OmniTTSError as exc:
         _fail(str(exc))
     except OSError as exc:
@@ -280,10 +299,11 @@ def synth(
         typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
                    "again to resume", err=True)
         raise typer.Exit(_exit_code(exc))
-    if export_dataset is not None and batch.tally.done + batch.tally.skipped:
+    if export_dataset is not None and batch.tally.done + batch.tally.skipped + batch.tally.others:
         from .batch.export import export_dataset as export
 
-        count = export(out, (item for item in items() if batch.is_current(item)), export_dataset)
+        current = (item for item in items() if batch.mine(item.request.id) and batch.is_current(item))
+        count = export(out, current, export_dataset)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(stopped)
@@ -345,7 +365,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
                 rec = batch.save(outcome)
                 if not outcome.ok:
                     console.print(f"error: {rec['id']}: {rec['error']}")
-                progress.update(task, completed=tally.done + tally.failed + tally.skipped,
+                progress.update(task, completed=tally.done + tally.failed + tally.skipped + tally.others,
                                 rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
         stopped = stopping.exit_code if stopping.count else None
         if stopped:
@@ -435,6 +455,9 @@ def _summary(console, batch) -> None:
         console.print(f"  failed {item_id}: {message}")
     if t.failed > len(t.errors):
         console.print(f"  ... and {t.failed - len(t.errors)} more (see {batch.out}/results.jsonl)")
+    if t.others:
+        console.print(f"{_plural(t.others, 'item')} recorded by other writers of {batch.out} during this run "
+                      "(not run here)")
     done_before = t.skipped - t.earlier_failed
     if done_before:
         console.print(f"{_plural(done_before, 'item')} already done in {batch.out}: skipped (--force redoes "

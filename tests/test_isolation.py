@@ -114,7 +114,7 @@ def test_a_torn_last_line_is_closed_before_the_next_record(tmp_path):
 def test_nothing_is_written_through_a_linked_log_and_only_omnitts_temporaries_are_deleted(ckpt_dir, tmp_path):
     from typer.testing import CliRunner
 
-    from omnitts.batch.ledger import remove_leftovers
+    from omnitts.batch.claims import sweep
     from omnitts.cli import app
     from omnitts.io.atomic import is_temp_name, temp_name
 
@@ -129,12 +129,17 @@ def test_nothing_is_written_through_a_linked_log_and_only_omnitts_temporaries_ar
     assert result.exit_code == 2 and "results.jsonl: is a symbolic link" in result.output
     assert elsewhere.read_text() == "precious\n" and not (out / "a.wav").exists()
     (out / "results.jsonl").unlink()
-    mine = Path(temp_name(out / "a.wav"))
+    mine = Path(temp_name(out / "a.wav"))  # this process's: a live writer's file, kept
     assert is_temp_name(mine.name) and mine.name.startswith(".a.wav.omnitts-")
+    dead = out / ".b.wav.omnitts-deadbeef-abcdefgh.tmp"  # a writer without a live lock: deleted
+    old = out / ".c.wav.omnitts-abcdefgh.tmp"  # named before writer tokens: deleted
+    dead.write_bytes(b"x")
+    old.write_bytes(b"x")
     (out / ".notes.tmp").write_text("a user's file")
     (out / ".x.tmp").mkdir()
     (out / ".link.omnitts-abcdefgh.tmp").symlink_to(elsewhere)
-    assert remove_leftovers(out) == 1 and not mine.exists()
+    assert sweep(out) == 2 and not dead.exists() and not old.exists() and mine.exists()
+    mine.unlink()
     assert (out / ".notes.tmp").read_text() == "a user's file" and (out / ".x.tmp").is_dir()
     assert (out / ".link.omnitts-abcdefgh.tmp").is_symlink() and elsewhere.read_text() == "precious\n"
     result = CliRunner().invoke(app, args)  # a directory named like a temporary file does not stop a run

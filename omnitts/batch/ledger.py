@@ -9,7 +9,7 @@ The log is append-only, and **the last record of an id wins**: an item that runs
 failure, a damaged file redone, a runaway retry's rerun) appends a second line and earlier ones stop
 counting. Every reader applies that rule through `records` (here: `Ledger`, `read_results`); a line
 torn by a kill is skipped. Appending, not rewriting, is what lets several writers share one
-directory later (O_APPEND lines, or one log per writer merged on read): a compaction would race them.
+directory (batch/claims.py): each line is one write under the log's lock, and a compaction would race them.
 """
 
 from __future__ import annotations
@@ -45,13 +45,10 @@ def records(out: Path) -> Iterator[dict]:
     path = Path(out) / NAME
     if not path.exists():
         return
-    with open(path, encoding="utf-8") as handle:
+    with open(path, "rb") as handle:
         for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill: that item simply runs again
-            if isinstance(record, dict) and isinstance(record.get("id"), str):
+            record = _parse(line)
+            if record is not None:
                 yield record
 
 
@@ -61,24 +58,44 @@ def read_results(out) -> dict[str, dict]:
 
 
 class Ledger:
+    """What `out`'s result log says, kept current while this writer and others append to it.
+
+    Several writers may share the log (batch/claims.py): each appends under an exclusive `flock`, one
+    `write` per line, so lines never interleave. Before appending, a writer reads the lines the others
+    appended since its last read (`refresh` does that too, without writing); ids whose records came from
+    another writer after this Ledger opened are in `arrived`.
+    """
+
     def __init__(self, out: Path):
         self.path = Path(out) / NAME
         self.done: dict[str, Done] = {}  # id -> its last record, when that is good
         self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
         self.failed_prints: dict[str, str | None] = {}  # id -> that failed record's fingerprint
-        for record in records(out):
-            self._note(record)
+        self.arrived: set[str] = set()  # ids another writer recorded after this Ledger opened
+        self.offset = 0  # bytes of the log read so far (whole lines only)
+        self._track = False  # what is there at the start is the earlier runs' work, not `arrived`
+        self._read()
+        self._track = True
 
     def is_done(self, item_id: str, out: Path) -> bool:
         """Done = the id's last record is good and its audio file still holds what the record says."""
         record = self.done.get(item_id)
         return record is not None and audio_problem(Path(out) / record.path, record) is None
 
+    def refresh(self) -> None:
+        """Read the records other writers appended since the last read."""
+        self._read()
+
     def write(self, record: dict) -> None:
-        """Append `record` as one line, fsynced. The log is never followed through a symbolic link (it
-        would write outside the output directory), and a last line torn by a kill is closed first, so
-        the new record is never glued to it. A write that fails (a full disk, a signal) is undone: the
-        log is cut back to its length before, so no torn line is left, and the error is raised."""
+        """Append `record` as one line, fsynced, under the log's lock (other writers wait for one line).
+
+        The log is never followed through a symbolic link (it would write outside the output directory),
+        and a last line torn by a killed writer is closed first, so the new record is never glued to it.
+        A write that fails (a full disk, a signal) is undone: the log is cut back to its length before, so
+        no torn line is left, and the error is raised.
+        """
+        import fcntl
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
         try:
@@ -89,7 +106,10 @@ class Ledger:
                                   "directory (replace the link with a file, or choose another --out)") from None
             raise
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
             size = os.lseek(fd, 0, os.SEEK_END)
+            if size > self.offset:
+                self._read(upto=size)  # the others' lines first: ours comes after them
             line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
             if size and not _ends_with_newline(self.path):
                 line = b"\n" + line
@@ -100,9 +120,28 @@ class Ledger:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)
                 raise
+            self.offset = size + len(line)  # a torn fragment before our line is skipped with it
         finally:
             os.close(fd)
         self._note(record)
+
+    def _read(self, upto: int | None = None) -> None:
+        """Note the whole lines from `offset` on (to byte `upto`); a line still being written is left."""
+        try:
+            handle = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        with handle:
+            handle.seek(self.offset)
+            for line in handle:  # streamed: a log of millions of lines is never held whole
+                if not line.endswith(b"\n") or (upto is not None and self.offset + len(line) > upto):
+                    break  # still being written by another writer, or torn by a kill: read it next time
+                self.offset += len(line)
+                record = _parse(line)
+                if record is not None:
+                    self._note(record)
+                    if self._track:
+                        self.arrived.add(record["id"])
 
     def _note(self, record: dict) -> None:
         """The latest record of an id wins."""
@@ -116,6 +155,15 @@ class Ledger:
             self.failed[item_id] = record.get("error") or ""
             self.failed_prints[item_id] = record.get("fingerprint")
             self.done.pop(item_id, None)
+
+
+def _parse(line: bytes) -> dict | None:
+    """A record, or None for a line torn by a kill (that item simply runs again) or not a record."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("id"), str) else None
 
 
 def audio_problem(path: Path, record: Done) -> str | None:
@@ -148,19 +196,6 @@ def audio_problem(path: Path, record: Done) -> str | None:
     elif abs(frames - record.seconds * rate) > rate * 0.0005 + 1:  # seconds are rounded to 1 ms
         return f"{path.name}: {frames / rate:.3f} s long, the record says {record.seconds} s"
     return None
-
-
-def remove_leftovers(out: Path) -> int:
-    """Delete temporary files of an interrupted run (they never count as done): regular files named as
-    omnitts names its temporaries (`io.atomic.is_temp_name`); anything else is left alone."""
-    from ..io.atomic import is_temp_name
-
-    removed = 0
-    for tmp in Path(out).glob(".*.tmp"):
-        if is_temp_name(tmp.name) and tmp.is_file() and not tmp.is_symlink():
-            tmp.unlink(missing_ok=True)
-            removed += 1
-    return removed
 
 
 def check_log(out: Path) -> None:

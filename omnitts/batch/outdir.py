@@ -6,7 +6,9 @@
 
 Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power loss):
 - an audio file appears only by atomic rename of a finished temporary file (`.<name>.*.tmp`), and
-  leftover temporary files are deleted when a run starts;
+  the temporary files of dead writers are deleted when a run starts and ends (claims.sweep);
+- several writers may share `out` (claims.py): an item runs only while its writer holds its claim, and
+  after claiming, the log is read again, so an item another writer recorded meanwhile is not run twice;
 - a `results.jsonl` line is appended (and fsynced) only after its file is in place, so a line never
   points at a missing or partial file; a line torn by a kill is ignored;
 - the log is append-only and the last record of an id wins (ledger.py): an item run again adds a
@@ -32,8 +34,10 @@ import numpy as np
 from ..engine.pipeline import Job, Outcome
 from ..errors import OmniTTSError
 from ..params import SamplingParams
+from .claims import Writer, sweep
 from .fingerprint import fingerprint
-from .ledger import Ledger, check_log, remove_leftovers
+from .ledger import Ledger, check_log
+from .shard import in_shard
 
 
 class OutDirError(OmniTTSError):
@@ -101,6 +105,7 @@ class Tally:
     skipped: int = 0  # not run: done earlier, or failed earlier (below)
     earlier_failed: int = 0  # skipped because an earlier run failed them (no audio; --retry-failed runs them)
     changed: int = 0  # run again because the line or the options changed since their record
+    others: int = 0  # recorded by another writer of the same directory during this run (not run here)
     seconds: float = 0.0  # audio written in this run
     errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
     started: float = field(default_factory=time.time)
@@ -119,62 +124,159 @@ class Tally:
         return self.seconds / self.wall if self.wall > 0 else 0.0
 
 
+RETRY_EVERY = 0.2  # seconds between looks at items another writer holds
+DEFERRED_LOOK = 256  # held items kept before looking whether their writers finished them
+
+
 class Batch:
-    """`out` for one run: `config` and `identity` are the checkpoint's (config.json, voice.checkpoint_identity),
-    which an item's sampling defaults and fingerprint come from."""
+    """`out` for one writer's run: `config` and `identity` are the checkpoint's (config.json,
+    voice.checkpoint_identity), which an item's sampling defaults and fingerprint come from; `shard`
+    (k, n) keeps only the items of shard k of n (shard.py). A context manager: `close` gives up this
+    writer's claims and lock (a killed process's are dropped by the kernel)."""
 
     def __init__(self, out: Path, settings: Settings, config=None, identity: str | None = None,
-                 sample_rate: int = 24000):
+                 sample_rate: int = 24000, shard: tuple[int, int] | None = None):
         self.out = Path(out)
         self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
         self.config, self.identity = config, identity
+        self.shard = shard
         try:
             self.out.mkdir(parents=True, exist_ok=True)
             check_log(self.out)
-            self.leftovers = remove_leftovers(self.out)
+            self.writer = Writer(self.out)
+            self.leftovers = sweep(self.out)
             _probe(self.out)
         except OSError as exc:  # what check_out cannot see (e.g. a filesystem that refuses new files)
             raise OutDirError(f"--out {self.out}: cannot be written ({exc.strerror or exc})") from None
         self.ledger = Ledger(self.out)
         self.tally = Tally()
         self._prints: dict[str, str] = {}  # id -> fingerprint, for the jobs handed out and not yet saved
+        self._looked = 0.0  # when held items were last looked at
+
+    def __enter__(self) -> "Batch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give up this writer's claims, delete what dead writers left, and leave the directory."""
+        writer = getattr(self, "writer", None)
+        if writer is None:
+            return
+        for item_id in list(writer.claims):
+            writer.release(item_id)
+        try:
+            sweep(self.out)
+        except OSError:
+            pass  # a directory gone or unwritable at the end: nothing of ours is left in it anyway
+        finally:
+            writer.close()
+
+    def mine(self, item_id: str) -> bool:
+        """Whether `item_id` is this writer's to run (in its shard, if it has one)."""
+        return self.shard is None or in_shard(item_id, *self.shard)
 
     # -- what to run ------------------------------------------------------------------------------
     def record_bad(self, item_id: str, message: str) -> None:
-        """A line that failed validation: recorded once (not again on every re-run)."""
+        """A line that failed validation: recorded once (not again on every re-run, nor by every writer)."""
+        if not self.mine(item_id):
+            return
         self.tally.fail(item_id, message)
-        if self.ledger.failed.get(item_id) != message:
-            self.ledger.write(record(item_id, "error", error=message))
+        if self.ledger.failed.get(item_id) == message or not self.writer.claim(item_id):
+            return  # recorded already, or another writer records it now
+        try:
+            self.ledger.refresh()
+            if self.ledger.failed.get(item_id) != message:
+                self.ledger.write(record(item_id, "error", error=message))
+        finally:
+            self.writer.release(item_id)
 
-    def pending(self, items: Iterable) -> Iterator[Job]:
-        """Jobs for the items an earlier run has not finished *as they are now*.
+    def pending(self, items: Iterable) -> Iterator[Job | None]:
+        """Jobs for the items an earlier run (or another writer) has not finished *as they are now*.
 
         Skipped: an item whose last record is good, whose file is intact and whose fingerprint matches
         (the same line and options made it); one that failed with the same fingerprint, unless
-        `retry_failed`. Run: everything else - new items, damaged files, and items whose line or
-        options changed since their record (`tally.changed`; the old file is replaced atomically).
-        `force` runs every item.
+        `retry_failed`; one another writer recorded during this run (`tally.others`). Run: everything
+        else - new items, damaged files, and items whose line or options changed since their record
+        (`tally.changed`; the old file is replaced atomically). `force` runs every item once.
+
+        Each job is claimed before it is yielded (released by `save`). An item another live writer
+        holds is looked at again later: it is usually recorded by then; if its writer died, it is run
+        here. While only such items are left, None is yielded ("nothing now, ask again").
         """
-        s, ledger = self.settings, self.ledger
+        held: dict[str, tuple[Job, str]] = {}  # id -> (job, fingerprint): another writer held it
         for item in items:
-            job = self.job(item)
             item_id = item.request.id
+            if not self.mine(item_id):
+                continue
+            job = self.job(item)
             current = self._fingerprint(job)
-            done = ledger.done.get(item_id)
-            if not s.force:
-                if self._done_as(item_id, current):
-                    self.tally.skipped += 1
-                    continue
-                if item_id in ledger.failed and _same(ledger.failed_prints[item_id], current, old=False):
-                    if not s.retry_failed:
-                        self.tally.skipped += 1
-                        self.tally.earlier_failed += 1
-                        continue
-                elif (done is not None and not _same(done.fingerprint, current)) or item_id in ledger.failed:
-                    self.tally.changed += 1
-            self._prints[item_id] = current
-            yield job
+            if self._skip(item_id, current):
+                continue
+            if not self.writer.claim(item_id):
+                held[item_id] = (job, current)
+                if len(held) >= DEFERRED_LOOK:  # bounded: those writers have mostly recorded them by now
+                    yield from self._look(held, wait=False)
+                continue
+            if self._still_to_run(item_id, current):
+                yield self._start(job, current)
+        while held:
+            yield from self._look(held, wait=True)
+            if held:
+                yield None
+
+    def _look(self, held: dict, wait: bool) -> Iterator[Job]:
+        """Jobs of `held` items whose writers let them go without recording them (they died)."""
+        if wait and time.monotonic() - self._looked < RETRY_EVERY:
+            return
+        self._looked = time.monotonic()
+        self.ledger.refresh()
+        for item_id, (job, current) in list(held.items()):
+            if self._skip(item_id, current):
+                del held[item_id]
+            elif self.writer.claim(item_id):
+                del held[item_id]
+                if self._still_to_run(item_id, current):
+                    yield self._start(job, current)
+
+    def _still_to_run(self, item_id: str, current: str) -> bool:
+        """After claiming: read the log again (another writer may have recorded it and let it go just
+        now); if it has, count it and release the claim."""
+        self.ledger.refresh()
+        if self._skip(item_id, current):
+            self.writer.release(item_id)
+            return False
+        return True
+
+    def _skip(self, item_id: str, current: str) -> bool:
+        """Whether `item_id` (fingerprint `current`) is not to run; counts why in the tally."""
+        ledger, s = self.ledger, self.settings
+        if item_id in ledger.arrived and (self._done_as(item_id, current)
+                                          or _same(ledger.failed_prints.get(item_id, ""), current, old=False)):
+            self.tally.others += 1  # another writer ran it during this run, as this writer would have
+            return True
+        if s.force:
+            return False
+        if self._done_as(item_id, current):
+            self.tally.skipped += 1
+            return True
+        if item_id in ledger.failed and _same(ledger.failed_prints[item_id], current, old=False) \
+                and not s.retry_failed:
+            self.tally.skipped += 1
+            self.tally.earlier_failed += 1
+            return True
+        return False
+
+    def _start(self, job: Job, current: str) -> Job:
+        item_id, ledger = job.request.id, self.ledger
+        done = ledger.done.get(item_id)
+        if not self.settings.force and ((done is not None and not _same(done.fingerprint, current))
+                                        or item_id in ledger.failed):
+            self.tally.changed += 1
+        self._prints[item_id] = current
+        return job
 
     def job(self, item) -> Job:
         """A manifest item as a pipeline job: sampling from the checkpoint, the flags and the item."""
@@ -213,7 +315,10 @@ class Batch:
         if not outcome.ok:
             rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings,
                          fingerprint=self._prints.pop(item_id, None))
-            self.ledger.write(rec)
+            try:
+                self.ledger.write(rec)
+            finally:
+                self.writer.release(item_id)
             self.tally.fail(item_id, outcome.error)
             return rec
         result, s = outcome.result, self.settings
@@ -242,6 +347,8 @@ class Batch:
             for path in placed:
                 Path(path).unlink(missing_ok=True)
             raise
+        finally:
+            self.writer.release(item_id)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
         return rec

@@ -118,6 +118,10 @@ class _Decoding:
 _NOTHING = _Decoding(-1)
 
 
+_END = object()  # a jobs source that has nothing more
+IDLE_WAIT = 0.05  # seconds an idle pipeline waits before asking a "nothing now" source again
+
+
 class Pipeline:
     """Runs jobs through one (re)sized engine; see the module docstring."""
 
@@ -136,6 +140,7 @@ class Pipeline:
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch, tile_frames=tile)
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
+        self.starved = False  # the jobs source last said "nothing now" (None)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -164,6 +169,8 @@ class Pipeline:
             if finished is None:
                 if exhausted and not ready:
                     return
+                if self.starved and not ready:
+                    time.sleep(IDLE_WAIT)  # nothing runs; the jobs source said "ask again soon"
                 continue
             for seq in finished:
                 outcome = self._finished(seq, ready)
@@ -183,13 +190,20 @@ class Pipeline:
         return finished
 
     def _fill(self, source, ready: deque) -> tuple[list[Outcome], bool]:
-        """Prepare jobs until `lookahead` requests wait; returns (failed outcomes, source exhausted)."""
+        """Prepare jobs until `lookahead` requests wait; returns (failed outcomes, source exhausted).
+
+        A source may yield None for "no job now, ask again" (an output directory's items all held by
+        other writers); `starved` says so until it yields a job again."""
         failures = []
         waiting = len(self.engine.scheduler.waiting) if self.engine is not None else 0
+        self.starved = False
         while len(ready) + waiting < self.lookahead:
-            job = next(source, None)
-            if job is None:
+            job = next(source, _END)
+            if job is _END:
                 return failures, True
+            if job is None:
+                self.starved = True
+                break
             item, error = self._prepare(job)
             if error is not None:
                 failures.append(error)

@@ -1,8 +1,9 @@
 """Writing a file so it never exists half-written: a temporary name beside it, then a rename.
 
-Temporary names are `.<name>.omnitts-<random>.tmp` in the target's folder (the same filesystem, so the
-rename is atomic); `ledger.remove_leftovers` deletes those a killed run leaves behind, and only those
-(`is_temp_name`): a user's own `.something.tmp` is never touched.
+Temporary names are `.<name>.omnitts-<writer>-<random>.tmp` in the target's folder (the same filesystem,
+so the rename is atomic). `<writer>` is this process's token (`writer_token`), which lets a directory shared
+by several writers tell a live writer's files from a dead one's: `batch/claims.sweep` deletes only files
+whose writer is gone, and only names omnitts made (`is_temp_name`): a user's `.something.tmp` is never touched.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import secrets
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +20,23 @@ from typing import Iterator
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
 TEMP_MARK = ".omnitts-"  # between the target's name and mkstemp's random part
-_TEMP = re.compile(r"\..+\.omnitts-[A-Za-z0-9_]{8}\.tmp\Z")
+# <writer>- is absent from names made before omnitts shared directories between writers
+_TEMP = re.compile(r"\..+\.omnitts-(?:(?P<writer>[0-9a-f]{8})-)?[A-Za-z0-9_]{8}\.tmp\Z")
+_token: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
+
+
+def writer_token() -> str:
+    """This process's writer token: 8 hex digits, new in every process (a forked child's too)."""
+    global _token
+    if _token is None or _token[0] != os.getpid():
+        _token = (os.getpid(), secrets.token_hex(4))
+    return _token[1]
+
+
+def temp_writer(name: str) -> str | None:
+    """The writer token in temporary file name `name` ('' for a name from before tokens; None: not ours)."""
+    match = _TEMP.match(name)
+    return None if match is None else (match["writer"] or "")
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -33,7 +51,8 @@ def is_temp_name(name: str) -> bool:
 
 def temp_name(path: Path) -> str:
     """Create an empty temporary file beside `path`, with the mode `open()` would give; return its name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{Path(path).name}{TEMP_MARK}", suffix=".tmp", dir=Path(path).parent)
+    prefix = f".{Path(path).name}{TEMP_MARK}{writer_token()}-"
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=Path(path).parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
     return tmp

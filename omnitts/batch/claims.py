@@ -1,0 +1,222 @@
+"""Many writers, one output directory: who runs an item, and whose leftovers may be deleted.
+
+Any number of writers (`omnitts synth` processes, `--workers` children, Ray actors; on one machine or
+several over a shared filesystem) may write into one output directory at once. The directory itself is
+the only coordination, through two kinds of small files, both held with `flock`:
+
+- `.omnitts-writer-<token>.lock`: one per writer (process), locked for as long as it writes there.
+  `<token>` is `io.atomic.writer_token`, which is also part of every temporary file name the writer makes,
+  so a file whose writer's lock is free (or gone) belongs to a dead writer and may be deleted.
+- `.<id>.omnitts-claim`: an item is claimed before it runs by creating this file and locking it, and
+  released after its result line is written (the file deleted, then unlocked). It names the writer, host
+  and pid, for a person who looks.
+
+A lock, not a lease: the kernel (or the NFS server, once the client's lease ends) drops the locks of a
+process that dies, however it dies, so a killed writer's claims are free at once for the others and no
+heartbeat is needed. Claiming is race-free: the lock is taken without waiting, and then the name must
+still point at the locked file (a claim released in between was deleted; then the claim is tried again).
+The filesystem must support `flock` (local filesystems, NFSv4, CephFS, GPFS, Lustre mounted with `flock`);
+one that refuses it is reported as such before anything runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from ..errors import OmniTTSError
+from ..io.atomic import temp_writer, writer_token
+
+CLAIM = ".omnitts-claim"  # after `.<id>`
+WRITER = ".omnitts-writer-"  # before `<token>.lock`
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+class ClaimError(OmniTTSError):
+    """The output directory cannot be shared safely (its filesystem refuses file locks)."""
+
+
+def _try_lock(fd: int, where: Path) -> bool:
+    """Lock `fd` exclusively without waiting; False if another open file holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in _NO_LOCKS:
+            raise ClaimError(f"--out {where.parent}: its filesystem does not support file locks ({exc.strerror}); "
+                             "omnitts needs them to share a directory between writers (use a local disk, NFSv4, "
+                             "or mount Lustre with flock)") from None
+        raise
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open as `fd` (it was not deleted or replaced meanwhile)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev)
+
+
+def _open_locked(path: Path, create: bool) -> int | None:
+    """Open and lock `path` (creating it if `create`), or None if a live holder has it (or it is gone)."""
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | (os.O_CREAT if create else 0)
+    while True:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symbolic link where a claim belongs: never followed
+                raise ClaimError(f"{path}: is a symbolic link; omnitts writes only inside the output directory")
+            raise
+        try:
+            if not _try_lock(fd, path):
+                os.close(fd)
+                return None
+            if _same_file(fd, path):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # released and deleted between our open and our lock: try again (or: gone)
+        if not create:
+            return None
+
+
+def _stamp(fd: int, **fields) -> None:
+    data = json.dumps({"writer": writer_token(), "host": socket.gethostname(), "pid": os.getpid(),
+                       "since": round(time.time(), 3), **fields}).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+
+
+_held: dict[Path, list] = {}  # lock file -> [descriptor, Writers of this process using it]
+
+
+class Writer:
+    """This process as a writer of output directory `out`: its lock, and the items it has claimed.
+
+    Several Writers of one process on one directory share the process's lock (one token), but not their
+    claims: each claim is its own locked open file, so they exclude each other as two processes do.
+    """
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+        self.token = writer_token()
+        self.lock_path = Path(os.path.realpath(self.out)) / f"{WRITER}{self.token}.lock"
+        self.claims: dict[str, int] = {}  # item id -> the locked claim file's descriptor
+        self._open = False
+        held = _held.get(self.lock_path)
+        if held is None or not _same_file(held[0], self.lock_path):
+            fd = _open_locked(self.lock_path, create=True)
+            if fd is None:
+                raise ClaimError(f"--out {self.out}: {self.lock_path.name} is locked by another process")
+            _stamp(fd)
+            held = _held[self.lock_path] = [fd, 0]
+        held[1] += 1
+        self._open = True
+
+    def claim(self, item_id: str) -> bool:
+        """Claim `item_id` for this writer; False if another live writer holds it. Idempotent."""
+        if item_id in self.claims:
+            return True
+        fd = _open_locked(self._claim_path(item_id), create=True)
+        if fd is None:
+            return False
+        _stamp(fd, id=item_id)
+        self.claims[item_id] = fd
+        return True
+
+    def release(self, item_id: str) -> None:
+        """Give `item_id` up (after its result line is written, or unrun): the file goes, then the lock."""
+        fd = self.claims.pop(item_id, None)
+        if fd is not None:
+            try:
+                self._claim_path(item_id).unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Release every claim and this writer's lock (a killed process's are dropped by the kernel)."""
+        for item_id in list(self.claims):
+            self.release(item_id)
+        if not self._open:
+            return
+        self._open = False
+        held = _held.get(self.lock_path)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] == 0:
+            del _held[self.lock_path]
+            try:
+                if _same_file(held[0], self.lock_path):
+                    self.lock_path.unlink(missing_ok=True)
+            finally:
+                os.close(held[0])
+
+    def __del__(self):  # a Writer dropped without close() (a library user's Batch) frees its claims
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the os module may be half gone
+            pass
+
+    def _claim_path(self, item_id: str) -> Path:
+        return self.out / f".{item_id}{CLAIM}"
+
+
+def live_writers(out: Path) -> set[str]:
+    """Tokens of the writers alive in `out` (this process always); dead ones' lock files are deleted."""
+    live = {writer_token()}
+    for path in Path(out).glob(f"{WRITER}*.lock"):
+        token = path.name[len(WRITER):-len(".lock")]
+        if token == writer_token():
+            live.add(token)
+            continue
+        fd = _open_locked(path, create=False)
+        if fd is None:
+            live.add(token)  # locked: its writer runs (or it vanished just now)
+            continue
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return live
+
+
+def sweep(out: Path) -> int:
+    """Delete what dead writers left in `out`: their temporary files and unreleased claims. Returns how many.
+
+    Only names omnitts makes are touched (`io.atomic.is_temp_name`, `.<id>.omnitts-claim`), and only
+    regular files; a live writer's files are never touched (its lock is held).
+    """
+    out = Path(out)
+    live = live_writers(out)
+    removed = 0
+    for path in out.glob(".*.tmp"):
+        writer = temp_writer(path.name)
+        if writer is None or writer in live or not path.is_file() or path.is_symlink():
+            continue
+        path.unlink(missing_ok=True)
+        removed += 1
+    for path in out.glob(f".*{CLAIM}"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        fd = _open_locked(path, create=False)
+        if fd is None:
+            continue  # a live writer's claim
+        try:
+            path.unlink(missing_ok=True)
+            removed += 1
+        finally:
+            os.close(fd)
+    return removed

@@ -1,0 +1,262 @@
+"""Many writers on one output directory: claims, the shared log, shards, and processes killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from omnitts.batch.claims import CLAIM, WRITER, ClaimError, Writer, live_writers, sweep
+from omnitts.batch.ledger import Ledger, read_results, records
+from omnitts.batch.shard import ShardError, in_shard, parse_shard, shard_of
+
+ITEMS = 24
+
+
+# -- claims -------------------------------------------------------------------------------------
+def test_a_claim_excludes_every_other_writer_until_released(tmp_path):
+    a, b = Writer(tmp_path), Writer(tmp_path)  # two writers of one process exclude each other as processes do
+    assert a.claim("x") and a.claim("x")  # idempotent for its holder
+    assert not b.claim("x")
+    assert (tmp_path / f".x{CLAIM}").is_file()
+    assert json.loads((tmp_path / f".x{CLAIM}").read_text())["pid"] == os.getpid()
+    a.release("x")
+    assert not (tmp_path / f".x{CLAIM}").exists()
+    assert b.claim("x")
+    b.release("x")
+    a.close()
+    b.close()
+    assert os.listdir(tmp_path) == []  # the writer lock went with the last writer of the process
+
+
+_HOLDER = """
+import sys, time
+from omnitts.batch.claims import Writer
+w = Writer(sys.argv[1])
+assert w.claim("x")
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+
+def _holder(out: Path, tmp_path: Path) -> subprocess.Popen:
+    """A process that claims item x in `out` and sleeps (to be killed)."""
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(out), str(ready)])
+    deadline = time.time() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    return proc
+
+
+def test_a_killed_writers_claims_are_free_at_once_and_swept(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = _holder(out, tmp_path)
+    me = Writer(out)
+    try:
+        assert not me.claim("x")  # held by a live process
+        assert len(live_writers(out)) == 2
+        dead_tmp = next(iter(live_writers(out) - {me.token}))
+        leftover = out / f".x.wav.omnitts-{dead_tmp}-abcdefgh.tmp"
+        leftover.write_bytes(b"half")
+        assert sweep(out) == 0 and leftover.exists()  # nothing of a live writer is touched
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert sweep(out) == 2  # its temporary file and its claim
+        assert not leftover.exists() and not (out / f".x{CLAIM}").exists()
+        assert live_writers(out) == {me.token}
+        assert [p.name for p in out.iterdir()] == [f"{WRITER}{me.token}.lock"]  # the dead one's lock went too
+        assert me.claim("x")
+    finally:
+        proc.kill()
+        me.close()
+    assert os.listdir(out) == []
+
+
+def test_a_claim_is_never_followed_through_a_link(tmp_path):
+    (tmp_path / f".x{CLAIM}").symlink_to(tmp_path / "elsewhere")
+    w = Writer(tmp_path)
+    with pytest.raises(ClaimError, match="symbolic link"):
+        w.claim("x")
+    w.close()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# -- the shared log -----------------------------------------------------------------------------
+_APPENDER = """
+import sys
+from omnitts.batch.ledger import Ledger
+ledger = Ledger(sys.argv[1])
+for i in range(int(sys.argv[3])):
+    ledger.write({"id": f"{sys.argv[2]}-{i}", "status": "error", "error": "x" * 5000})
+"""
+
+
+def test_concurrent_appends_never_tear_or_interleave_and_each_reader_sees_the_others(tmp_path):
+    n = 150
+    procs = [subprocess.Popen([sys.executable, "-c", _APPENDER, str(tmp_path), name, str(n)]) for name in "ab"]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    lines = (tmp_path / "results.jsonl").read_bytes().split(b"\n")
+    assert lines[-1] == b"" and len(lines) == 2 * n + 1
+    ids = Counter(json.loads(line)["id"] for line in lines[:-1])  # every line whole: none torn or glued
+    assert len(ids) == 2 * n and set(ids.values()) == {1}
+    ledger = Ledger(tmp_path)
+    assert ledger.arrived == set() and len(ledger.failed) == 2 * n  # at the start: earlier work, not "arrived"
+    with open(tmp_path / "results.jsonl", "ab") as handle:  # another writer appends: a line, then half of one
+        handle.write(b'{"id": "c", "status": "error", "error": "y"}\n{"id": "d", "sta')
+    ledger.refresh()
+    assert ledger.arrived == {"c"} and "d" not in ledger.failed  # a line still being written waits
+    ledger.write({"id": "e", "status": "error", "error": "z"})  # closes the torn line before its own
+    assert set(read_results(tmp_path)) == set(ids) | {"c", "e"}
+    assert ledger.arrived == {"c"}  # its own record is not another writer's
+
+
+# -- shards -------------------------------------------------------------------------------------
+def test_shards_are_stable_and_cover_every_id_once():
+    assert parse_shard("0/2") == (0, 2) and parse_shard(" 3/4 ") == (3, 4)
+    for bad in ("2/2", "-1/2", "1", "a/b", "0/0", "1/2/3"):
+        with pytest.raises(ShardError, match="K/N"):
+            parse_shard(bad)
+    # sha256-based: these values are the same on every machine and Python version (a salted hash() is not)
+    assert [shard_of(f"item-{i}", 4) for i in range(8)] == [_sha_shard(f"item-{i}", 4) for i in range(8)]
+    assert shard_of("a", 1000) == 250 and shard_of("línea-7", 7) == _sha_shard("línea-7", 7)
+    ids = [f"utt{i:05d}" for i in range(3000)]
+    for n in (1, 2, 3, 8):
+        owners = Counter(sum(in_shard(i, k, n) for k in range(n)) for i in ids)
+        assert owners == {1: len(ids)}
+        sizes = Counter(shard_of(i, n) for i in ids)
+        assert min(sizes.values()) > len(ids) / n * 0.8  # balanced, not a modulo of the length or the like
+
+
+def _sha_shard(item_id: str, n: int) -> int:
+    import hashlib
+
+    return int(hashlib.sha256(item_id.encode()).hexdigest()[:16], 16) % n
+
+
+# -- the batch: pending() with claims ------------------------------------------------------------
+def _manifest(tmp_path, n=ITEMS):
+    rows = [{"id": f"item-{i:03d}", "text": f"Sentence number {i} of the writers test.", "speaker": "ryan"}
+            for i in range(n)]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, [r["id"] for r in rows]
+
+
+def test_an_item_another_writer_holds_is_left_to_it_or_taken_over_when_it_lets_go(ckpt_dir, tmp_path):
+    from omnitts.batch.manifest import BadLine, iter_manifest
+    from omnitts.batch.outdir import Batch, Settings, record
+    from omnitts.config import load_config
+
+    ckpt = ckpt_dir("custom_voice")
+    cfg = load_config(ckpt)
+    manifest, ids = _manifest(tmp_path, 4)
+    items = [e for e in iter_manifest(manifest, cfg) if not isinstance(e, BadLine)]
+    out = tmp_path / "out"
+    other = Batch(out, Settings(greedy=True), cfg, "ckpt")
+    mine = Batch(out, Settings(greedy=True), cfg, "ckpt")
+    try:
+        assert other.writer.claim(ids[0]) and other.writer.claim(ids[1])
+        jobs = mine.pending(items)
+        got = [next(jobs) for _ in range(2)]
+        assert [j.request.id for j in got] == ids[2:]  # the held ones are passed over, not waited for
+        assert next(jobs) is None  # only held items left: "nothing now"
+        # the other writer records item 0 and lets it go; it dies before recording item 1
+        fp = other._fingerprint(other.job(items[0]))
+        other.ledger.write(record(ids[0], "error", error="boom", fingerprint=fp))
+        other.writer.release(ids[0])
+        other.writer.release(ids[1])
+        time.sleep(0.25)
+        rest = [j for j in jobs if j is not None]
+        assert [j.request.id for j in rest] == [ids[1]]  # taken over; item 0 is the other's, not run twice
+        assert mine.tally.others == 1
+        assert set(mine.writer.claims) == set(ids[1:])  # held until saved
+    finally:
+        mine.close()
+        other.close()
+    assert sorted(p.name for p in out.iterdir()) == ["results.jsonl"]
+
+
+# -- whole processes ----------------------------------------------------------------------------
+def _synth(manifest, ckpt, out, *extra):
+    cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out),
+           "--greedy", "--max-frames", "6", "--max-batch", "4", "--dtype", "float32", "--quiet", *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _check_exactly_once(out, ids):
+    """Every id once in the log, good, its file decodable; nothing else left in the directory."""
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    counts = Counter(r["id"] for r in lines)
+    assert counts == Counter(ids), {k: v for k, v in counts.items() if v != 1}
+    for rec in lines:
+        assert rec["status"] == "ok", rec
+        info = sf.info(str(out / rec["path"]))
+        assert info.frames == rec["samples"]
+    names = {p.name for p in out.iterdir()}
+    assert names == {"results.jsonl"} | {f"{i}.wav" for i in ids}, names - {f"{i}.wav" for i in ids}
+
+
+@pytest.mark.parametrize("how", ["claims", "shards"])
+def test_two_processes_on_one_directory_do_every_item_exactly_once(ckpt_dir, tmp_path, how):
+    manifest, ids = _manifest(tmp_path)
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    extra = [["--shard", "0/2"], ["--shard", "1/2"]] if how == "shards" else [[], []]
+    procs = [_synth(manifest, ckpt, out, *e) for e in extra]
+    results = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], results
+    _check_exactly_once(out, ids)
+    done = [_done_in_summary(err) for _, err in results]
+    assert sum(done) == ITEMS, results
+    if how == "claims":  # both worked (dynamic sharing), and each summary accounts for the other's items
+        others = [int(re.search(r"(\d+) items? recorded by other writers", err)[1]) if done[1 - i] else 0
+                  for i, (_, err) in enumerate(results)]
+        assert others == done[::-1], results
+    # a re-run finds everything done
+    again = _synth(manifest, ckpt, out)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0 and f"{ITEMS} items already done" in err, err
+    _check_exactly_once(out, ids)
+
+
+def _done_in_summary(err: str) -> int:
+    """The `done` cell of synth's closing table."""
+    return int(re.search(r"│\s*(\d+) │", err)[1])
+
+
+def _wait_for_records(out, count, procs, timeout=180):
+    deadline = time.time() + timeout
+    while len(list(records(out))) < count:
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "no progress"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["claims", "shards"])
+def test_one_of_two_killed_mid_run_then_a_rerun_finishes_exactly_once(ckpt_dir, tmp_path, how):
+    manifest, ids = _manifest(tmp_path)
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    extra = [["--shard", "0/2"], ["--shard", "1/2"]] if how == "shards" else [[], []]
+    procs = [_synth(manifest, ckpt, out, *e) for e in extra]
+    _wait_for_records(out, 4, procs)
+    procs[0].send_signal(signal.SIGKILL)
+    procs[0].wait()
+    _, err = procs[1].communicate(timeout=300)
+    assert procs[1].returncode == 0, err
+    if how == "claims":  # the survivor took over what the killed one held: nothing is left
+        _check_exactly_once(out, ids)
+    rerun = _synth(manifest, ckpt, out, *extra[0])
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    _check_exactly_once(out, ids)
