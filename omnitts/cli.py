@@ -63,6 +63,10 @@ MaxBatch = Annotated[Optional[int], _option("--max-batch", panel=ENGINE, metavar
                                             help="Requests decoded together. [default: 8]")]
 Eager = Annotated[Optional[bool], _option("--eager/--no-eager", panel=ENGINE,
                                           help="No graph capture on cuda/npu. [default: no-eager]")]
+Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N",
+                                          help="Engine processes, one per device (cpu: cores split).")]
+Devices = Annotated[Optional[str], _option("--devices", panel=ENGINE, metavar="LIST",
+                                           help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
 RecipeOpt = Annotated[Optional[Path], _option("--recipe", "-r", panel=ENGINE, metavar="FILE",
                                               help="TOML engine settings (recipes/); flags win.")]
 
@@ -197,6 +201,8 @@ def synth(
     codec_dtype: CodecDtype = None,
     max_batch: MaxBatch = None,
     eager: Eager = None,
+    workers: Workers = None,
+    devices: Devices = None,
     recipe: RecipeOpt = None,
     out: Out = ...,  # required; listed here so that the Output panel comes last in --help
     audio_format: Format = "wav",
@@ -212,6 +218,9 @@ def synth(
     Bad lines are reported as file:line: field: problem and the rest run. Running the same
     command again resumes: finished items are skipped. Ctrl-C or SIGTERM finishes the running
     items (twice: drops them). Engine settings: the flag, else --recipe, else the default.
+
+    --workers N / --devices LIST run one engine process per device on the shared OUT; items are
+    pulled as workers free up, and a dead worker's items are taken over by the others.
 
     Exit code 0 when every item has audio; 1 when some have none (failed in this run or an
     earlier one) or the disk filled up; 2 for a usage error, a bad file or --out, or a bad line
@@ -230,7 +239,10 @@ def synth(
         shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         _fail(str(exc))
+    workers_on = _worker_devices(engine, device, workers, devices)  # None: this process synthesizes
     _check_engine(engine)
+    if workers_on is not None:
+        _check_device_indices(workers_on)
     _check_output(audio_format, loudness)
     try:
         check_out(out)
@@ -273,13 +285,14 @@ def synth(
     except OmniTTSError as exc:
         _fail(str(exc))
     with batch:  # this writer's claims and lock are given up however the run ends
-        _synth_run(batch, manifest, model, cfg, columns, split_chars, good + bad, engine, official_tokenizer,
-                   export_dataset, quiet)
+        _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
+                   export_dataset, quiet, workers_on)
 
 
-def _synth_run(batch, manifest, model, cfg, columns, split_chars, total, engine, official_tokenizer, export_dataset,
-               quiet):
-    """synth after pass 1: run the pending items, export, exit code."""
+def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
+               export_dataset, quiet, workers_on=None):
+    """synth after pass 1: run the pending items (here, or in one worker process per device of `workers_on`),
+    export, exit code."""
     from .batch.manifest import BadLine, iter_manifest
 
     out = batch.out
@@ -290,7 +303,15 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, total, engine,
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
     try:
-        stopped = _run(batch, items(), total, model, load_kwargs, quiet)
+        if workers_on is None:
+            stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
+        else:
+            from .batch.workers import Plan, cpu_threads
+
+            plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
+                        batch.shard)
+            stopped = _run_workers(batch, workers_on, plan, good, bad, quiet)
+            batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except OmniTTSError as exc:
         _fail(str(exc))
     except OSError as exc:
@@ -307,7 +328,56 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, total, engine,
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(stopped)
+    if workers_on is not None:
+        _check_all_have_audio(batch, items(), bad)
     if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
+        raise typer.Exit(1)
+
+
+def _worker_devices(engine: dict, device: str | None, workers: int | None, devices: str | None):
+    """The device of each worker process (None: the single-process run); sets engine["device"] to their
+    kind. Refuses, with one line and exit 2, lists it cannot parse and flags that disagree."""
+    from .batch.workers import DevicesError, kind_of, parse_devices
+
+    try:
+        listed = parse_devices(devices, workers, engine["device"])
+    except DevicesError as exc:
+        _fail(str(exc))
+    if listed is not None and devices is not None:
+        kind = kind_of(listed[0])
+        if device is not None and device != kind:
+            _fail(f"--device {device} and --devices {devices!r} disagree; give one of them")
+        engine["device"] = kind
+    return listed
+
+
+def _check_device_indices(devices: list[str]) -> None:
+    """Each accelerator index names a device this machine has (before anything loads)."""
+    import torch
+
+    from .batch.workers import kind_of
+
+    kind = kind_of(devices[0])
+    if kind == "cpu":
+        return
+    count = torch.cuda.device_count() if kind == "cuda" else torch.npu.device_count()
+    for name in devices:
+        if int(name.split(":")[1]) >= count:
+            _fail(f"--devices: {name}: this machine has {_plural(count, kind.upper() + ' device')} "
+                  f"({kind}:0 to {kind}:{count - 1})" if count else f"--devices: {name}: no {kind} device is visible")
+
+
+def _check_all_have_audio(batch, items, bad: int) -> None:
+    """After the workers: exit 1 if some good item has no current audio, saying so where no failure explains
+    it (the worker that held it died and none finished it)."""
+    t = batch.tally
+    missing = sum(1 for item in items if batch.mine(item.request.id) and not batch.is_current(item))
+    unexplained = missing - (t.failed - bad) - t.earlier_failed
+    if unexplained > 0:
+        typer.echo(f"error: {_plural(unexplained, 'item')} still {'has' if unexplained == 1 else 'have'} no audio "
+                   f"(a worker died and no other finished {'it' if unexplained == 1 else 'them'}): run the same "
+                   "command again to finish", err=True)
+    if missing:
         raise typer.Exit(1)
 
 
@@ -322,14 +392,110 @@ def _disk_full(exc: OSError, out: Path, batch) -> None:
           "same command again to resume", code=1)
 
 
-def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> bool:
+def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> int | None:
     """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary.
 
     Returns the exit code of a signal that stopped the run early (130 Ctrl-C, 143 SIGTERM), else None.
+    The loop itself is batch/run.py's (the workers of --workers run the same one).
     """
-    from contextlib import closing
+    from contextlib import ExitStack
 
     from rich.console import Console
+
+    from .api import load
+    from .batch.run import run_items
+
+    console = Console(stderr=True)
+    tally = batch.tally
+    stopping = _GracefulStop(console)
+    progress = _progress(console, quiet)
+
+    with ExitStack() as stack:
+        def loaded():  # only when some item is pending: then the bar and the signal handlers start
+            if not quiet:
+                console.print("loading checkpoint")
+            tts = load(model, **load_kwargs)
+            stack.enter_context(stopping)
+            stack.enter_context(progress)
+            progress.add_task("synthesizing", total=total, rate="")
+            return tts
+
+        def report(rec: dict) -> None:
+            if rec["status"] != "ok":
+                console.print(f"error: {rec['id']}: {rec['error']}")
+            progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped + tally.others,
+                            rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+
+        run_items(batch, items, loaded, stopping.requested, report)
+    stopped = stopping.exit_code if stopping.count else None
+    if stopped:
+        console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
+                      "keeps what is done)")
+    _summary(console, batch)
+    return stopped
+
+
+def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool) -> int | None:
+    """Run one worker process per device on `batch`'s directory: one progress bar, one summary.
+
+    The workers report their records here; a worker that dies is named (the others take over its
+    items). Returns the exit code of a signal that stopped the run early, as `_run` does.
+    """
+    from contextlib import ExitStack
+
+    from rich.console import Console
+
+    from .batch.workers import Pool, name
+
+    console = Console(stderr=True)
+    tally = batch.tally
+    pool = Pool(plan, devices, tally)
+    stopping = _ForwardingStop(console, pool)
+    progress = _progress(console, quiet)
+    with ExitStack() as stack:
+        stack.enter_context(stopping)
+        stack.callback(pool.shutdown)  # after a second Ctrl-C: the workers get a moment to end, then are killed
+        pool.start()
+        if not quiet:
+            console.print(f"started {_plural(len(devices), 'worker')}: {', '.join(devices)}")
+        for event in pool.events():
+            kind, index = event[0], getattr(event[1], "index", event[1])
+            who = name(index, devices[index])
+            if kind == "loading" and not progress.task_ids:
+                if not quiet:
+                    console.print("loading checkpoint")
+                stack.enter_context(progress)
+                progress.add_task("synthesizing", total=good + bad, rate="")
+            elif kind == "record" and event[3] != "ok":
+                console.print(f"error: {event[2]}: {event[4]}")
+            elif kind == "error":
+                console.print(f"error: {who}: {event[2]}")
+            elif kind == "ended" and not event[1].stopped:
+                rest = "the others take over its items" if pool.alive() else "its items are left for the next run"
+                console.print(f"{who} died: {event[1].reason}; {rest}")
+            if progress.task_ids:
+                progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped,
+                                rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+    stopped = stopping.exit_code if stopping.count else None
+    if stopped:
+        console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
+                      "keeps what is done)")
+    elif pool.all_finished():
+        # Each worker counts its siblings' items as "others"; a writer outside this command recorded
+        # what no worker ran and no earlier run finished.
+        tally.others = max(0, good - tally.skipped - tally.done - (tally.failed - bad))
+    _summary(console, batch)
+    kinds = {kind for _, kind in pool.errors.values()}
+    if "disk" in kinds:
+        _fail(f"no space left on {batch.out}: {_plural(tally.done, 'item')} done in this run "
+              f"({batch.out}/results.jsonl); free some space and run the same command again to resume", code=1)
+    if kinds == {"usage"} and len(pool.errors) == len(devices) and not tally.done:
+        raise typer.Exit(2)  # every worker refused to start (each said why): nothing could run
+    return stopped
+
+
+def _progress(console, quiet: bool):
+    """The progress bar of a run (items, elapsed, ETA, audio seconds and speed); not started yet."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -339,45 +505,9 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
         TimeRemainingColumn,
     )
 
-    from .api import load
-    from .engine.pipeline import Pipeline
-
-    console = Console(stderr=True)
-    tally = batch.tally
-    pending = batch.pending(items)
-    first = next(pending, None)
-    stopped = None
-    if first is not None:
-        if not quiet:
-            console.print("loading checkpoint")
-        tts = load(model, **load_kwargs)
-        stopping = _GracefulStop(console)
-        batch.sample_rate = tts.sample_rate
-        pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping.requested,
-                            split=batch.settings.splitter(), sink=batch.sink)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
-        # closing: an error raised while saving (a full disk) aborts the running items' files at once
-        with (stopping, Progress(*columns, console=console, disable=quiet) as progress,
-              closing(pipeline.run(_chain(first, pending))) as outcomes):
-            task = progress.add_task("synthesizing", total=total, rate="")
-            for outcome in outcomes:
-                rec = batch.save(outcome)
-                if not outcome.ok:
-                    console.print(f"error: {rec['id']}: {rec['error']}")
-                progress.update(task, completed=tally.done + tally.failed + tally.skipped + tally.others,
-                                rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
-        stopped = stopping.exit_code if stopping.count else None
-        if stopped:
-            console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
-                          "keeps what is done)")
-    _summary(console, batch)
-    return stopped
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
+    return Progress(*columns, console=console, disable=quiet)
 
 
 class _Interrupt(KeyboardInterrupt):
@@ -438,6 +568,25 @@ class _GracefulStop:
 
         for number, handler in self.previous.items():
             signal.signal(number, handler)
+
+
+class _ForwardingStop(_GracefulStop):
+    """The parent of --workers: stops as _GracefulStop does, and passes SIGTERM on to the workers (and a
+    SIGINT the terminal did not already deliver to them: `kill -INT PID`, no terminal)."""
+
+    def __init__(self, console, pool):
+        super().__init__(console)
+        self.pool = pool
+
+    def _handle(self, signum, frame):
+        import signal
+
+        from .batch.workers import terminal_signals_group
+
+        self.pool.stopping = self.pool.stopping or signum  # workers ending 130/143 now were stopped, not died
+        if signum != signal.SIGINT or not terminal_signals_group():
+            self.pool.forward(signum)
+        super()._handle(signum, frame)
 
 
 def _summary(console, batch) -> None:
@@ -613,7 +762,8 @@ def demo(
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
     synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
           codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
-          eager=None, strict=False, retry_failed=False, force=force, audio_format="wav", retry_runaway=0,
+          eager=None, workers=None, devices=None, strict=False, retry_failed=False, force=force, audio_format="wav",
+          retry_runaway=0,
           loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
           recipe=None)
 
