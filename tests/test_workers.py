@@ -1,0 +1,190 @@
+"""`omnitts synth --workers N` / `--devices LIST`: several engine processes on one output directory.
+
+The runs start real worker processes (spawn), so they go through a subprocess as a user's command
+does; each worker loads the tiny checkpoint once. CPU workers only (`cpu,cpu`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from omnitts.batch.workers import DevicesError, parse_devices
+from omnitts.cli import app
+
+ITEMS = 8
+
+
+def _manifest(tmp_path, count=ITEMS):
+    rows = [{"id": f"item-{i:02d}", "text": f"Sentence number {i} for the workers.", "speaker": "ryan"}
+            for i in range(count)]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, [r["id"] for r in rows]
+
+
+def _synth(manifest, ckpt, out, *extra, frames=6, wait=True):
+    cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out),
+           "--max-frames", str(frames), "--max-batch", "4", "--dtype", "float32", "--save-codes", *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if not wait:
+        return proc
+    _, err = proc.communicate(timeout=600)
+    return proc.returncode, err
+
+
+def _records(out):
+    path = out / "results.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _check_directory(out, ids):
+    """Every id exactly once in results.jsonl, good, its files decodable; nothing temporary left."""
+    records = _records(out)
+    counts = Counter(r["id"] for r in records)
+    assert counts == Counter(ids), f"ids not exactly once: {sorted(counts.items())}"
+    assert all(r["status"] == "ok" for r in records), records
+    for r in records:
+        samples, rate = sf.read(out / r["path"])
+        assert rate == 24000 and len(samples) == r["samples"] > 0
+        assert np.load(out / f"{r['id']}.codes.npy").shape == (r["frames"], 16)
+    leftovers = [p.name for p in out.iterdir() if p.name.endswith(".tmp") or "claim" in p.name.lower()]
+    assert not leftovers, leftovers
+
+
+def _codes(out, ids):
+    return {i: np.load(out / f"{i}.codes.npy") for i in ids}
+
+
+@pytest.mark.parametrize("decoding", [["--greedy"], ["--no-greedy", "--seed", "7"]], ids=["greedy", "seeded"])
+def test_two_workers_finish_the_manifest_once_with_the_codes_of_one_process(ckpt_dir, tmp_path, decoding):
+    manifest, ids = _manifest(tmp_path)
+    ckpt = ckpt_dir("custom_voice")
+    code, err = _synth(manifest, ckpt, tmp_path / "one", *decoding)
+    assert code == 0, err
+    code, err = _synth(manifest, ckpt, tmp_path / "two", *decoding, "--workers", "2")
+    assert code == 0, err
+    assert "started 2 workers: cpu, cpu" in err
+    assert err.count("omnitts synth ->") == 1, err  # one summary for the whole run
+    _check_directory(tmp_path / "two", ids)
+    one, two = _codes(tmp_path / "one", ids), _codes(tmp_path / "two", ids)
+    for i in ids:
+        assert np.array_equal(one[i], two[i]), i
+    seeds = {r["id"]: r["seed"] for r in _records(tmp_path / "two")}
+    assert seeds == {r["id"]: r["seed"] for r in _records(tmp_path / "one")}
+
+    # The same command again: every item is done, so no worker loads the model; one summary says so.
+    code, err = _synth(manifest, ckpt, tmp_path / "two", *decoding, "--devices", "cpu,cpu")
+    assert code == 0, err
+    assert f"{ITEMS} items already done" in err and "loading checkpoint" not in err, err
+    assert len(_records(tmp_path / "two")) == ITEMS
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The worker processes of `parent`, from /proc: its children started by multiprocessing's spawn (not
+    the resource tracker it may also start)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = open(f"/proc/{entry}/status").read()
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        ppid = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
+        if ppid == parent and "spawn_main" in cmdline:
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def _wait(condition, proc, what, timeout=300):
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, f"synth ended before {what}: {proc.communicate()[1]}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_is_named_and_the_other_finishes_its_items(ckpt_dir, tmp_path):
+    manifest, ids = _manifest(tmp_path, count=16)
+    out = tmp_path / "out"
+    proc = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2", frames=10, wait=False)
+    _wait(lambda: len(_worker_pids(proc.pid)) == 2, proc, "two workers")
+    _wait(lambda: len(_records(out)) >= 1, proc, "a first record")
+    victim = _worker_pids(proc.pid)[1]
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert "worker 1 (cpu) died: killed by SIGKILL; the others take over its items" in err, err
+    assert proc.returncode == 0, err  # every item has audio: the survivor took the rest over
+    _check_directory(out, ids)
+
+
+def test_sigterm_to_the_parent_stops_the_workers_and_exits_143(ckpt_dir, tmp_path):
+    manifest, ids = _manifest(tmp_path, count=16)
+    out = tmp_path / "out"
+    proc = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2", frames=10, wait=False)
+    _wait(lambda: len(_records(out)) >= 1, proc, "a first record")
+    workers = _worker_pids(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err
+    assert "stopped early" in err and err.count("omnitts synth ->") == 1 and "died" not in err, err
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "a worker outlived the parent"
+    done = [r["id"] for r in _records(out)]
+    assert len(done) == len(set(done)) < len(ids)  # stopped before the end, nothing twice
+    for record in _records(out):
+        assert sf.read(out / record["path"])[0].size == record["samples"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--devices", "cuda:x"], "--devices 'cuda:x': 'cuda:x' is not a device"),
+    (["--devices", "gpu:0"], "'gpu:0' is not a device"),
+    (["--devices", "cpu:0"], "cpu takes no index"),
+    (["--devices", "cuda"], "name the cuda device's index (cuda:0)"),
+    (["--devices", "npu:3-1"], "the range ends before it starts"),
+    (["--devices", "cpu,npu:0"], "mixes cpu and npu"),
+    (["--devices", "cpu,cpu", "--workers", "3"], "--workers 3 and --devices 'cpu,cpu' (2 devices) disagree"),
+    (["--devices", "cuda:0", "--device", "cpu"], "--device cpu and --devices 'cuda:0' disagree"),
+    (["--workers", "0"], "--workers 0: give 1 or more"),
+])
+def test_bad_worker_flags_are_one_line_and_exit_2_before_anything_loads(ckpt_dir, tmp_path, flags, message):
+    manifest, _ = _manifest(tmp_path, count=2)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                      *flags])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.output
+    assert not out.exists()  # refused before the output directory or the manifest were touched
+
+
+def test_parse_devices_expands_ranges_and_worker_counts():
+    assert parse_devices("npu:0-3", None, "cpu") == ["npu:0", "npu:1", "npu:2", "npu:3"]
+    assert parse_devices("cuda:0, cuda:2", 2, "cuda") == ["cuda:0", "cuda:2"]
+    assert parse_devices("cpu,cpu", None, "cpu") == ["cpu", "cpu"]
+    assert parse_devices(None, 3, "cuda") == ["cuda:0", "cuda:1", "cuda:2"]
+    assert parse_devices(None, 2, "cpu") == ["cpu", "cpu"]
+    assert parse_devices(None, 1, "cuda") is None and parse_devices(None, None, "cpu") is None  # one process
+    with pytest.raises(DevicesError, match="disagree"):
+        parse_devices("npu:0-7", 4, "npu")
+
+
+def test_cpu_workers_split_the_cores(monkeypatch):
+    from omnitts.batch import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert workers.cpu_threads(["cpu"] * 3) == 2
+    assert workers.cpu_threads(["cpu"] * 16) == 1
+    assert workers.cpu_threads(["cuda:0", "cuda:1"]) is None
