@@ -28,7 +28,7 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
 
     pending = batch.pending(items)
     first = next(pending, _END)  # may be None with claims: "nothing can start now", still work to wait for
-    if first is _END:
+    if first is _END or stop():  # a stop before the load (a worker's early Ctrl-C): nothing starts
         return False
     tts = load()
     batch.sample_rate = tts.sample_rate
