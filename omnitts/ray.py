@@ -1,0 +1,313 @@
+"""omnitts as a Ray Data stage: manifest rows in, audio files in one output directory, metadata rows out.
+
+    import ray, omnitts.ray
+    ds = ray.data.read_json("lines.jsonl")                       # any dataset with the manifest's fields
+    meta = omnitts.ray.synthesize_dataset(ds, "CKPT", "/shared/out", actors=8, device="cuda", greedy=True)
+    meta.write_parquet("/shared/out-meta")                       # id, path, seconds, frames, ... per row
+
+or the stage itself, as `ray.data.llm` wraps vLLM (a callable class the actor pool constructs once):
+
+    ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model="CKPT", out="/shared/out", device="cuda"),
+                   batch_size=64, batch_format="pyarrow", compute=ray.data.ActorPoolStrategy(size=8), num_gpus=1)
+
+Each actor loads one engine (`omnitts.load`) and opens a `Batch` on the output directory, which every actor
+shares as one more writer (claims: an item is run by one writer at a time). A call takes a batch of rows
+(pyarrow, pandas or a dict of columns), turns each into a manifest `Item` exactly as a manifest line is
+(`parse_item`, `check_item`; columns named through `columns={field: column}` as `--column`, others
+ignored), runs them through one `Pipeline` (continuous batching across the batch's rows), saves each with
+`Batch.save` and returns one metadata row per input row (`ROW_SCHEMA`). Audio is written by the actor
+straight to the output directory; only these small rows travel through Ray's object store.
+
+Retries are idempotent: before running, a call reads what other writers recorded since its last call; an
+id whose last record is good and was made from the row as it is now (the fingerprint) is not run again and
+returns its recorded metadata (`skipped` true). So a batch Ray retries after its actor died re-runs only
+the rows the dead actor had not finished, and no id gets two results. A bad row is an error row (recorded
+in results.jsonl when it has a usable id), never an exception. Ids must be unique across the dataset (the
+CLI checks that in its first pass; a dataset built here is not checked across batches).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Iterator
+
+from .batch.ledger import NAME as RESULTS
+from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _from_table, check_item, parse_item
+from .errors import OmniTTSError, RequestError
+
+# One metadata row per input row. `skipped`: not run by this call, its metadata is the id's recorded
+# result (done or failed by an earlier run, by another writer, or by this run's attempt that Ray retried);
+# `changed`: run again because the row or the options changed since its record.
+COLUMNS = ("id", "path", "seconds", "frames", "finish_reason", "status", "error", "seed", "skipped", "changed")
+BATCH_ROWS = 64  # rows per call by default: several engine batches, so continuous batching stays full
+
+
+def row_schema():
+    """The pyarrow schema of the metadata rows (fixed, so every block of the output dataset agrees)."""
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("path", pa.string()), ("seconds", pa.float64()), ("frames", pa.int64()),
+                      ("finish_reason", pa.string()), ("status", pa.string()), ("error", pa.string()),
+                      ("seed", pa.int64()), ("skipped", pa.bool_()), ("changed", pa.bool_())])
+
+
+def fields_schema():
+    """The pyarrow schema of manifest rows as the CLI hands them to the stage (one column per field)."""
+    import pyarrow as pa
+
+    kinds = {str: pa.string(), bool: pa.bool_(), int: pa.int64(), NUMBER: pa.float64()}
+    return pa.schema([(name, kinds[kind]) for name, kind in FIELDS.items()])
+
+
+def item_fields(item: Item) -> dict:
+    """A validated manifest item back as its fields (paths absolute, so any actor on a shared filesystem
+    resolves them as the manifest did)."""
+    r = item.request
+    row = {"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker, "instruct": r.instruct,
+           "ref_audio": os.path.abspath(r.ref_audio) if r.ref_audio is not None else None, "ref_text": r.ref_text,
+           "x_vector_only": r.x_vector_only, "non_streaming": r.non_streaming, "seed": item.seed,
+           "max_seconds": r.max_seconds,
+           "voice": os.path.abspath(item.voice_path) if item.voice_path is not None else None, **item.sampling}
+    return {name: row.get(name) for name in FIELDS}
+
+
+class _Records:
+    """The last record of each id in OUT/results.jsonl, read on from where the previous read stopped (other
+    writers append to it too), as metadata-row values. Memory: one small tuple per id."""
+
+    def __init__(self, out: Path):
+        self.path = Path(out) / RESULTS
+        self.offset = 0
+        self.rows: dict[str, tuple] = {}
+
+    def refresh(self) -> list[dict]:
+        """Read the records appended since the last call (whole lines only); returns them, in file order."""
+        import json
+
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        new = []
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line torn by a kill (ledger.records skips it too)
+            if isinstance(record, dict) and isinstance(record.get("id"), str):
+                new.append(record)
+                self.rows[record["id"]] = tuple(record.get(k) for k in COLUMNS[1:8])
+        return new
+
+    def row(self, item_id: str) -> dict:
+        values = self.rows.get(item_id)
+        if values is None:  # cannot happen for an id Batch.pending skipped; kept as an honest error row
+            return _row(item_id, status="error", error="no record found for a skipped item", skipped=True)
+        return {"id": item_id, **dict(zip(COLUMNS[1:8], values)), "skipped": True, "changed": False}
+
+
+def _row(item_id, path=None, seconds=None, frames=None, finish_reason=None, status="ok", error=None, seed=None,
+         skipped=False, changed=False) -> dict:
+    return {"id": item_id, "path": path, "seconds": seconds, "frames": frames, "finish_reason": finish_reason,
+            "status": status, "error": error, "seed": seed, "skipped": skipped, "changed": changed}
+
+
+class Synthesizer:
+    """A Ray Data stage (`map_batches`): one engine per actor, writing into the shared output directory `out`.
+
+    Args:
+        model: checkpoint directory (on every node: a shared filesystem, or the same path everywhere).
+        out: output directory, shared by every actor (a filesystem every node mounts at this path).
+        device, dtype, codec_dtype, max_batch, eager, official_tokenizer: as `omnitts.load`.
+        greedy, seed, max_frames, format, save_codes, loudness, split_chars, retry_failed, retry_runaway:
+            as `omnitts synth`'s flags (`--format` is `format`).
+        columns: {field: column} as `--column`; other columns of the dataset are ignored.
+        env: environment variables to set in the actor before the model loads (a recipe's [env]); a
+            variable already set in the actor wins.
+
+    Batches may be pyarrow tables (what `synthesize_dataset` uses), pandas frames or dicts of columns; the
+    result is a pyarrow table of metadata rows (`row_schema`), one per input row, in input order.
+    """
+
+    def __init__(self, model, out, *, device: str = "cpu", dtype: str = "auto", codec_dtype: str = "float32",
+                 max_batch: int = 8, eager: bool = False, official_tokenizer: bool = False, greedy: bool = False,
+                 seed: int | None = None, max_frames: int | None = None, format: str = "wav",
+                 save_codes: bool = False, loudness: float | None = None, split_chars: int | None = None,
+                 retry_failed: bool = False, retry_runaway: int = 0, columns: dict | None = None,
+                 env: dict | None = None):
+        from .api import load
+        from .batch.outdir import Batch, Settings
+        from .config import load_config
+        from .engine.pipeline import Pipeline
+
+        for key, value in (env or {}).items():
+            os.environ.setdefault(key, value)
+        self.settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes,
+                                 format=format, retry_failed=retry_failed, retry_runaway=retry_runaway,
+                                 loudness=loudness, split_chars=split_chars)
+        self.columns = dict(columns or {})
+        taken = set(self.columns.values())  # a column mapped to a field is not read as another field
+        self.plan = {name: self.columns.get(name, name) for name in FIELDS if name in self.columns or name not in taken}
+        self.cfg = load_config(model)
+        self.tts = load(model, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch, eager=eager,
+                        official_tokenizer=official_tokenizer)
+        self.voices = Voices(self.cfg)
+        self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity,
+                           sample_rate=self.tts.sample_rate)
+        self.records = _Records(self.batch.out)
+        self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
+                                 sink=self.batch.sink)
+
+    def __call__(self, batch):
+        rows = _pylist(batch)
+        items, out = [], [None] * len(rows)  # out: the metadata row of each input row, filled below
+        seen: dict[str, int] = {}  # id -> the row that took it (an id belongs to its first row, even a bad one)
+        for index, raw in enumerate(rows):
+            obj = {name: raw[column] for name, column in self.plan.items() if _present(raw.get(column))}
+            try:
+                item = parse_item(_from_table(obj), index + 1, Path("/"), self.columns)
+                if item.request.id in seen:
+                    raise RequestError(f"id: {item.request.id!r} already used by another row of this batch")
+                check_item(self.cfg, item, self.voices, self.settings.split_chars)
+            except RequestError as exc:
+                out[index] = self._bad(_raw_id(obj.get("id")), str(exc), seen, index)
+                continue
+            seen[item.request.id] = index
+            items.append(item)
+        self._refresh()
+        ran: dict[str, bool] = {}  # id -> changed, for the items this call runs
+        for outcome in self.pipeline.run(self._pending(items, ran)):
+            rec = self.batch.save(outcome)
+            out[seen[rec["id"]]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"], rec["finish_reason"],
+                                        rec["status"], rec["error"], rec["seed"], changed=ran[rec["id"]])
+        if len(ran) < len(items):  # the rest were done (or failed) before: their recorded metadata
+            self.records.refresh()
+            for item in items:
+                if item.request.id not in ran:
+                    out[seen[item.request.id]] = self.records.row(item.request.id)
+        return _table(out)
+
+    def _bad(self, item_id, message: str, seen: dict, index: int) -> dict:
+        """A row that is not a valid item: an error row, recorded under its id when that is usable (a safe id
+        no earlier row of the batch took; a later row with it is then a duplicate, as in a manifest)."""
+        usable = isinstance(item_id, str) and SAFE_ID.match(item_id) and item_id not in seen
+        if not usable:
+            return _row(None, status="error", finish_reason="error", error=message)
+        seen[item_id] = index
+        message = f"{item_id}: {message}"
+        self.batch.record_bad(item_id, message)
+        return _row(item_id, status="error", finish_reason="error", error=message)
+
+    def _refresh(self) -> None:
+        """Learn what other writers (actors, an earlier attempt of this batch) recorded since the last call."""
+        new = self.records.refresh()
+        ledger = self.batch.ledger
+        if hasattr(ledger, "refresh"):  # the multi-writer ledger reads other writers' lines itself
+            ledger.refresh()
+        else:
+            for record in new:  # the last record of an id wins, in file order
+                ledger._note(record)
+
+    def _pending(self, items: list, ran: dict) -> Iterator:
+        """`Batch.pending`'s jobs (or None: wait), noting which ids run and whether each was changed (the
+        tally counts a changed item as pending hands its job out)."""
+        tally, pending = self.batch.tally, self.batch.pending(items)
+        while True:
+            before = tally.changed
+            job = next(pending, _END)
+            if job is _END:
+                return
+            if job is not None:
+                ran[job.request.id] = tally.changed > before
+            yield job
+
+    def close(self) -> None:
+        close = getattr(self.batch, "close", None)
+        if close is not None:
+            close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the kernel drops locks anyway
+            pass
+
+
+_END = object()
+
+
+def _present(value) -> bool:
+    """A cell that holds a value (tables mark absent values with nulls, pandas with NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _raw_id(value):
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _pylist(batch) -> list[dict]:
+    """A batch in any of Ray's formats -> a list of row dicts."""
+    import pyarrow as pa
+
+    if isinstance(batch, pa.Table):
+        return batch.to_pylist()
+    if hasattr(batch, "to_dict") and hasattr(batch, "columns"):  # pandas
+        return pa.Table.from_pandas(batch, preserve_index=False).to_pylist()
+    columns = {name: list(values.tolist() if hasattr(values, "tolist") else values) for name, values in batch.items()}
+    count = len(next(iter(columns.values()), []))
+    return [{name: values[i] for name, values in columns.items()} for i in range(count)]
+
+
+def _table(rows: list[dict]):
+    import pyarrow as pa
+
+    return pa.Table.from_pylist(rows, schema=row_schema())
+
+
+def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BATCH_ROWS, num_gpus: float | None = None,
+                       resources: dict | None = None, num_cpus: float | None = None, **kwargs):
+    """The metadata dataset of synthesizing every row of Ray dataset `ds` into `out` with `actors` engines.
+
+    Lazy, as Ray datasets are: iterate it, `write_parquet` it or `materialize()` it to run. Each actor asks
+    for `num_gpus` (default: 1 on cuda), `resources` (default: {"NPU": 1} on npu) or `num_cpus` (default:
+    1 on cpu). `kwargs` go to `Synthesizer` (model options, decoding, output, `columns`).
+    """
+    import ray.data
+
+    if actors < 1:
+        raise OmniTTSError(f"actors: {actors}; at least 1")
+    device = kwargs.get("device", "cpu")
+    ask = {}
+    if num_gpus is not None or (device == "cuda" and resources is None and num_cpus is None):
+        ask["num_gpus"] = 1 if num_gpus is None else num_gpus
+    if resources is not None or (device == "npu" and not ask):
+        ask["resources"] = resources if resources is not None else {"NPU": 1}
+    if num_cpus is not None or not ask:
+        ask["num_cpus"] = 1 if num_cpus is None else num_cpus
+    return ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model=str(model), out=str(out), **kwargs),
+                          batch_size=batch_size, batch_format="pyarrow",
+                          compute=ray.data.ActorPoolStrategy(size=actors), **ask)
+
+
+def dataset_from_items(items, chunk_rows: int = 4096):
+    """A Ray dataset of validated manifest items, built `chunk_rows` at a time: each chunk becomes one Arrow
+    block put in Ray's object store at once (spilled to disk beyond its memory), so the driver holds one
+    chunk, never the manifest."""
+    import pyarrow as pa
+    import ray
+    import ray.data
+
+    schema, refs, chunk = fields_schema(), [], []
+    for item in items:
+        chunk.append(item_fields(item))
+        if len(chunk) == chunk_rows:
+            refs.append(ray.put(pa.Table.from_pylist(chunk, schema=schema)))
+            chunk = []
+    if chunk or not refs:
+        refs.append(ray.put(pa.Table.from_pylist(chunk, schema=schema)))
+    return ray.data.from_arrow_refs(refs)
