@@ -63,8 +63,8 @@ MaxBatch = Annotated[Optional[int], _option("--max-batch", panel=ENGINE, metavar
                                             help="Requests decoded together. [default: 8]")]
 Eager = Annotated[Optional[bool], _option("--eager/--no-eager", panel=ENGINE,
                                           help="No graph capture on cuda/npu. [default: no-eager]")]
-Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N",
-                                          help="Engine processes, one per device (cpu: cores split).")]
+Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N", min=1,
+                                          help="Engine processes, one per device (cpu: cores split); with --ray: actors.")]
 Devices = Annotated[Optional[str], _option("--devices", panel=ENGINE, metavar="LIST",
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
 RecipeOpt = Annotated[Optional[Path], _option("--recipe", "-r", panel=ENGINE, metavar="FILE",
@@ -97,6 +97,9 @@ SplitChars = Annotated[Optional[int], _option("--split-chars", panel=INPUT, meta
                                               help="Split longer texts at sentences (0: never).")]
 RetryRunaway = Annotated[int, _option("--retry-runaway", panel=DECODING, metavar="N", min=0, show_default=True,
                                       help="Retries for items that hit the frame budget.")]
+UseRay = Annotated[bool, _option("--ray", panel=ENGINE, help="Run on a Ray cluster: one engine per actor.")]
+RayAddress = Annotated[Optional[str], _option("--ray-address", panel=ENGINE, metavar="ADDR",
+                                              help="Ray cluster to join (auto, ray://...). [default: local]")]
 ExportDataset = Annotated[Optional[Path], _option("--export-dataset", panel=OUTPUT, metavar="DIR",
                                                   help="Also save the results as a datasets dataset.")]
 
@@ -204,6 +207,8 @@ def synth(
     workers: Workers = None,
     devices: Devices = None,
     recipe: RecipeOpt = None,
+    use_ray: UseRay = False,
+    ray_address: RayAddress = None,
     out: Out = ...,  # required; listed here so that the Output panel comes last in --help
     audio_format: Format = "wav",
     save_codes: SaveCodes = False,
@@ -239,7 +244,9 @@ def synth(
         shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         _fail(str(exc))
-    workers_on = _worker_devices(engine, device, workers, devices)  # None: this process synthesizes
+    _check_ray(use_ray, ray_address, devices, force)
+    # None: this process synthesizes (or Ray's actors do, `workers` of them)
+    workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
     _check_engine(engine)
     if workers_on is not None:
         _check_device_indices(workers_on)
@@ -285,14 +292,15 @@ def synth(
     except OmniTTSError as exc:
         _fail(str(exc))
     with batch:  # this writer's claims and lock are given up however the run ends
+        ray = (ray_address, workers, recipe) if use_ray else None
         _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
-                   export_dataset, quiet, workers_on)
+                   export_dataset, quiet, workers_on, ray)
 
 
 def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
-               export_dataset, quiet, workers_on=None):
-    """synth after pass 1: run the pending items (here, or in one worker process per device of `workers_on`),
-    export, exit code."""
+               export_dataset, quiet, workers_on=None, ray=None):
+    """synth after pass 1: run the pending items (here, in one worker process per device of `workers_on`, or
+    on Ray with `ray` = (address, actors, recipe)), export, exit code."""
     from .batch.manifest import BadLine, iter_manifest
 
     out = batch.out
@@ -303,7 +311,9 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
     try:
-        if workers_on is None:
+        if ray is not None:
+            stopped = _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
+        elif workers_on is None:
             stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
         else:
             from .batch.workers import Plan, cpu_threads
@@ -379,6 +389,119 @@ def _check_all_have_audio(batch, items, bad: int) -> None:
                    "command again to finish", err=True)
     if missing:
         raise typer.Exit(1)
+
+
+def _check_ray(use_ray: bool, address: str | None, devices: str | None, force: bool) -> None:
+    """--ray's options go together, and Ray must be importable (checked before anything loads)."""
+    if not use_ray:
+        if address is not None:
+            _fail("--ray-address goes with --ray (it names the Ray cluster to run on)")
+        return
+    if devices is not None:
+        _fail("--devices does not go with --ray: Ray places its actors (--workers N sets how many)")
+    if force:
+        _fail("--force with --ray: a batch Ray retries would redo what its first attempt finished; run --force "
+              "without --ray, or use a new --out")
+    try:
+        import ray  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError:
+        _fail("--ray needs Ray: pip install 'omnitts[ray]'")
+
+
+def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, address: str | None,
+             workers: int | None, recipe: Path | None):
+    """`_run` on Ray: the manifest's good items as a Ray dataset through `omnitts.ray.Synthesizer` actors.
+
+    Joins the cluster at `address` (a local one when None). Progress counts the metadata rows as they
+    stream back; the closing summary and exit code are the normal path's, with results.jsonl (which the
+    actors write) the truth for which items have audio. Returns 130/143 if a signal stopped it, else None.
+    """
+    import logging
+
+    import ray
+    import ray.data
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .batch.ledger import Ledger
+    from .ray import BATCH_ROWS, dataset_from_items, synthesize_dataset
+
+    console = Console(stderr=True)
+    s, tally = batch.settings, batch.tally
+    mine = lambda: (item for item in items() if batch.mine(item.request.id))  # noqa: E731 (this --shard's)
+    before = batch.ledger  # what was recorded before the run: a row skipped for a record made since counts as done
+    import warnings
+
+    for name in ("ray", "ray.data"):  # Ray Data logs each execution at INFO on its own handler
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="ray")  # e.g. "the operator only received 1 input(s)"
+    init = dict(logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    if address is None:
+        init["include_dashboard"] = False
+    ray.init(address=address, **init)
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False
+        if workers is None:
+            resource = {"cuda": "GPU", "npu": "NPU"}.get(load_kwargs["device"])
+            workers = max(1, int(ray.cluster_resources().get(resource, 0))) if resource else 1
+        env = {}
+        if recipe is not None:
+            from .recipe import load_recipe
+
+            env = dict(load_recipe(recipe).env)
+        options = dict(load_kwargs, greedy=s.greedy, seed=s.seed, max_frames=s.max_frames, format=s.format,
+                       save_codes=s.save_codes, loudness=s.loudness, split_chars=s.split_chars,
+                       retry_failed=s.retry_failed, retry_runaway=s.retry_runaway, env=env)
+        if not quiet:
+            console.print(f"ray: {_plural(workers, 'actor')} on {load_kwargs['device']} "
+                          f"({ray.cluster_resources().get('CPU', 0):g} CPUs in the cluster)")
+        rows = max(1, min(BATCH_ROWS, -(-(total - tally.failed) // workers)))  # every actor gets blocks to work on
+        meta = synthesize_dataset(dataset_from_items(mine(), chunk_rows=rows), model, batch.out, actors=workers,
+                                  batch_size=rows, **options)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[rate]}"))
+        with Progress(*columns, console=console, disable=quiet) as progress:
+            task = progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
+            for rows in meta.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in rows.to_pylist():
+                    _count_row(row, before, tally, console)
+                progress.update(task, completed=tally.done + tally.failed + tally.skipped,
+                                rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # an actor that cannot start (checkpoint, device), a full disk in an actor, ...
+        message = str(exc).strip().splitlines()
+        _fail(f"the Ray run failed: {message[-1] if message else type(exc).__name__} (what is done is kept in "
+              f"{batch.out}/results.jsonl; run the same command again to resume)", code=1)
+    finally:
+        ray.shutdown()
+    batch.ledger = Ledger(batch.out)  # results.jsonl as the actors left it: the truth for the exit code and export
+    failed = batch.ledger.failed  # items whose last record is a failure are reported as such by the summary
+    missing = sum(1 for item in mine() if not batch.is_current(item) and item.request.id not in failed)
+    _summary(console, batch)
+    if missing > 0:
+        console.print(f"{_plural(missing, 'item')} of the manifest still {'has' if missing == 1 else 'have'} no "
+                      f"audio in {batch.out}: run the same command again")
+        return 1
+    return None
+
+
+def _count_row(row: dict, before, tally, console) -> None:
+    """One metadata row of the Ray stage into the closing summary's tally."""
+    if row["skipped"] and row["status"] == "ok" and row["id"] in before.done:
+        tally.skipped += 1
+    elif row["skipped"] and row["status"] != "ok" and row["id"] in before.failed:
+        tally.skipped += 1
+        tally.earlier_failed += 1
+    elif row["status"] == "ok":  # run now (or by an attempt of this run that Ray retried)
+        tally.done += 1
+        tally.seconds += row["seconds"] or 0.0
+        tally.changed += bool(row["changed"])
+    else:
+        tally.fail(row["id"], row["error"])
+        console.print(f"error: {row['id']}: {row['error']}")
 
 
 def _disk_full(exc: OSError, out: Path, batch) -> None:

@@ -294,10 +294,11 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
                           compute=ray.data.ActorPoolStrategy(size=actors), **ask)
 
 
-def dataset_from_items(items, chunk_rows: int = 4096):
+def dataset_from_items(items, chunk_rows: int = BATCH_ROWS):
     """A Ray dataset of validated manifest items, built `chunk_rows` at a time: each chunk becomes one Arrow
     block put in Ray's object store at once (spilled to disk beyond its memory), so the driver holds one
-    chunk, never the manifest."""
+    chunk, never the manifest. A block is the unit Ray hands an actor, so `chunk_rows` is best the stage's
+    batch size: every actor then draws work from one shared queue of small blocks."""
     import pyarrow as pa
     import ray
     import ray.data

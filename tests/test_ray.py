@@ -1,0 +1,224 @@
+"""The Ray Data stage (`omnitts.ray`) and `omnitts synth --ray`, on a local two-CPU Ray cluster.
+
+Skipped only when Ray is not installed and OMNITTS_REQUIRE_RAY is unset (CI sets it: there a missing Ray
+fails). The cluster tests are in the slow tier: a Ray cluster and its actors' model loads take tens of
+seconds on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from omnitts.cli import app
+
+if os.environ.get("OMNITTS_REQUIRE_RAY") != "1":
+    pytest.importorskip("ray.data", reason="Ray is not installed (pip install 'omnitts[ray]')")
+import ray  # noqa: E402
+import ray.data  # noqa: E402
+
+from omnitts.ray import Synthesizer, row_schema, synthesize_dataset  # noqa: E402
+
+runner = CliRunner()
+SEEDED = [{"id": f"s{i:02d}", "text": f"Seeded sentence number {i}.", "speaker": "ryan", "seed": 100 + i}
+          for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray cluster of two CPUs for this module's Python-API tests (the CLI test starts its own)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield
+    ray.shutdown()
+
+
+def _manifest(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _one_process(ckpt, tmp_path, rows, *flags) -> Path:
+    """The rows synthesized by the normal single-process `omnitts synth` (with --save-codes)."""
+    out = tmp_path / "one"
+    result = runner.invoke(app, ["synth", str(_manifest(tmp_path / "one.jsonl", rows)), "-m", str(ckpt), "-o",
+                                 str(out), "--max-frames", "8", "--dtype", "float32", "--save-codes", "--quiet",
+                                 *flags])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def _assert_clean(out: Path) -> None:
+    """Nothing but finished files and the log: no temporaries, no claim or lock files left."""
+    names = {p.name for p in out.iterdir()}
+    assert not [n for n in names if n.startswith(".") or n.endswith((".tmp", ".claim", ".lock"))], sorted(names)
+
+
+def _same_codes(one: Path, other: Path, ids) -> None:
+    for item_id in ids:
+        np.testing.assert_array_equal(np.load(other / f"{item_id}.codes.npy"), np.load(one / f"{item_id}.codes.npy"),
+                                      err_msg=item_id)
+
+
+@pytest.mark.slow
+def test_two_actors_match_one_process_and_return_metadata_rows(cluster, ckpt_dir, tmp_path):
+    ckpt = ckpt_dir("custom_voice")
+    rows = [{"id": f"g{i:02d}", "text": f"Greedy sentence {i}, a little longer." * (1 + i % 3), "speaker": "ryan"}
+            for i in range(10)]
+    one = _one_process(ckpt, tmp_path, rows, "--greedy")
+    out = tmp_path / "ray"
+    ds = ray.data.from_items(rows + [{"id": "bad", "text": "Unknown voice.", "speaker": "nobody"}],
+                             override_num_blocks=4)
+    meta = synthesize_dataset(ds, ckpt, out, actors=2, batch_size=3, dtype="float32", greedy=True, max_frames=8,
+                              save_codes=True)
+    got = meta.take_all()
+    assert sorted(r["id"] for r in got) == sorted([r["id"] for r in rows] + ["bad"])
+    by_id = {r["id"]: r for r in got}
+    recorded = {r["id"]: r for r in _records(out)}
+    assert Counter(r["id"] for r in _records(out)) == Counter(by_id)  # every id written once
+    for row in rows:
+        meta_row, rec = by_id[row["id"]], recorded[row["id"]]
+        assert meta_row["status"] == "ok" and not meta_row["skipped"] and meta_row["error"] is None
+        for key in ("path", "seconds", "frames", "finish_reason", "seed"):
+            assert meta_row[key] == rec[key], (row["id"], key)
+        assert meta_row["path"] == f"{row['id']}.wav" and meta_row["frames"] == 8
+    assert by_id["bad"]["status"] == "error" and "speaker" in by_id["bad"]["error"]
+    assert recorded["bad"]["status"] == "error"
+    _same_codes(one, out, [r["id"] for r in rows])
+    _assert_clean(out)
+
+    # Run again: nothing runs, every row comes back with its recorded metadata, marked skipped.
+    again = {r["id"]: r for r in synthesize_dataset(ray.data.from_items(rows, override_num_blocks=2), ckpt, out,
+                                                    actors=2, batch_size=5, dtype="float32", greedy=True,
+                                                    max_frames=8, save_codes=True).take_all()}
+    assert all(again[r["id"]]["skipped"] and again[r["id"]]["seconds"] == by_id[r["id"]]["seconds"] for r in rows)
+    assert len(_records(out)) == len(rows) + 1
+
+
+@pytest.mark.slow
+def test_seeded_sampling_matches_one_process(cluster, ckpt_dir, tmp_path):
+    ckpt = ckpt_dir("custom_voice")
+    one = _one_process(ckpt, tmp_path, SEEDED)
+    out = tmp_path / "ray"
+    meta = synthesize_dataset(ray.data.from_items(SEEDED, override_num_blocks=4), ckpt, out, actors=2, batch_size=2,
+                              dtype="float32", max_frames=8, save_codes=True)
+    got = meta.take_all()
+    assert sorted(r["seed"] for r in got) == [r["seed"] for r in SEEDED]
+    _same_codes(one, out, [r["id"] for r in SEEDED])
+
+
+def test_stage_maps_columns_and_turns_bad_rows_into_error_rows(ckpt_dir, tmp_path):
+    """The stage's call alone (no cluster): column mapping, other columns ignored, bad rows as error rows."""
+    import pyarrow as pa
+
+    stage = Synthesizer(ckpt_dir("custom_voice"), tmp_path / "out", dtype="float32", greedy=True, max_frames=4,
+                        columns={"id": "key", "text": "sentence"})
+    batch = pa.table({"key": ["a", "b c", "a", None], "sentence": ["Hello there.", "x", "Again.", "No id."],
+                      "speaker": ["ryan"] * 4, "score": [0.5, 1.0, 2.0, 3.0]})
+    table = stage(batch)
+    assert table.schema == row_schema()
+    rows = table.to_pylist()
+    assert [r["status"] for r in rows] == ["ok", "error", "error", "error"]
+    assert "not a safe file name" in rows[1]["error"] and "already used" in rows[2]["error"]
+    assert "id: missing (read from column 'key')" in rows[3]["error"]
+    assert (tmp_path / "out" / "a.wav").is_file()
+    stage.close()
+
+
+def _actor_pids() -> list[int]:
+    """Processes of the stage's Ray actors (Ray titles them ray::MapWorker(MapBatches(Synthesizer)))."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"MapBatches(Synthesizer)" in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.slow
+def test_an_actor_killed_mid_run_leaves_every_id_exactly_once(cluster, ckpt_dir, tmp_path):
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "ray"
+    rows = [{"id": f"k{i:02d}", "text": f"Sentence {i} of the kill test.", "speaker": "ryan"} for i in range(24)]
+    killed = []
+
+    def kill_one_when_some_are_done():
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            log = out / "results.jsonl"
+            if log.exists() and len(log.read_text().splitlines()) >= 3 and _actor_pids():
+                pid = _actor_pids()[0]
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_one_when_some_are_done, daemon=True)
+    watcher.start()
+    meta = synthesize_dataset(ray.data.from_items(rows, override_num_blocks=8), ckpt, out, actors=2, batch_size=3,
+                              dtype="float32", greedy=True, max_frames=12)
+    got = meta.take_all()
+    watcher.join()
+    assert killed, "no actor was killed: the run ended first"
+    assert sorted(r["id"] for r in got) == [r["id"] for r in rows]  # one metadata row per id
+    assert all(r["status"] == "ok" for r in got)
+    counts = Counter(r["id"] for r in _records(out))
+    assert counts == Counter(r["id"] for r in rows), counts  # every id recorded exactly once
+    assert all((out / f"{r['id']}.wav").is_file() for r in rows)
+    _assert_clean(out)
+
+
+@pytest.mark.slow
+def test_cli_ray_end_to_end(ckpt_dir, tmp_path):
+    """`omnitts synth --ray` in its own process (it starts a local cluster): the same audio codes as the
+    one-process path, the same summary and exit code, bad lines reported and recorded once."""
+    ckpt = ckpt_dir("custom_voice")
+    one = _one_process(ckpt, tmp_path, SEEDED)
+    manifest = _manifest(tmp_path / "m.jsonl", SEEDED + [{"id": "bad", "text": "Who?", "speaker": "nobody"}])
+    out = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out), "--ray",
+           "--workers", "2", "--max-frames", "8", "--dtype", "float32", "--save-codes"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr  # the bad line has no audio
+    assert "speaker: 'nobody'" in proc.stderr and "omnitts synth ->" in proc.stderr
+    assert "Starting execution" not in proc.stderr  # Ray's own logging stays quiet
+    _same_codes(one, out, [r["id"] for r in SEEDED])
+    assert Counter(r["id"] for r in _records(out)) == Counter([r["id"] for r in SEEDED] + ["bad"])
+    _assert_clean(out)
+
+    # The same command again: every item already done, only the bad line still failing.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{len(SEEDED)} items already done" in proc.stderr, proc.stderr
+    assert len(_records(out)) == len(SEEDED) + 1
+
+
+def test_ray_options_are_checked_before_anything_loads(ckpt_dir, tmp_path, monkeypatch):
+    manifest = _manifest(tmp_path / "m.jsonl", SEEDED[:1])
+    base = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out")]
+    result = runner.invoke(app, base + ["--workers", "2"])
+    assert result.exit_code == 2 and "--workers goes with --ray" in result.output
+    result = runner.invoke(app, base + ["--ray", "--force"])
+    assert result.exit_code == 2 and "--force with --ray" in result.output
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    result = runner.invoke(app, base + ["--ray"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: --ray needs Ray: pip install 'omnitts[ray]'"
