@@ -90,7 +90,7 @@ def test_two_actors_match_one_process_and_return_metadata_rows(cluster, ckpt_dir
     assert sorted(r["id"] for r in got) == sorted([r["id"] for r in rows] + ["bad"])
     by_id = {r["id"]: r for r in got}
     recorded = {r["id"]: r for r in _records(out)}
-    assert Counter(r["id"] for r in _records(out)) == Counter(by_id)  # every id written once
+    assert Counter(r["id"] for r in _records(out)) == Counter(list(by_id))  # every id written once
     for row in rows:
         meta_row, rec = by_id[row["id"]], recorded[row["id"]]
         assert meta_row["status"] == "ok" and not meta_row["skipped"] and meta_row["error"] is None
