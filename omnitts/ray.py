@@ -127,6 +127,8 @@ class Synthesizer:
         greedy, seed, max_frames, format, save_codes, loudness, split_chars, retry_failed, retry_runaway:
             as `omnitts synth`'s flags (`--format` is `format`).
         columns: {field: column} as `--column`; other columns of the dataset are ignored.
+        base: the folder relative `ref_audio` / `voice` paths resolve against (a manifest's folder);
+            `synthesize_dataset` passes the driver's working directory unless told.
         env: environment variables to set in the actor before the model loads (a recipe's [env]); a
             variable already set in the actor wins.
 
@@ -139,7 +141,7 @@ class Synthesizer:
                  seed: int | None = None, max_frames: int | None = None, format: str = "wav",
                  save_codes: bool = False, loudness: float | None = None, split_chars: int | None = None,
                  retry_failed: bool = False, retry_runaway: int = 0, columns: dict | None = None,
-                 env: dict | None = None):
+                 base: str | None = None, env: dict | None = None):
         from .api import load
         from .batch.outdir import Batch, Settings
         from .config import load_config
@@ -151,6 +153,7 @@ class Synthesizer:
                                  format=format, retry_failed=retry_failed, retry_runaway=retry_runaway,
                                  loudness=loudness, split_chars=split_chars)
         self.columns = dict(columns or {})
+        self.base = Path(base or "/")
         taken = set(self.columns.values())  # a column mapped to a field is not read as another field
         self.plan = {name: self.columns.get(name, name) for name in FIELDS if name in self.columns or name not in taken}
         self.cfg = load_config(model)
@@ -170,7 +173,7 @@ class Synthesizer:
         for index, raw in enumerate(rows):
             obj = {name: raw[column] for name, column in self.plan.items() if _present(raw.get(column))}
             try:
-                item = parse_item(_from_table(obj), index + 1, Path("/"), self.columns)
+                item = parse_item(_from_table(obj), index + 1, self.base, self.columns)
                 if item.request.id in seen:
                     raise RequestError(f"id: {item.request.id!r} already used by another row of this batch")
                 check_item(self.cfg, item, self.voices, self.settings.split_chars)
@@ -289,7 +292,9 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
         ask["resources"] = resources if resources is not None else {"NPU": 1}
     if num_cpus is not None or not ask:
         ask["num_cpus"] = 1 if num_cpus is None else num_cpus
-    return ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model=str(model), out=str(out), **kwargs),
+    kwargs.setdefault("base", os.getcwd())
+    model, out = os.path.abspath(model), os.path.abspath(out)  # the actors' working directory is not ours
+    return ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model=model, out=out, **kwargs),
                           batch_size=batch_size, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(size=actors), **ask)
 
