@@ -63,7 +63,7 @@ MaxBatch = Annotated[Optional[int], _option("--max-batch", panel=ENGINE, metavar
                                             help="Requests decoded together. [default: 8]")]
 Eager = Annotated[Optional[bool], _option("--eager/--no-eager", panel=ENGINE,
                                           help="No graph capture on cuda/npu. [default: no-eager]")]
-Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N", min=1,
+Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N",
                                           help="Engine processes, one per device (cpu: cores split); with --ray: actors.")]
 Devices = Annotated[Optional[str], _option("--devices", panel=ENGINE, metavar="LIST",
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
@@ -244,7 +244,7 @@ def synth(
         shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         _fail(str(exc))
-    _check_ray(use_ray, ray_address, devices, force)
+    _check_ray(use_ray, ray_address, devices, workers, force)
     # None: this process synthesizes (or Ray's actors do, `workers` of them)
     workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
     _check_engine(engine)
@@ -391,7 +391,7 @@ def _check_all_have_audio(batch, items, bad: int) -> None:
         raise typer.Exit(1)
 
 
-def _check_ray(use_ray: bool, address: str | None, devices: str | None, force: bool) -> None:
+def _check_ray(use_ray: bool, address: str | None, devices: str | None, workers: int | None, force: bool) -> None:
     """--ray's options go together, and Ray must be importable (checked before anything loads)."""
     if not use_ray:
         if address is not None:
@@ -399,6 +399,8 @@ def _check_ray(use_ray: bool, address: str | None, devices: str | None, force: b
         return
     if devices is not None:
         _fail("--devices does not go with --ray: Ray places its actors (--workers N sets how many)")
+    if workers is not None and workers < 1:
+        _fail(f"--workers {workers}: give 1 or more (with --ray: the number of actors)")
     if force:
         _fail("--force with --ray: a batch Ray retries would redo what its first attempt finished; run --force "
               "without --ray, or use a new --out")

@@ -228,8 +228,12 @@ def test_cli_ray_end_to_end(ckpt_dir, tmp_path):
 def test_ray_options_are_checked_before_anything_loads(ckpt_dir, tmp_path, monkeypatch):
     manifest = _manifest(tmp_path / "m.jsonl", SEEDED[:1])
     base = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out")]
-    result = runner.invoke(app, base + ["--workers", "2"])
-    assert result.exit_code == 2 and "--workers goes with --ray" in result.output
+    result = runner.invoke(app, base + ["--ray-address", "auto"])
+    assert result.exit_code == 2 and "--ray-address goes with --ray" in result.output
+    result = runner.invoke(app, base + ["--ray", "--devices", "cpu,cpu"])
+    assert result.exit_code == 2 and "--devices does not go with --ray" in result.output
+    result = runner.invoke(app, base + ["--ray", "--workers", "0"])
+    assert result.exit_code == 2 and "--workers 0: give 1 or more" in result.output
     result = runner.invoke(app, base + ["--ray", "--force"])
     assert result.exit_code == 2 and "--force with --ray" in result.output
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
