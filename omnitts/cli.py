@@ -316,7 +316,7 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
         elif workers_on is None:
             stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
         else:
-            from .batch.workers import Plan, cpu_threads
+            from .workers import Plan, cpu_threads
 
             plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
                         batch.shard)
@@ -347,7 +347,7 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
 def _worker_devices(engine: dict, device: str | None, workers: int | None, devices: str | None):
     """The device of each worker process (None: the single-process run); sets engine["device"] to their
     kind. Refuses, with one line and exit 2, lists it cannot parse and flags that disagree."""
-    from .batch.workers import DevicesError, kind_of, parse_devices
+    from .workers import DevicesError, kind_of, parse_devices
 
     try:
         listed = parse_devices(devices, workers, engine["device"])
@@ -365,7 +365,7 @@ def _check_device_indices(devices: list[str]) -> None:
     """Each accelerator index names a device this machine has (before anything loads)."""
     import torch
 
-    from .batch.workers import kind_of
+    from .workers import kind_of
 
     kind = kind_of(devices[0])
     if kind == "cpu":
@@ -570,7 +570,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
 
     from rich.console import Console
 
-    from .batch.workers import Pool, name
+    from .workers import Pool, name
 
     console = Console(stderr=True)
     tally = batch.tally
@@ -706,7 +706,7 @@ class _ForwardingStop(_GracefulStop):
     def _handle(self, signum, frame):
         import signal
 
-        from .batch.workers import terminal_signals_group
+        from .workers import terminal_signals_group
 
         self.pool.stopping = self.pool.stopping or signum  # workers ending 130/143 now were stopped, not died
         if signum != signal.SIGINT or not terminal_signals_group():

@@ -19,7 +19,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
-from omnitts.batch.workers import DevicesError, parse_devices
+from omnitts.workers import DevicesError, parse_devices
 from omnitts.cli import app
 
 ITEMS = 8
@@ -186,7 +186,7 @@ def test_parse_devices_expands_ranges_and_worker_counts():
 
 
 def test_cpu_workers_split_the_cores(monkeypatch):
-    from omnitts.batch import workers
+    from omnitts import workers
 
     monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
     assert workers.cpu_threads(["cpu"] * 3) == 2

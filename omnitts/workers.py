@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import OmniTTSError
+from .errors import OmniTTSError
 
 ACCELERATORS = ("cuda", "npu")
 _ENTRY = re.compile(r"^(cpu|cuda|npu)(?::(\d+)(?:-(\d+))?)?$")
@@ -152,7 +152,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         tally = batch.tally
 
         def load():
-            from ..api import load as load_tts
+            from .api import load as load_tts
 
             send("loading", index, _snapshot(tally))
             return load_tts(plan.model, **{**plan.load_kwargs, "device": kind_of(device)})
@@ -161,7 +161,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
             send("record", index, record["id"], record["status"], record["error"], record["seconds"] or 0.0,
                  _snapshot(tally))
 
-        from .run import run_items
+        from .batch.run import run_items
 
         run_items(batch, items, load, stop.requested, report)
         send("tally", index, _snapshot(tally))
@@ -172,7 +172,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         send("error", index, str(exc), "usage")
         code = 2
     except OSError as exc:
-        from ..io.atomic import disk_full
+        from .io.atomic import disk_full
 
         send("error", index, str(exc), "disk" if disk_full(exc) else "crash")
         code = 1
@@ -196,7 +196,7 @@ def _pin(device: str) -> None:
     if kind == "cuda":
         torch.cuda.set_device(int(index))
     elif kind == "npu":
-        from ..device.npu import import_torch_npu
+        from .device.npu import import_torch_npu
 
         import_torch_npu()
         torch.npu.set_device(int(index))
@@ -204,10 +204,10 @@ def _pin(device: str) -> None:
 
 def _open(plan: Plan):
     """The worker's Batch on the shared directory and its lazy iterator of the manifest's good items."""
-    from ..config import load_config
-    from ..voice import checkpoint_identity
-    from .manifest import BadLine, iter_manifest
-    from .outdir import Batch
+    from .config import load_config
+    from .voice import checkpoint_identity
+    from .batch.manifest import BadLine, iter_manifest
+    from .batch.outdir import Batch
 
     cfg = load_config(plan.model)
     batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard)
