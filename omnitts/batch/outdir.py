@@ -44,6 +44,10 @@ class OutDirError(OmniTTSError):
     """The output directory cannot be created or written."""
 
 
+class OutNameError(OmniTTSError):
+    """One item's file name cannot be made in the output directory (the item fails, the run goes on)."""
+
+
 def check_out(out: Path) -> None:
     """Raise OutDirError unless `out` is, or can be made, a directory omnitts can write; creates nothing.
 
@@ -354,11 +358,18 @@ class Batch:
         return rec
 
     def sink(self, job: Job):
-        """Where a job's audio streams to: a temporary file in `out`, renamed by `save`."""
+        """Where a job's audio streams to: a temporary file in `out`, renamed by `save`.
+
+        Called when the job is prepared, before it runs: a file name the filesystem refuses (a valid id
+        too long for it, with the temporary name's affix) raises OutNameError, which fails that item only.
+        """
         from ..io.audio import AudioSink
 
-        return AudioSink(self.out / f"{job.request.id}.{self.settings.format}", self.sample_rate,
-                         self.settings.loudness)
+        item_id = job.request.id
+        path = self.out / f"{item_id}.{self.settings.format}"
+        for target in [path] + ([self.out / f"{item_id}.codes.npy"] if self.settings.save_codes else []):
+            _check_name(target)
+        return AudioSink(path, self.sample_rate, self.settings.loudness)
 
 
 def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
@@ -375,6 +386,23 @@ def _same(recorded: str | None, current: str, old: bool = True) -> bool:
     counts as the same when `old` (good records: not redone merely because omnitts was upgraded), and
     as different otherwise (a failed record without one is a bad line, which a fixed line replaces)."""
     return recorded == current or (recorded is None and old)
+
+
+def _check_name(target: Path) -> None:
+    """Make and delete `target`'s temporary file, the longest name omnitts gives it; OutNameError if the
+    filesystem refuses the name as too long (any other OSError is raised: it is the run's fault)."""
+    import errno
+
+    from ..io.atomic import temp_name
+
+    try:
+        Path(temp_name(target)).unlink()
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        raise OutNameError(f"id: the file name {target.name!r} ({len(os.fsencode(target.name))} bytes, and omnitts "
+                           f"writes it under a temporary name 22 bytes longer) is too long for the filesystem of "
+                           f"{target.parent} ({exc.strerror}); use a shorter id") from None
 
 
 def _probe(out: Path) -> None:

@@ -168,10 +168,14 @@ class Engine:
         self.scheduler.add(seq)
         return seq
 
-    def drop_waiting(self) -> list[Sequence]:
-        """Forget queued requests that were never admitted (they have not started); returns them."""
-        dropped = list(self.scheduler.waiting)
-        self.scheduler.waiting.clear()
+    def drop_waiting(self, which=None) -> list[Sequence]:
+        """Forget queued requests that were never admitted (they have not started), all of them or those
+        for which `which(seq)` is true; returns them."""
+        waiting = self.scheduler.waiting
+        dropped = [seq for seq in waiting if which is None or which(seq)]
+        kept = [seq for seq in waiting if which is not None and not which(seq)]
+        waiting.clear()
+        waiting.extend(kept)
         return dropped
 
     def has_work(self) -> bool:

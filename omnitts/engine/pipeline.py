@@ -26,7 +26,14 @@ What it owns, between the caller's jobs and the engine:
 - order: requests start in job order until the jobs run out; the last ones start longest budget
   first (`Scheduler.longest_first`), which keeps the batch full to the end;
 - stopping: once `stop()` returns true no new job starts; requests already running finish, the
-  rest are dropped (a resumed run picks them up).
+  rest are dropped (a resumed run picks them up);
+- faults: an exception while preparing, generating or decoding fails the items involved, never the
+  run. One from `engine.step()` fails the items whose requests had started in that engine (error
+  "ExceptionType while generating: ..."); the engine, whose state may be broken, is dropped, and the
+  requests that had not started go on in a new one. One from the codec fails the item whose stream
+  raised ("... while decoding: ..."; a batched codec call that raises is retried row by row, see
+  `CodecStreams`). A failed item's other pieces are forgotten or, if already running, finish unseen.
+  Errors writing audio (a sink's OSError) are not the item's fault: they end the run.
 Outcomes come out in finishing order. The pipeline never prints.
 """
 
@@ -141,6 +148,8 @@ class Pipeline:
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
         self.starved = False  # the jobs source last said "nothing now" (None)
+        self.in_engine: set = set()  # sequences added to the engine and not yet returned finished
+        self.failures: deque = deque()  # outcomes of items that failed while running, not yet yielded
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -165,7 +174,8 @@ class Pipeline:
                 failures, exhausted = self._fill(source, ready)
                 yield from failures
             self._feed(ready, exhausted)
-            finished = self._step(exhausted)
+            finished = self._step(exhausted, ready)
+            yield from self._failed()
             if finished is None:
                 if exhausted and not ready:
                     return
@@ -176,8 +186,9 @@ class Pipeline:
                 outcome = self._finished(seq, ready)
                 if outcome is not None:
                     yield outcome
+                yield from self._failed()
 
-    def _step(self, exhausted: bool) -> list | None:
+    def _step(self, exhausted: bool, ready: deque) -> list | None:
         """One engine step and its codec work; None when there is no work. The engine is held only in
         here, so when the next `_feed` rebuilds it the old one (its cache, its graph pools) is freed first."""
         engine = self.engine
@@ -185,9 +196,48 @@ class Pipeline:
             return None
         if exhausted:  # the last requests: longest budget first, so no long one runs on alone at the end
             engine.scheduler.longest_first = True
-        finished = engine.step()
+        try:
+            finished = engine.step()
+        except Exception as exc:  # noqa: BLE001 - a fault in one step fails its requests, not the run
+            self._engine_failed(exc, ready)
+            return []
+        self.in_engine.difference_update(finished)
         self._stream(engine, finished)
         return finished
+
+    def _engine_failed(self, exc: Exception, ready: deque) -> None:
+        """`engine.step()` raised: fail the items whose requests had started (which one caused it cannot
+        be told), put the requests that had not started back in front of `ready` (in their order) and
+        drop the engine; `_feed` builds a new one."""
+        error = f"{type(exc).__name__} while generating: {_one_line(exc)}"
+        seqs = sorted(self.in_engine, key=lambda seq: seq.id)  # engine ids grow in the order of `add`
+        for seq in seqs:
+            if seq.admitted_at is not None:
+                self._discard_stream(seq)
+                self._fail(seq.tag[0], error, exc)
+        ready.extendleft(reversed([(seq.tag[0], seq.tag[1], seq.params) for seq in seqs
+                                   if seq.admitted_at is None and not seq.tag[0].dropped]))
+        self.in_engine.clear()
+        self.engine = None
+
+    def _fail(self, item: _Item, error: str, exc: Exception) -> None:
+        """Fail `item` while it runs: its outcome is queued for `_failed`, its partial audio deleted, its
+        requests not yet started forgotten (those running finish and are discarded, as dropped ones are)."""
+        if item.dropped:
+            return
+        item.dropped = True
+        if item.sink is not None:
+            item.sink.abort()
+        self.live.discard(item)
+        if self.engine is not None:
+            self.in_engine.difference_update(self.engine.drop_waiting(lambda seq: seq.tag[0] is item))
+        self.failures.append(Outcome(item.job, error=error, exception=exc, seed=item.seed, pieces=len(item.pieces),
+                                     attempts=1 + max(item.tries.values(), default=0),
+                                     timings={"total": round(_since(item.started), 4)}))
+
+    def _failed(self) -> Iterator[Outcome]:
+        while self.failures:
+            yield self.failures.popleft()
 
     def _fill(self, source, ready: deque) -> tuple[list[Outcome], bool]:
         """Prepare jobs until `lookahead` requests wait; returns (failed outcomes, source exhausted).
@@ -239,6 +289,11 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - one item's input, however broken, fails only that item
             error = str(exc) if isinstance(exc, OmniTTSError) else f"{type(exc).__name__} while preparing: {exc}"
             return None, Outcome(job, error=error, exception=exc, seed=seed, timings={"total": _since(started)})
+        if self.sink is not None:
+            try:  # a sink may refuse an item (a file name the filesystem cannot hold): that item fails
+                item.sink = self.sink(job)
+            except OmniTTSError as exc:
+                return None, Outcome(job, error=str(exc), exception=exc, seed=seed, timings={"total": _since(started)})
         item.prepare_s = _since(started)
         item.joiner = StreamJoiner(len(item.pieces), self.tts.sample_rate, lambda chunk: self._emit(item, chunk))
         auto_budget = params.max_frames is None and job.request.max_seconds is None
@@ -247,12 +302,10 @@ class Pipeline:
         return item, None
 
     def _emit(self, item: _Item, chunk: np.ndarray) -> None:
-        """Joined audio of `item` that is final: to its sink (opened on first use), or kept."""
-        if self.sink is None:
+        """Joined audio of `item` that is final: to its sink (made when the item was prepared), or kept."""
+        if item.sink is None:
             item.chunks.append(chunk)
             return
-        if item.sink is None:
-            item.sink = self.sink(item.job)
         item.sink.write(chunk)
 
     def _check_fits_alone(self, item: _Item, index: int) -> None:
@@ -283,7 +336,7 @@ class Pipeline:
             if item.dropped:
                 continue
             item.first_added = item.first_added or time.perf_counter()
-            self.engine.add(item.pieces[index][1], params, tag=(item, index))
+            self.in_engine.add(self.engine.add(item.pieces[index][1], params, tag=(item, index)))
 
     def _fits(self, item: _Item, index: int, params: SamplingParams) -> bool:
         prompt, config = item.pieces[index][1], self.engine.config
@@ -311,13 +364,13 @@ class Pipeline:
         if self.engine is not None:
             for seq in self.engine.drop_waiting():
                 seq.tag[0].dropped = True
+                self.in_engine.discard(seq)
 
     # -- finishing --------------------------------------------------------------------------------
     def _finished(self, seq, ready: deque) -> Outcome | None:
         item, index = seq.tag
         if item.dropped:
-            if self.streams is not None and seq in self.decoding:
-                self.streams.close(self.decoding.pop(seq).sid)
+            self._discard_stream(seq)
             if item.sink is not None:
                 item.sink.abort()
             self.live.discard(item)
@@ -326,13 +379,13 @@ class Pipeline:
         if (seq.finish_reason == "length" and auto_budget and item.params.samples
                 and item.tries.get(index, 0) < self.retry_runaway):
             item.tries[index] = item.tries.get(index, 0) + 1
-            if self.streams is not None and seq in self.decoding:
-                self.streams.close(self.decoding.pop(seq).sid)  # the abandoned attempt's audio
+            self._discard_stream(seq)  # the abandoned attempt's audio
             ready.appendleft((item, index, self._piece_params(item, index)))
             return None
         started = time.perf_counter()
         codes = seq.codes()
-        self._last_audio(seq, codes)
+        if not self._last_audio(seq, codes):
+            return None  # the item failed (queued for `_failed`)
         item.joiner.end(index)
         item.decode_s += _since(started)
         item.done[index] = (codes, seq.finish_reason)
@@ -344,7 +397,7 @@ class Pipeline:
         """Feed every sequence's new frames to its codec stream; decode what is ready, batched."""
         if self.streams is None:
             return
-        seqs = list(engine.scheduler.running) + finished
+        seqs = [seq for seq in list(engine.scheduler.running) + finished if not seq.tag[0].dropped]
         for seq in seqs:
             if len(seq.frames) == self.decoding.get(seq, _NOTHING).pushed:
                 continue
@@ -358,12 +411,18 @@ class Pipeline:
                 self.streams.finish(self.decoding[seq].sid)
         started = time.perf_counter()
         decoded = self.streams.pump()
+        for seq in seqs:  # streams whose decode raised: their items fail, the others go on
+            state = self.decoding.get(seq)
+            if state is not None and state.sid in self.streams.broken:
+                exc = self.streams.broken[state.sid]
+                self._discard_stream(seq)
+                self._fail(seq.tag[0], f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
         if not decoded:
             return
         share = _since(started) / len(decoded)
         for seq in seqs:
             state = self.decoding.get(seq)
-            if state is not None and state.sid in decoded:
+            if state is not None and state.sid in decoded and not seq.tag[0].dropped:
                 item, index = seq.tag
                 item.decode_s += share
                 if item.incremental and seq.prompt.ref_codes is None:
@@ -371,17 +430,33 @@ class Pipeline:
                 else:  # ICL: a leading sample is only known at the end; retries: may be discarded
                     state.held.append(decoded[state.sid])
 
-    def _last_audio(self, seq, codes: np.ndarray) -> None:
-        """Hand a finished sequence's remaining audio to its item's joiner."""
+    def _last_audio(self, seq, codes: np.ndarray) -> bool:
+        """Hand a finished sequence's remaining audio to its item's joiner; False if decoding it raised
+        (the item has failed)."""
         item, index = seq.tag
-        if self.streams is None:
-            from .reference import decode_codes
+        try:
+            if self.streams is None:
+                from .reference import decode_codes
 
-            item.joiner.add(index, decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes))
-        elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
-            state = self.decoding.pop(seq)
-            end = self.streams.close(state.sid)
-            item.joiner.add(index, np.concatenate([end.head, *state.held, end.tail]))
+                audio = decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
+            elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
+                state = self.decoding[seq]
+                end = self.streams.close(state.sid)
+                del self.decoding[seq]
+                audio = np.concatenate([end.head, *state.held, end.tail])
+            else:
+                return True
+        except Exception as exc:  # noqa: BLE001 - one item's decode fails that item only
+            self._discard_stream(seq)
+            self._fail(item, f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
+            return False
+        item.joiner.add(index, audio)  # (writes to the sink: its errors are the run's, not the item's)
+        return True
+
+    def _discard_stream(self, seq) -> None:
+        """Forget `seq`'s codec stream, if it has one, without decoding the rest."""
+        if self.streams is not None and seq in self.decoding:
+            self.streams.discard(self.decoding.pop(seq).sid)
 
     def _complete(self, item: _Item) -> Outcome:
         from ..result import Audio
@@ -396,7 +471,7 @@ class Pipeline:
             samples = np.concatenate(item.chunks) if item.chunks else np.zeros(0, dtype=np.float32)
             count, sink = len(samples), None
         else:  # the audio is in the sink's file; the caller commits it
-            sink = item.sink or self.sink(item.job)
+            sink = item.sink
             samples, count = None, sink.samples
         result = Audio(samples, rate, codes, reason, item.job.request.id, seed=item.seed)
         now = time.perf_counter()
@@ -436,6 +511,11 @@ def _piece_seed(item: _Item, index: int) -> int | None:
     if seed is not None and retries:
         seed = derive_seed(seed, "retry", retries)
     return seed
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a record's `error` is one line)."""
+    return " ".join(str(exc).split()) or "(no message)"
 
 
 def _since(start: float) -> float:

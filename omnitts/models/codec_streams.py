@@ -15,7 +15,9 @@
 
 Streams occupy slots of one state pool; `pump` gathers the rows of all ready streams, runs ONE
 `StreamingCodec.step` per call size (rows at any window position batch together) and scatters the
-state back. Rows of a call take the same number of frames: `chunk_frames`, or a window's last few
+state back. A call that raises changes nothing (state and streams are written back only after it
+returns), so its rows are tried again one by one: a stream that fails alone is set aside in `broken`
+(its owner discards it) and the others go on. Rows of a call take the same number of frames: `chunk_frames`, or a window's last few
 (those run with the rows of the same length, or alone). Memory per stream is fixed by its slot.
 See `codec_stream.py` for how close to bitwise the result is.
 """
@@ -78,6 +80,7 @@ class CodecStreams:
         self.state = self.codec.new_state(max_streams)
         self.free = list(range(max_streams))[::-1]
         self.streams: dict[int, _Stream] = {}
+        self.broken: dict[int, Exception] = {}  # sid -> what its decode raised (pump skips it; see `discard`)
         self._next_id = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -134,6 +137,13 @@ class CodecStreams:
                 head = s.lead
         return StreamEnd(head, tail)
 
+    def discard(self, sid: int) -> None:
+        """Forget `sid` without decoding what is left (a failed or abandoned request) and free its slot."""
+        self.broken.pop(sid, None)
+        s = self.streams.pop(sid, None)
+        if s is not None:
+            self.free.append(s.slot)
+
     # -- decoding ----------------------------------------------------------------------------------------
 
     def pump(self) -> dict[int, np.ndarray]:
@@ -143,11 +153,25 @@ class CodecStreams:
         stream is still ready (a backlog, or the 25 context frames re-fed after a window boundary).
         """
         out: dict[int, list] = {}
-        while jobs := [(sid, s, *plan) for sid, s in self.streams.items() if (plan := self._plan(s)) is not None]:
+        while jobs := [(sid, s, *plan) for sid, s in self.streams.items()
+                       if sid not in self.broken and (plan := self._plan(s)) is not None]:
             for size in sorted({job[2] for job in jobs}):
-                for sid, pieces in self._run([j for j in jobs if j[2] == size]).items():
+                for sid, pieces in self._run_isolated([j for j in jobs if j[2] == size]).items():
                     out.setdefault(sid, []).extend(pieces)
         return {sid: np.concatenate(p) for sid, p in out.items() if p}
+
+    def _run_isolated(self, jobs) -> dict[int, list]:
+        """`_run(jobs)`; if it raises, each job alone, and a job that still raises goes to `broken`."""
+        try:
+            return self._run(jobs)
+        except Exception as exc:  # noqa: BLE001 - one request's frames must not stop the others' audio
+            if len(jobs) == 1:
+                self.broken[jobs[0][0]] = exc
+                return {}
+        out = {}
+        for job in jobs:
+            out.update(self._run_isolated([job]))
+        return out
 
     def _plan(self, s: _Stream):
         """(frames, window ends here) for the next call of `s`, or None if not ready.

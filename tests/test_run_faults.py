@@ -1,0 +1,215 @@
+"""A fault while one item is generated, decoded or named fails the items involved, never the run.
+
+Faults are injected where they would arise: `Engine.step` (a NaN/inf guard, an index error from one
+request's codes), the codec (`CodecStreams._run`, the batched decode call; `decode_codes` without
+streaming) and the filesystem (a file name it refuses). The items not involved must finish with the
+audio a clean run gives them; the failed ones are recorded with a one-line error and redone by
+`--retry-failed`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from omnitts.batch.ledger import read_results
+from omnitts.cli import app
+from omnitts.engine import engine as engine_module
+from omnitts.engine.pipeline import Job, Pipeline
+from omnitts.models.codec_streams import CodecStreams
+from omnitts.request import Request
+
+TEXTS = {"a": "First line here.", "b": "The second one breaks.", "c": "Third, and fine.", "d": "Fourth line.",
+         "e": "Fifth and last."}
+
+
+def _jobs(tts, frames: int):
+    return [Job(Request(text, speaker="ryan", id=name), tts.default_params(greedy=True, max_frames=frames))
+            for name, text in TEXTS.items()]
+
+
+def _run(pipeline, jobs) -> dict:
+    outcomes = {}
+    for outcome in pipeline.run(jobs):
+        assert outcome.job.request.id not in outcomes, "an item came out twice"
+        outcomes[outcome.job.request.id] = outcome
+    assert outcomes.keys() == TEXTS.keys()
+    return outcomes
+
+
+def _same_audio(got, clean):
+    """The same codes, and the same audio up to rounding: a codec call that raised is retried row by row,
+    and a row decoded alone rounds a little differently from one in a batch (codec_stream.py)."""
+    assert got.ok, got.error
+    np.testing.assert_array_equal(got.result.codes, clean.result.codes)
+    np.testing.assert_allclose(got.result.samples, clean.result.samples, rtol=0, atol=1e-5)
+
+
+def _item_of(seq) -> str:
+    return seq.tag[0].job.request.id
+
+
+def _step_fails_while(target: str, monkeypatch, after_frames: int = 2):
+    """Engine.step raises once a request of item `target` has run `after_frames` frames."""
+    step = engine_module.Engine.step
+
+    def faulty(self):
+        if any(_item_of(seq) == target and seq.launched >= after_frames for seq in self.scheduler.running):
+            raise FloatingPointError("non-finite logits\nin row 1")
+        return step(self)
+
+    monkeypatch.setattr(engine_module.Engine, "step", faulty)
+
+
+def test_a_fault_in_an_engine_step_fails_the_running_items_and_the_rest_go_on(tts_factory, monkeypatch):
+    tts = tts_factory("custom_voice", max_batch=2)
+    clean = _run(Pipeline(tts), _jobs(tts, 6))
+    _step_fails_while("b", monkeypatch)
+    pipeline = Pipeline(tts)
+    outcomes = _run(pipeline, _jobs(tts, 6))
+    # a and b shared the failed step (which of them caused it cannot be told); c, d, e had not started.
+    error = "FloatingPointError while generating: non-finite logits in row 1"
+    assert {k: o.error for k, o in outcomes.items() if not o.ok} == {"a": error, "b": error}
+    assert isinstance(outcomes["b"].exception, FloatingPointError)
+    for name in "cde":
+        _same_audio(outcomes[name], clean[name])
+    assert pipeline.engines_built == 2  # the engine that raised was not used again
+    assert not pipeline.decoding and not pipeline.streams.streams  # every codec stream freed
+
+
+def test_a_fault_in_an_engine_step_fails_only_its_items_pieces_once(tts_factory, monkeypatch):
+    """A split item fails once (one outcome), however many of its pieces ran or waited."""
+    tts = tts_factory("custom_voice", max_batch=1)
+    _step_fails_while("b", monkeypatch)
+    split = (lambda text, language: text.split(" ") if text == TEXTS["b"] else [text])
+    outcomes = _run(Pipeline(tts, split=split), _jobs(tts, 12))
+    assert [k for k, o in outcomes.items() if not o.ok] == ["b"] and outcomes["b"].pieces == 4
+    monkeypatch.undo()
+    clean = _run(Pipeline(tts, split=split), _jobs(tts, 12))
+    for name in "acde":
+        _same_audio(outcomes[name], clean[name])
+
+
+def _codec_fails_for(target: str, pipeline, monkeypatch):
+    """The batched codec call raises whenever it holds a row of item `target`'s stream."""
+    run = CodecStreams._run
+
+    def faulty(self, jobs):
+        owners = {state.sid: _item_of(seq) for seq, state in pipeline.decoding.items()}
+        if any(owners.get(sid) == target for sid, *_ in jobs):
+            raise IndexError("index 2048 is out of bounds for dimension 0 with size 2048")
+        return run(self, jobs)
+
+    monkeypatch.setattr(CodecStreams, "_run", faulty)
+
+
+@pytest.mark.parametrize("frames", [4, 20], ids=["at-the-end", "while-streaming"])
+def test_a_fault_decoding_one_item_fails_that_item_only(tts_factory, monkeypatch, frames):
+    """4 frames: all audio is decoded when the stream closes; 20 frames at 4-frame chunks: in batched pumps
+    while generation goes on (the call holding b's row is retried row by row)."""
+    tts = tts_factory("custom_voice", max_batch=4, codec_chunk_frames=4)
+    clean = _run(Pipeline(tts), _jobs(tts, frames))
+    pipeline = Pipeline(tts)
+    _codec_fails_for("b", pipeline, monkeypatch)
+    outcomes = _run(pipeline, _jobs(tts, frames))
+    assert [k for k, o in outcomes.items() if not o.ok] == ["b"]
+    assert outcomes["b"].error == ("IndexError while decoding: index 2048 is out of bounds for dimension 0 with "
+                                   "size 2048")
+    for name in "acde":
+        _same_audio(outcomes[name], clean[name])
+    assert not pipeline.decoding and not pipeline.streams.streams and not pipeline.streams.broken
+
+
+def test_a_fault_decoding_a_whole_utterance_fails_that_item_only(tts_factory, monkeypatch):
+    from omnitts.engine import reference
+
+    tts = tts_factory("custom_voice", max_batch=4)
+    clean = _run(Pipeline(tts, stream_decode=False), _jobs(tts, 4))
+    decode = reference.decode_codes
+    calls = []
+
+    def faulty(ckpt, codes, ref_codes=None):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("codec blew up")
+        return decode(ckpt, codes, ref_codes)
+
+    monkeypatch.setattr(reference, "decode_codes", faulty)
+    outcomes = _run(Pipeline(tts, stream_decode=False), _jobs(tts, 4))
+    failed = [k for k, o in outcomes.items() if not o.ok]
+    assert len(failed) == 1 and outcomes[failed[0]].error == "RuntimeError while decoding: codec blew up"
+    for name in set(TEXTS) - set(failed):
+        _same_audio(outcomes[name], clean[name])
+
+
+# ---------------------------------------------------------------- through the command line
+
+runner = CliRunner()
+
+
+def _manifest(tmp_path, ids=TEXTS):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"id": k, "text": TEXTS.get(k, "Some words."), "speaker": "ryan"}) + "\n"
+                            for k in ids))
+    return path
+
+
+def _synth(ckpt_dir, manifest, out, *extra):
+    return runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                               "--greedy", "--max-frames", "4", "-q", *extra])
+
+
+def test_an_item_failed_while_generating_is_recorded_and_redone_by_retry_failed(ckpt_dir, tmp_path, monkeypatch):
+    manifest, out = _manifest(tmp_path), tmp_path / "out"
+    clean = _synth(ckpt_dir, manifest, tmp_path / "clean", "--max-batch", "1")
+    assert clean.exit_code == 0, clean.output
+    _step_fails_while("b", monkeypatch)
+    result = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    records = read_results(out)
+    assert {k: r["status"] for k, r in records.items()} == {"a": "ok", "b": "error", "c": "ok", "d": "ok", "e": "ok"}
+    assert records["b"]["error"] == "FloatingPointError while generating: non-finite logits in row 1"
+    assert "error: b: FloatingPointError while generating: non-finite logits in row 1" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["a.wav", "c.wav", "d.wav", "e.wav", "results.jsonl"]
+    for name in "acde":
+        assert (out / f"{name}.wav").read_bytes() == (tmp_path / "clean" / f"{name}.wav").read_bytes()
+    monkeypatch.undo()  # the fault is gone
+    again = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
+    assert again.exit_code == 1 and "1 item failed in an earlier run" in again.output
+    retried = _synth(ckpt_dir, manifest, out, "--max-batch", "1", "--retry-failed")
+    assert retried.exit_code == 0, retried.output
+    assert read_results(out)["b"]["status"] == "ok"
+    assert (out / "b.wav").read_bytes() == (tmp_path / "clean" / "b.wav").read_bytes()
+
+
+def test_an_id_too_long_for_the_filesystem_fails_that_item_only(ckpt_dir, tmp_path, monkeypatch):
+    """Ids up to 200 characters are valid, but a filesystem may hold shorter names (eCryptfs: 143 bytes)."""
+    from omnitts.io import atomic
+
+    long_id = "x" * 150
+    manifest, out = _manifest(tmp_path, ["a", long_id, "c"]), tmp_path / "out"
+    temp_name = atomic.temp_name
+
+    def short_names(path):
+        if len(Path(path).name) + 22 > 143:
+            raise OSError(errno.ENAMETOOLONG, "File name too long", str(path))
+        return temp_name(path)
+
+    monkeypatch.setattr(atomic, "temp_name", short_names)
+    result = _synth(ckpt_dir, manifest, out, "--save-codes")
+    assert result.exit_code == 1, result.output
+    records = read_results(out)
+    assert records["a"]["status"] == records["c"]["status"] == "ok"
+    assert records[long_id]["error"] == (
+        f"id: the file name '{long_id}.wav' (154 bytes, and omnitts writes it under a temporary name 22 bytes "
+        f"longer) is too long for the filesystem of {out} (File name too long); use a shorter id")
+    assert sorted(p.name for p in out.iterdir()) == ["a.codes.npy", "a.wav", "c.codes.npy", "c.wav", "results.jsonl"]
+    monkeypatch.undo()
+    assert _synth(ckpt_dir, manifest, out, "--save-codes", "--retry-failed").exit_code == 0
+    assert read_results(out)[long_id]["status"] == "ok"
