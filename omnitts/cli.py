@@ -281,7 +281,7 @@ def synth(
     except OmniTTSError as exc:
         _fail(str(exc))
     except OSError as exc:
-        _disk_full(exc, out, batch)
+        _os_error(exc, out, batch)
     if bad and not good:
         _fail(f"{manifest}: no good lines ({_plural(bad, 'bad line')}); nothing to synthesize")
     if bad and strict:
@@ -325,7 +325,7 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
     except OmniTTSError as exc:
         _fail(str(exc))
     except OSError as exc:
-        _disk_full(exc, out, batch)
+        _os_error(exc, out, batch)
     except KeyboardInterrupt as exc:
         typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
                    "again to resume", err=True)
@@ -506,15 +506,22 @@ def _count_row(row: dict, before, tally, console) -> None:
         console.print(f"error: {row['id']}: {row['error']}")
 
 
-def _disk_full(exc: OSError, out: Path, batch) -> None:
-    """A full disk ends the run with one line, exit 1 (what is done stays done); any other OSError is raised."""
-    from .io.atomic import disk_full
+def _os_error(exc: OSError, out: Path, batch) -> None:
+    """A filesystem error (a full disk, EACCES, EIO, a filesystem turned read-only...) ends the run with
+    one line naming the file and the error, exit 1. What is done stays done (nothing is half-written:
+    see batch/outdir.py), so the same command resumes once the cause is fixed."""
+    import errno
 
-    if not disk_full(exc):
-        raise exc
+    from .io.atomic import disk_full, shown_name
+
     done = len(batch.ledger.done) if batch is not None else 0
-    _fail(f"no space left on {out}: {_plural(done, 'item')} done ({out}/results.jsonl); free some space and run the "
-          "same command again to resume", code=1)
+    resume = f"{_plural(done, 'item')} done ({out}/results.jsonl); "
+    if disk_full(exc):
+        _fail(f"no space left on {out}: {resume}free some space and run the same command again to resume", code=1)
+    where = shown_name(exc.filename) if exc.filename else out
+    code = errno.errorcode.get(exc.errno)
+    reason = (exc.strerror or str(exc)) + (f" ({code})" if code else "")
+    _fail(f"cannot write {where}: {reason}: {resume}fix that and run the same command again to resume", code=1)
 
 
 def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> int | None:

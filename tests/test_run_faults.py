@@ -213,3 +213,89 @@ def test_an_id_too_long_for_the_filesystem_fails_that_item_only(ckpt_dir, tmp_pa
     monkeypatch.undo()
     assert _synth(ckpt_dir, manifest, out, "--save-codes", "--retry-failed").exit_code == 0
     assert read_results(out)[long_id]["status"] == "ok"
+
+
+# ---------------------------------------------------------------- write errors other than a full disk
+
+def _failing_at_third(monkeypatch, out, kind: str, code: int):
+    """Make the third item's write fail with `code`: at its rename (`commit`), while it streams (`write`,
+    libsndfile's own "System error."), or while its record is appended (`record`). Returns the failing path."""
+    import soundfile as sf
+
+    from omnitts.batch import ledger
+    from omnitts.io import audio
+
+    calls = []
+    if kind == "record":
+        write_all = ledger._write_all
+
+        def record(fd, data):
+            calls.append(data)
+            if len(calls) == 3:
+                write_all(fd, data[:10])  # a torn line, cut back by the ledger
+                raise OSError(code, __import__("os").strerror(code), str(out / "results.jsonl"))
+            write_all(fd, data)
+
+        monkeypatch.setattr(ledger, "_write_all", record)
+        return out / "results.jsonl"
+    name = "commit" if kind == "commit" else "write"
+    real = getattr(audio.AudioSink, name)
+
+    def failing(sink, *args):
+        if sink.path.name not in calls:
+            calls.append(sink.path.name)
+        if calls.index(sink.path.name) == 2:
+            if kind == "commit":
+                raise OSError(code, __import__("os").strerror(code), sink.tmp)
+            real(sink, *args)
+            with audio.os_errors(sink.path):  # what libsndfile raises, with the C errno cffi kept
+                sf._ffi.errno = code
+                raise sf.LibsndfileError(audio.SF_ERR_SYSTEM)
+        return real(sink, *args)
+
+    monkeypatch.setattr(audio.AudioSink, name, failing)
+    return out / "c.wav"
+
+
+@pytest.mark.parametrize("kind, code, text", [("commit", errno.EACCES, "Permission denied (EACCES)"),
+                                              ("write", errno.EIO, "Input/output error (EIO)"),
+                                              ("record", errno.EROFS, "Read-only file system (EROFS)")])
+def test_a_write_error_stops_the_run_with_one_line_and_resume_finishes(ckpt_dir, tmp_path, monkeypatch, kind, code,
+                                                                       text):
+    manifest, out = _manifest(tmp_path), tmp_path / "out"
+    path = _failing_at_third(monkeypatch, out, kind, code)
+    result = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: cannot write {path}: {text}: 2 items done ({out}/results.jsonl); fix that and run the same "
+        "command again to resume")
+    records = read_results(out)
+    assert list(records) == ["a", "b"] and all(r["status"] == "ok" for r in records.values())
+    assert sorted(p.name for p in out.iterdir()) == ["a.wav", "b.wav", "results.jsonl"]  # nothing half-written
+    assert (out / "results.jsonl").read_bytes().endswith(b"\n")
+    monkeypatch.undo()
+    assert _synth(ckpt_dir, manifest, out, "--max-batch", "1").exit_code == 0
+    assert sorted(read_results(out)) == sorted(TEXTS) and not list(out.glob(".*"))
+
+
+def test_a_name_refused_at_the_rename_fails_that_item_only(ckpt_dir, tmp_path, monkeypatch):
+    """The check before an item runs can miss (a name limit that differs inside one directory tree); the
+    rename that then fails with ENAMETOOLONG is that item's failure too."""
+    from omnitts.io import audio
+
+    manifest, out = _manifest(tmp_path, ["a", "b", "c"]), tmp_path / "out"
+    commit = audio.AudioSink.commit
+
+    def refuse_b(sink):
+        if sink.path.stem == "b":
+            raise OSError(errno.ENAMETOOLONG, "File name too long", str(sink.path))
+        return commit(sink)
+
+    monkeypatch.setattr(audio.AudioSink, "commit", refuse_b)
+    result = _synth(ckpt_dir, manifest, out)
+    assert result.exit_code == 1, result.output
+    records = read_results(out)
+    assert records["a"]["status"] == records["c"]["status"] == "ok"
+    assert records["b"]["error"].startswith("id: the file name 'b.wav' (5 bytes, ")
+    assert sorted(p.name for p in out.iterdir()) == ["a.wav", "c.wav", "results.jsonl"]

@@ -23,6 +23,7 @@ The terminal belongs to the CLI: this module only returns records and counts. Ex
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -345,12 +346,16 @@ class Batch:
                          seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
                          timings=outcome.timings, fingerprint=self._prints.pop(item_id, None))
             self.ledger.write(rec)
-        except BaseException:
+        except BaseException as exc:
             if outcome.sink is not None:
                 outcome.sink.abort()
             for path in placed:
                 Path(path).unlink(missing_ok=True)
-            raise
+            if not (isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG):
+                raise
+            # A name the filesystem refuses (missed by `sink`'s check) is this item's fault, not the run's.
+            error = _too_long(Path(exc.filename or self.out / name), exc)
+            return self.save(replace(outcome, result=None, sink=None, error=error))
         finally:
             self.writer.release(item_id)
         self.tally.done += 1
@@ -391,8 +396,6 @@ def _same(recorded: str | None, current: str, old: bool = True) -> bool:
 def _check_name(target: Path) -> None:
     """Make and delete `target`'s temporary file, the longest name omnitts gives it; OutNameError if the
     filesystem refuses the name as too long (any other OSError is raised: it is the run's fault)."""
-    import errno
-
     from ..io.atomic import temp_name
 
     try:
@@ -400,9 +403,16 @@ def _check_name(target: Path) -> None:
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             raise
-        raise OutNameError(f"id: the file name {target.name!r} ({len(os.fsencode(target.name))} bytes, and omnitts "
-                           f"writes it under a temporary name 22 bytes longer) is too long for the filesystem of "
-                           f"{target.parent} ({exc.strerror}); use a shorter id") from None
+        raise OutNameError(_too_long(target, exc)) from None
+
+
+def _too_long(target: Path, exc: OSError) -> str:
+    from ..io.atomic import shown_name
+
+    target = Path(shown_name(target))
+    return (f"id: the file name {target.name!r} ({len(os.fsencode(target.name))} bytes, and omnitts writes it under "
+            f"a temporary name 22 bytes longer) is too long for the filesystem of {target.parent} ({exc.strerror}); "
+            "use a shorter id")
 
 
 def _probe(out: Path) -> None:

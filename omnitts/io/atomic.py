@@ -49,6 +49,14 @@ def is_temp_name(name: str) -> bool:
     return _TEMP.match(name) is not None
 
 
+def shown_name(path) -> str:
+    """`path` as a person should see it in an error: a temporary name as the file it stands for."""
+    path = Path(path)
+    if is_temp_name(path.name):
+        return str(path.with_name(path.name[1:path.name.rindex(TEMP_MARK)]))
+    return str(path)
+
+
 def temp_name(path: Path) -> str:
     """Create an empty temporary file beside `path`, with the mode `open()` would give; return its name."""
     prefix = f".{Path(path).name}{TEMP_MARK}{writer_token()}-"

@@ -26,6 +26,7 @@ from .atomic import DISK_FULL, atomic_write, temp_name
 MIN_REFERENCE_SECONDS = 0.5
 MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
+SF_ERR_SYSTEM = 2  # libsndfile's code for a failed system call ("System error.")
 
 
 def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray:
@@ -91,7 +92,7 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
 
 @contextmanager
 def os_errors(path: Path):
-    """Raise a full disk met by libsndfile as the OSError(ENOSPC) it is.
+    """Raise a failed system call met by libsndfile (a full disk, EIO, EROFS...) as the OSError it is.
 
     libsndfile reports a failed write as "System error." and drops the cause; cffi keeps the C `errno`
     of its calls, which says it. Other libsndfile errors pass unchanged.
@@ -102,7 +103,7 @@ def os_errors(path: Path):
         yield
     except sf.LibsndfileError as exc:
         code = getattr(getattr(sf, "_ffi", None), "errno", None)
-        if code in DISK_FULL:
+        if code in DISK_FULL or (code and getattr(exc, "code", None) == SF_ERR_SYSTEM):
             raise OSError(code, os.strerror(code), str(path)) from exc
         raise
 
