@@ -253,6 +253,10 @@ def synth(
     _check_output(audio_format, loudness)
     try:
         check_out(out)
+        if export_dataset is not None:
+            from .batch.export import check_target
+
+            check_target(export_dataset)
     except OmniTTSError as exc:
         _fail(str(exc))
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
@@ -334,7 +338,10 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
         from .batch.export import export_dataset as export
 
         current = (item for item in items() if batch.mine(item.request.id) and batch.is_current(item))
-        count = export(out, current, export_dataset)
+        try:
+            count = export(out, current, export_dataset)
+        except (OSError, OmniTTSError) as exc:
+            _export_failed(exc, export_dataset, out, batch)
         typer.echo(f"exported {count} items to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(stopped)
@@ -522,6 +529,26 @@ def _os_error(exc: OSError, out: Path, batch) -> None:
     code = errno.errorcode.get(exc.errno)
     reason = (exc.strerror or str(exc)) + (f" ({code})" if code else "")
     _fail(f"cannot write {where}: {reason}: {resume}fix that and run the same command again to resume", code=1)
+
+
+def _export_failed(exc: Exception, target: Path, out: Path, batch) -> None:
+    """An export that failed (a full disk...) left nothing behind (batch/export.py); the synthesized items stay
+    done, so the same command exports them without synthesizing again. One line, exit 1."""
+    import errno
+
+    from .io.atomic import disk_full
+
+    if disk_full(exc):
+        reason = "no space left on device"
+    elif isinstance(exc, OSError):
+        code = errno.errorcode.get(exc.errno)
+        reason = (f"cannot write {exc.filename}: " if exc.filename else "") + (exc.strerror or str(exc)) + (
+            f" ({code})" if code else "")
+    else:
+        reason = str(exc)
+    done = len(batch.ledger.done)
+    _fail(f"--export-dataset {target}: {reason}; nothing was exported, the {_plural(done, 'item')} done in {out} "
+          "stay done: fix that and run the same command again to export", code=1)
 
 
 def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> int | None:

@@ -299,3 +299,67 @@ def test_a_name_refused_at_the_rename_fails_that_item_only(ckpt_dir, tmp_path, m
     assert records["a"]["status"] == records["c"]["status"] == "ok"
     assert records["b"]["error"].startswith("id: the file name 'b.wav' (5 bytes, ")
     assert sorted(p.name for p in out.iterdir()) == ["a.wav", "c.wav", "results.jsonl"]
+
+
+# ---------------------------------------------------------------- --export-dataset
+
+def _export_fails(monkeypatch, code=errno.ENOSPC):
+    """save_to_disk writes part of the dataset, then the disk is full."""
+    import datasets
+
+    save = datasets.Dataset.save_to_disk
+
+    def half(self, path, **kwargs):
+        save(self, path, **kwargs)
+        (Path(path) / "dataset_info.json").unlink()
+        raise OSError(code, __import__("os").strerror(code), str(Path(path) / "data-00000-of-00001.arrow"))
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", half)
+
+
+def test_a_full_disk_during_the_export_leaves_no_export_and_the_items_stay_done(ckpt_dir, tmp_path, monkeypatch):
+    import datasets
+
+    manifest, out, target = _manifest(tmp_path, ["a", "b"]), tmp_path / "out", tmp_path / "ds"
+    _export_fails(monkeypatch)
+    result = _synth(ckpt_dir, manifest, out, "--export-dataset", str(target))
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: --export-dataset {target}: no space left on device; nothing was exported, the 2 items done in {out} "
+        "stay done: fix that and run the same command again to export")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl", "out"]  # no target, no temporary sibling
+    log = (out / "results.jsonl").read_bytes()
+    assert sorted(read_results(out)) == ["a", "b"]
+    monkeypatch.undo()
+    again = _synth(ckpt_dir, manifest, out, "--export-dataset", str(target))
+    assert again.exit_code == 0, again.output
+    assert (out / "results.jsonl").read_bytes() == log  # nothing synthesized again
+    assert datasets.load_from_disk(str(target))["id"] == ["a", "b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "m.jsonl", "out"]
+
+
+def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_refused(ckpt_dir, tmp_path,
+                                                                                      monkeypatch):
+    import datasets
+
+    import omnitts.api
+
+    out, target = tmp_path / "out", tmp_path / "ds"
+    assert _synth(ckpt_dir, _manifest(tmp_path, ["a"]), out, "--export-dataset", str(target)).exit_code == 0
+    _export_fails(monkeypatch, errno.EIO)
+    result = _synth(ckpt_dir, _manifest(tmp_path, ["a", "b"]), out, "--export-dataset", str(target))
+    assert result.exit_code == 1 and "Input/output error (EIO); nothing was exported" in result.output, result.output
+    assert datasets.load_from_disk(str(target))["id"] == ["a"]  # the previous export, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "m.jsonl", "out"]
+    monkeypatch.undo()
+    assert _synth(ckpt_dir, _manifest(tmp_path, ["a", "b"]), out, "--export-dataset", str(target)).exit_code == 0
+    assert datasets.load_from_disk(str(target))["id"] == ["a", "b"]  # replaced
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.jpg").write_bytes(b"not yours to delete")
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    refused = _synth(ckpt_dir, _manifest(tmp_path, ["c"]), out, "--export-dataset", str(other))
+    assert refused.exit_code == 2 and refused.output.strip() == (
+        f"error: --export-dataset {other}: is a folder that holds something else than a saved dataset; an export "
+        "replaces its target, so choose an empty or new folder")
+    assert (other / "cat.jpg").read_bytes() == b"not yours to delete"

@@ -1,11 +1,38 @@
-"""Exporting an output directory's finished items as a Hugging Face `datasets` dataset."""
+"""Exporting an output directory's finished items as a Hugging Face `datasets` dataset.
+
+The dataset is built in a temporary sibling of the target (`.<name>.omnitts-<random>.tmp`) and
+renamed into place when complete, so a fault part-way (a full disk) leaves the target as it was:
+absent, or the previous export. An existing target is replaced only if it is a saved dataset (or
+empty): a folder of other files is never deleted.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from ..errors import OmniTTSError
+from ..io.atomic import TEMP_MARK
 from .ledger import Ledger
+
+DATASET_FILES = ("dataset_info.json", "state.json")  # what save_to_disk writes beside the Arrow files
+
+
+class ExportError(OmniTTSError):
+    """The export target cannot be used (it is a file, or a folder of something else)."""
+
+
+def check_target(target: Path) -> None:
+    """Raise ExportError unless `target` is absent, an empty folder, or a dataset an export may replace."""
+    target = Path(target)
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
+    if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):
+        raise ExportError(f"--export-dataset {target}: is a folder that holds something else than a saved dataset; "
+                          "an export replaces its target, so choose an empty or new folder")
 
 
 def sf_rate(path: Path) -> int:
@@ -27,11 +54,33 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
     with `soundfile.read(io.BytesIO(row["audio"]["bytes"]))`, or, where torchcodec works,
     `dataset.cast_column("audio", datasets.Audio())`.
     """
-    import shutil
-
     import datasets
     from datasets.arrow_writer import ArrowWriter
 
+    check_target(target)
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}{TEMP_MARK}", suffix=".tmp", dir=target.parent))
+    try:
+        count, dataset = _write(out, items, work, datasets, ArrowWriter)
+        dataset.save_to_disk(str(work / "dataset"))
+        del dataset  # (its memory map of rows.arrow)
+        previous = work / "previous"
+        if target.exists():  # the previous export: out of the way, then the new one in (two renames)
+            os.rename(target, previous)
+        try:
+            os.rename(work / "dataset", target)
+        except BaseException:
+            if previous.exists():
+                os.rename(previous, target)
+            raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return count
+
+
+def _write(out: Path, items: Iterable, work: Path, datasets, ArrowWriter):
+    """The rows of the done items, appended one at a time to `work`/rows.arrow -> (count, dataset)."""
     datasets.disable_progress_bars()
     ledger = Ledger(out)
     features = datasets.Features({
@@ -40,10 +89,8 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
         "audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
         "seconds": datasets.Value("float32"), "frames": datasets.Value("int32"), "seed": datasets.Value("int64"),
     })
-    build = Path(target) / ".build"
-    build.mkdir(parents=True, exist_ok=True)
     count, rate = 0, None
-    with ArrowWriter(features=features, path=str(build / "rows.arrow")) as writer:
+    with ArrowWriter(features=features, path=str(work / "rows.arrow")) as writer:
         for item in items:
             r = item.request
             if not ledger.is_done(r.id, out):
@@ -57,9 +104,5 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
                           "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": rec.seed})
             count += 1
         writer.finalize()
-    dataset = datasets.Dataset.from_file(str(build / "rows.arrow"))
-    audio = datasets.Audio(sampling_rate=rate, decode=False)
-    dataset.cast_column("audio", audio).save_to_disk(str(target))
-    del dataset
-    shutil.rmtree(build, ignore_errors=True)
-    return count
+    dataset = datasets.Dataset.from_file(str(work / "rows.arrow"))
+    return count, dataset.cast_column("audio", datasets.Audio(sampling_rate=rate, decode=False))
