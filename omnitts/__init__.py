@@ -6,7 +6,12 @@
     audio.save("hello.wav")      # audio.samples (float32), audio.sample_rate; plays inline in Jupyter
 """
 
+import logging as _logging
 import os as _os
+
+# Progress notes (e.g. the one-time kernel build) go to the "omnitts" logger: silent in a library
+# unless the application configures logging; the CLI shows them on stderr.
+_logging.getLogger("omnitts").addHandler(_logging.NullHandler())
 
 # OMNITTS_CPU_PROFILE (device/features.py) runs torch's kernels of that CPU class too: torch reads
 # ATEN_CPU_CAPABILITY once, at its first CPU operation, and importing the models makes one. The profile's

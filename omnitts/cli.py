@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -121,6 +122,25 @@ def _root(version: Annotated[bool, typer.Option("--version", metavar=FLAG, is_ea
     """Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints."""
 
 
+class _LogToStderr(logging.Handler):
+    """The "omnitts" logger's lines on stderr, as they are (`typer.echo` finds the current stderr)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.echo(self.format(record), err=True)
+
+
+_LOG = _LogToStderr()
+
+
+def _show_log(quiet: bool) -> None:
+    """Show the library's INFO notes (such as the one-time kernel build) unless `quiet`; warnings always."""
+    logger = logging.getLogger("omnitts")
+    if _LOG not in logger.handlers:
+        logger.addHandler(_LOG)
+    _LOG.setLevel(logging.WARNING if quiet else logging.INFO)
+    logger.setLevel(logging.INFO)
+
+
 def _fail(message: str, code: int = 2):
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
@@ -237,6 +257,7 @@ def synth(
     from .config import load_config
     from .voice import checkpoint_identity
 
+    _show_log(quiet)
     # Every option is checked before the manifest is read and long before the model loads.
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch,
@@ -983,6 +1004,7 @@ def voice_clone(
     from .request import Request
     from .text.prompt import resolve
 
+    _show_log(False)
     _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
     _check_output(audio_format, None)
     if save is None and text is None:

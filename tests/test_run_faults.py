@@ -363,3 +363,37 @@ def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_r
         f"error: --export-dataset {other}: is a folder that holds something else than a saved dataset; an export "
         "replaces its target, so choose an empty or new folder")
     assert (other / "cat.jpg").read_bytes() == b"not yours to delete"
+
+
+# ---------------------------------------------------------------- the kernel build's note
+
+def test_the_kernel_build_logs_instead_of_printing_and_the_cli_shows_it_unless_quiet(ckpt_dir, tmp_path, monkeypatch,
+                                                                                  capfd, caplog):
+    import logging
+    import shutil
+
+    import omnitts.api
+    from omnitts.device import native
+
+    if shutil.which("true") is None:
+        pytest.skip("needs a `true` command")
+    with monkeypatch.context() as patched, caplog.at_level(logging.INFO, logger="omnitts"):
+        patched.setenv("CXX", "true")  # a "compiler" that succeeds at once and writes nothing
+        patched.setattr(native.platform, "machine", lambda: "x86_64")
+        native.build(tmp_path / "k" / "kernels.so")  # (only here: the runs below use the real kernels)
+    assert [r.name for r in caplog.records] == ["omnitts.device.native"]
+    assert caplog.records[0].getMessage().startswith("omnitts: compiling its CPU kernels for this machine")
+    assert capfd.readouterr() == ("", "")  # the library itself prints nothing
+    load = omnitts.api.load
+
+    def building(*args, **kwargs):
+        logging.getLogger("omnitts.device.native").info("omnitts: compiling its CPU kernels (test)")
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(omnitts.api, "load", building)
+    manifest = _manifest(tmp_path, ["a"])
+    shown = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                str(tmp_path / "o1"), "--max-frames", "2"])
+    assert shown.exit_code == 0 and "omnitts: compiling its CPU kernels (test)\n" in shown.output, shown.output
+    quiet = _synth(ckpt_dir, manifest, tmp_path / "o2")
+    assert quiet.exit_code == 0 and "compiling" not in quiet.output

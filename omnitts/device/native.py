@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 
 from ..cache import cache_root
+
+log = logging.getLogger(__name__)
 from .features import native_march
 
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
@@ -113,8 +115,8 @@ def build(target: Path) -> None:
                *(f"-I{p}" for p in include_paths()), str(SOURCE),
                *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu",
                *(f"-Wl,-rpath,{p}" for p in library_paths()), "-o", tmp]
-    print(f"omnitts: compiling its CPU kernels for this machine (once, about 10 s; kept in {target.parent})",
-          file=sys.stderr, flush=True)
+    # The library never prints: the CLI shows the "omnitts" logger's INFO lines (unless --quiet).
+    log.info(f"omnitts: compiling its CPU kernels for this machine (once, about 10 s; kept in {target.parent})")
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
