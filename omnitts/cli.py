@@ -248,7 +248,7 @@ def synth(
     pulled as workers free up, and a dead worker's items are taken over by the others.
 
     Exit code 0 when every item has audio; 1 when some have none (failed in this run or an
-    earlier one) or the disk filled up; 2 for a usage error, a bad file or --out, or a bad line
+    earlier one) or a write failed (a full disk...); 2 for a usage error, a bad file or --out, or a bad line
     with --strict; 130 on Ctrl-C; 143 on SIGTERM.
     """
     from .batch.manifest import BadLine, column_map, iter_manifest
