@@ -277,7 +277,7 @@ def synth(
         if export_dataset is not None:
             from .batch.export import check_target
 
-            check_target(export_dataset)
+            check_target(export_dataset, out)
     except OmniTTSError as exc:
         _fail(str(exc))
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,

@@ -363,6 +363,12 @@ def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_r
         f"error: --export-dataset {other}: is a folder that holds something else than a saved dataset; an export "
         "replaces its target, so choose an empty or new folder")
     assert (other / "cat.jpg").read_bytes() == b"not yours to delete"
+    for folder in (tmp_path / "new-out", tmp_path):  # --out itself (not made yet), or a folder holding it
+        refused = _synth(ckpt_dir, _manifest(tmp_path, ["c"]), tmp_path / "new-out", "--export-dataset", str(folder))
+        assert refused.exit_code == 2 and refused.output.strip() == (
+            f"error: --export-dataset {folder}: is the output directory or holds it; an export replaces its target, "
+            "so choose a folder outside --out")
+    assert not (tmp_path / "new-out").exists()
 
 
 # ---------------------------------------------------------------- the kernel build's note

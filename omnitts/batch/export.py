@@ -25,9 +25,15 @@ class ExportError(OmniTTSError):
     """The export target cannot be used (it is a file, or a folder of something else)."""
 
 
-def check_target(target: Path) -> None:
-    """Raise ExportError unless `target` is absent, an empty folder, or a dataset an export may replace."""
+def check_target(target: Path, out: Path | None = None) -> None:
+    """Raise ExportError unless `target` is absent, an empty folder, or a dataset an export may replace,
+    and (given the output directory `out`) neither `out` nor a folder holding it."""
     target = Path(target)
+    if out is not None:
+        where, out = target.resolve(), Path(out).resolve()
+        if where == out or where in out.parents:
+            raise ExportError(f"--export-dataset {target}: is the output directory or holds it; an export replaces "
+                              "its target, so choose a folder outside --out")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
     if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):
