@@ -287,7 +287,8 @@ class Pipeline:
             for index in range(len(item.pieces)):
                 self._check_fits_alone(item, index)
         except Exception as exc:  # noqa: BLE001 - one item's input, however broken, fails only that item
-            error = str(exc) if isinstance(exc, OmniTTSError) else f"{type(exc).__name__} while preparing: {exc}"
+            error = (str(exc) if isinstance(exc, OmniTTSError)
+                     else f"{type(exc).__name__} while preparing: {_one_line(exc)}")
             return None, Outcome(job, error=error, exception=exc, seed=seed, timings={"total": _since(started)})
         if self.sink is not None:
             try:  # a sink may refuse an item (a file name the filesystem cannot hold): that item fails
@@ -407,7 +408,7 @@ class Pipeline:
             self.streams.push(state.sid, np.stack(seq.frames[state.pushed:]))
             state.pushed = len(seq.frames)
         for seq in finished:
-            if seq in self.decoding:
+            if seq in self.decoding and not seq.tag[0].dropped:
                 self.streams.finish(self.decoding[seq].sid)
         started = time.perf_counter()
         decoded = self.streams.pump()
