@@ -33,7 +33,6 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .batch.ledger import NAME as RESULTS
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _from_table, check_item, parse_item
 from .errors import OmniTTSError, RequestError
 
@@ -71,44 +70,6 @@ def item_fields(item: Item) -> dict:
            "max_seconds": r.max_seconds,
            "voice": os.path.abspath(item.voice_path) if item.voice_path is not None else None, **item.sampling}
     return {name: row.get(name) for name in FIELDS}
-
-
-class _Records:
-    """The last record of each id in OUT/results.jsonl, read on from where the previous read stopped (other
-    writers append to it too), as metadata-row values. Memory: one small tuple per id."""
-
-    def __init__(self, out: Path):
-        self.path = Path(out) / RESULTS
-        self.offset = 0
-        self.rows: dict[str, tuple] = {}
-
-    def refresh(self) -> list[dict]:
-        """Read the records appended since the last call (whole lines only); returns them, in file order."""
-        import json
-
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        end = data.rfind(b"\n") + 1  # a line still being written is read next time
-        self.offset += end
-        new = []
-        for line in data[:end].splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line torn by a kill (ledger.records skips it too)
-            if isinstance(record, dict) and isinstance(record.get("id"), str):
-                new.append(record)
-                self.rows[record["id"]] = tuple(record.get(k) for k in COLUMNS[1:8])
-        return new
-
-    def row(self, item_id: str) -> dict:
-        values = self.rows.get(item_id)
-        if values is None:  # cannot happen for an id Batch.pending skipped; kept as an honest error row
-            return _row(item_id, status="error", error="no record found for a skipped item", skipped=True)
-        return {"id": item_id, **dict(zip(COLUMNS[1:8], values)), "skipped": True, "changed": False}
 
 
 def _row(item_id, path=None, seconds=None, frames=None, finish_reason=None, status="ok", error=None, seed=None,
@@ -162,7 +123,6 @@ class Synthesizer:
         self.voices = Voices(self.cfg)
         self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity,
                            sample_rate=self.tts.sample_rate)
-        self.records = _Records(self.batch.out)
         self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
                                  sink=self.batch.sink)
 
@@ -182,18 +142,30 @@ class Synthesizer:
                 continue
             seen[item.request.id] = index
             items.append(item)
-        self._refresh()
+        self.batch.ledger.refresh()  # what other writers (actors, an earlier attempt of this batch) recorded
         ran: dict[str, bool] = {}  # id -> changed, for the items this call runs
         for outcome in self.pipeline.run(self._pending(items, ran)):
             rec = self.batch.save(outcome)
             out[seen[rec["id"]]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"], rec["finish_reason"],
                                         rec["status"], rec["error"], rec["seed"], changed=ran[rec["id"]])
         if len(ran) < len(items):  # the rest were done (or failed) before: their recorded metadata
-            self.records.refresh()
+            self.batch.ledger.refresh()
             for item in items:
                 if item.request.id not in ran:
-                    out[seen[item.request.id]] = self.records.row(item.request.id)
+                    out[seen[item.request.id]] = self._recorded(item.request.id)
         return _table(out)
+
+    def _recorded(self, item_id: str) -> dict:
+        """The metadata row of an item this call did not run: its last record's."""
+        ledger = self.batch.ledger
+        done = ledger.done.get(item_id)
+        if done is not None:
+            return _row(item_id, done.path, done.seconds, done.frames, done.finish_reason, seed=done.seed,
+                        skipped=True)
+        if item_id in ledger.failed:
+            return _row(item_id, status="error", finish_reason="error", error=ledger.failed[item_id], skipped=True)
+        # pending() skips only recorded ids; kept as an honest error row rather than a crash
+        return _row(item_id, status="error", error="no record found for a skipped item", skipped=True)
 
     def _bad(self, item_id, message: str, seen: dict, index: int) -> dict:
         """A row that is not a valid item: an error row, recorded under its id when that is usable (a safe id
@@ -205,16 +177,6 @@ class Synthesizer:
         message = f"{item_id}: {message}"
         self.batch.record_bad(item_id, message)
         return _row(item_id, status="error", finish_reason="error", error=message)
-
-    def _refresh(self) -> None:
-        """Learn what other writers (actors, an earlier attempt of this batch) recorded since the last call."""
-        new = self.records.refresh()
-        ledger = self.batch.ledger
-        if hasattr(ledger, "refresh"):  # the multi-writer ledger reads other writers' lines itself
-            ledger.refresh()
-        else:
-            for record in new:  # the last record of an id wins, in file order
-                ledger._note(record)
 
     def _pending(self, items: list, ran: dict) -> Iterator:
         """`Batch.pending`'s jobs (or None: wait), noting which ids run and whether each was changed (the

@@ -11,7 +11,10 @@ output directory, as child processes timed from start to exit:
   workers    `omnitts synth ... --workers 2`                            (one command, two engine processes)
   ray        `omnitts synth ... --ray --workers 2`                      (a local Ray cluster, two actors)
 
-and checks that each left every id exactly once with the frames asked for. Reported per mode: wall seconds,
+and checks that each left every id exactly once with the frames asked for. Then the coordination costs
+of one output directory on the filesystem of --work (point --work at a shared filesystem to measure
+that): a claim taken and released, a claim attempt on an item another writer holds, and a result line
+appended (locked, written, fsynced) - what every item pays, whoever runs it. Reported per mode: wall seconds,
 items/s, seconds of audio per second, and the efficiency against `one` (its throughput ratio; 1.0 = as fast
 as one process using every core). The per-item overhead Ray adds is the slope of wall time over items of
 `ray` minus that of `workers` (both run at --items and at --items-small items; the intercept difference is
@@ -139,11 +142,47 @@ def main(argv=None) -> int:
                 continue
             results["modes"].setdefault(mode, {})[str(n)] = {"wall": wall, "items_per_s": n / wall,
                                                              "audio_per_s": seconds / wall}
+    results["coordination"] = coordination_costs(args.work / "coordination")
     results["load_after"] = lib.uptime()
     print(report(results, args))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def coordination_costs(folder: Path, n: int = 400) -> dict:
+    """Median microseconds of a claim + release, a claim attempt that finds the item held, and a result
+    line appended (lock, write, fsync), over `n` tries each, in a fresh `folder`."""
+    import shutil
+    import statistics
+
+    from omnitts.batch.claims import Writer
+    from omnitts.batch.ledger import Ledger
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    mine, other, ledger = Writer(folder), Writer(folder), Ledger(folder)
+
+    def timed(fn) -> float:
+        times = []
+        for i in range(n):
+            t = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - t)
+        return 1e6 * statistics.median(times)
+
+    try:
+        claim = timed(lambda i: (mine.claim(f"c{i}"), mine.release(f"c{i}")))
+        other.claim("held")
+        refused = timed(lambda i: mine.claim("held"))
+        record = {"status": "ok", "path": "x.wav", "seconds": 1.0, "samples": 24000, "frames": 13,
+                  "finish_reason": "length", "seed": 1, "fingerprint": "0" * 64}
+        append = timed(lambda i: ledger.write({"id": f"r{i}", **record}))
+    finally:
+        mine.close()
+        other.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"claim_release_us": claim, "claim_refused_us": refused, "append_us": append}
 
 
 def report(results: dict, args) -> str:
@@ -173,7 +212,25 @@ def report(results: dict, args) -> str:
         (a_w, b_w), (a_r, b_r) = fits["workers"], fits["ray"]
         lines.append(f"\nper item: workers {b_w:.3f} s, ray {b_r:.3f} s -> Ray adds {b_r - b_w:+.3f} s per item; "
                      f"fixed: workers {a_w:.1f} s, ray {a_r:.1f} s -> Ray adds {a_r - a_w:+.1f} s at start")
+    c = results.get("coordination")
+    if c:
+        lines.append(f"\ncoordination on {args.work} ({_fs(args.work)}): claim + release {c['claim_release_us']:.0f} us, "
+                     f"claim refused {c['claim_refused_us']:.0f} us, result line appended (fsync) "
+                     f"{c['append_us']:.0f} us (medians)")
     return "\n".join(lines)
+
+
+def _fs(path: Path) -> str:
+    """The filesystem type `path` lies on (from /proc/mounts; '?' elsewhere)."""
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _, mount, fstype = line.split()[:3]
+            if str(path.resolve()).startswith(mount) and len(mount) > len(best):
+                best, kind = mount, fstype
+    except OSError:
+        pass
+    return kind
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Done(NamedTuple):
     seed: int | None
     samples: int | None  # None in records written before omnitts recorded it
     fingerprint: str | None = None  # what made the audio (batch/fingerprint.py); None in older records
+    finish_reason: str | None = None  # "eos" or "length"
 
 
 def records(out: Path) -> Iterator[dict]:
@@ -148,7 +149,7 @@ class Ledger:
         item_id = record["id"]
         if record.get("status") == "ok":
             self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"),
-                                      record.get("samples"), record.get("fingerprint"))
+                                      record.get("samples"), record.get("fingerprint"), record.get("finish_reason"))
             self.failed.pop(item_id, None)
             self.failed_prints.pop(item_id, None)
         else:
