@@ -292,6 +292,7 @@ def test_shards_give_the_codes_of_one_process(ckpt_dir, tmp_path, sampling):
         one = np.load(tmp_path / "one" / f"{row['id']}.codes.npy")
         assert np.array_equal(one, np.load(tmp_path / "sharded" / f"{row['id']}.codes.npy")), row["id"]
         audio = [sf.read(str(tmp_path / d / f"{row['id']}.wav"), dtype="int16")[0] for d in ("one", "sharded")]
-        assert np.array_equal(*audio), row["id"]  # the codec decoded them among other streams, too
+        # decoded among other streams: within one 16-bit step (docs/determinism.md, "The waveform")
+        assert np.abs(audio[0].astype(int) - audio[1]).max() <= 1, row["id"]
     assert {r["seed"] for r in read_results(tmp_path / "one").values()} == \
         {r["seed"] for r in read_results(tmp_path / "sharded").values()}
