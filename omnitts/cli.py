@@ -265,7 +265,7 @@ def synth(
         shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         _fail(str(exc))
-    _check_ray(use_ray, ray_address, devices, workers, force)
+    _check_ray(use_ray, ray_address, devices, workers)
     # None: this process synthesizes (or Ray's actors do, `workers` of them)
     workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
     _check_engine(engine)
@@ -344,7 +344,7 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
             from .workers import Plan, cpu_threads
 
             plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
-                        batch.shard)
+                        batch.shard, since=batch.ledger.offset)
             stopped = _run_workers(batch, workers_on, plan, good, bad, quiet)
             batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except OmniTTSError as exc:
@@ -419,7 +419,7 @@ def _check_all_have_audio(batch, items, bad: int) -> None:
         raise typer.Exit(1)
 
 
-def _check_ray(use_ray: bool, address: str | None, devices: str | None, workers: int | None, force: bool) -> None:
+def _check_ray(use_ray: bool, address: str | None, devices: str | None, workers: int | None) -> None:
     """--ray's options go together, and Ray must be importable (checked before anything loads)."""
     if not use_ray:
         if address is not None:
@@ -429,9 +429,6 @@ def _check_ray(use_ray: bool, address: str | None, devices: str | None, workers:
         _fail("--devices does not go with --ray: Ray places its actors (--workers N sets how many)")
     if workers is not None and workers < 1:
         _fail(f"--workers {workers}: give 1 or more (with --ray: the number of actors)")
-    if force:
-        _fail("--force with --ray: a batch Ray retries would redo what its first attempt finished; run --force "
-              "without --ray, or use a new --out")
     try:
         import ray  # noqa: F401
         import ray.data  # noqa: F401
@@ -483,11 +480,13 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
             env = dict(load_recipe(recipe).env)
         options = dict(load_kwargs, greedy=s.greedy, seed=s.seed, max_frames=s.max_frames, format=s.format,
                        save_codes=s.save_codes, loudness=s.loudness, split_chars=s.split_chars,
-                       retry_failed=s.retry_failed, retry_runaway=s.retry_runaway, env=env)
+                       retry_failed=s.retry_failed, force=s.force, retry_runaway=s.retry_runaway,
+                       env=env)
         if not quiet:
             console.print(f"ray: {_plural(workers, 'actor')} on {load_kwargs['device']} "
                           f"({ray.cluster_resources().get('CPU', 0):g} CPUs in the cluster)")
         rows = max(1, min(BATCH_ROWS, -(-(total - tally.failed) // workers)))  # every actor gets blocks to work on
+        options["since"] = batch.ledger.offset  # a batch Ray retries finds what this run already did
         meta = synthesize_dataset(dataset_from_items(mine(), chunk_rows=rows), model, batch.out, actors=workers,
                                   batch_size=rows, **options)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -92,6 +92,10 @@ class Synthesizer:
             `synthesize_dataset` passes the driver's working directory unless told.
         env: environment variables to set in the actor before the model loads (a recipe's [env]); a
             variable already set in the actor wins.
+        force: redo every row, done ones included (`--force`), once per run: pass `since` too.
+        since: where this run began in OUT/results.jsonl (its size in bytes then): records after it are
+            this run's, so a batch Ray retries after its actor died, or another actor, never redoes them
+            (with `force` too). `omnitts synth --ray` passes it; None: when this actor started.
 
     Batches may be pyarrow tables (what `synthesize_dataset` uses), pandas frames or dicts of columns; the
     result is a pyarrow table of metadata rows (`row_schema`), one per input row, in input order.
@@ -101,8 +105,8 @@ class Synthesizer:
                  max_batch: int = 8, eager: bool = False, official_tokenizer: bool = False, greedy: bool = False,
                  seed: int | None = None, max_frames: int | None = None, format: str = "wav",
                  save_codes: bool = False, loudness: float | None = None, split_chars: int | None = None,
-                 retry_failed: bool = False, retry_runaway: int = 0, columns: dict | None = None,
-                 base: str | None = None, env: dict | None = None):
+                 retry_failed: bool = False, force: bool = False, retry_runaway: int = 0, columns: dict | None = None,
+                 base: str | None = None, env: dict | None = None, since: int | None = None):
         from .api import load
         from .batch.outdir import Batch, Settings
         from .config import load_config
@@ -111,7 +115,7 @@ class Synthesizer:
         for key, value in (env or {}).items():
             os.environ.setdefault(key, value)
         self.settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes,
-                                 format=format, retry_failed=retry_failed, retry_runaway=retry_runaway,
+                                 format=format, retry_failed=retry_failed, force=force, retry_runaway=retry_runaway,
                                  loudness=loudness, split_chars=split_chars)
         self.columns = dict(columns or {})
         self.base = Path(base or "/")
@@ -121,7 +125,7 @@ class Synthesizer:
         self.tts = load(model, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch, eager=eager,
                         official_tokenizer=official_tokenizer)
         self.voices = Voices(self.cfg)
-        self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity,
+        self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity, since=since,
                            sample_rate=self.tts.sample_rate)
         self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
                                  sink=self.batch.sink)

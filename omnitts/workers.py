@@ -99,6 +99,7 @@ class Plan:
     load_kwargs: dict  # omnitts.load's keyword arguments; `device` is replaced by the worker's kind
     threads: int | None = None
     shard: tuple[int, int] | None = None  # --shard K/N: this command's share of the manifest
+    since: int | None = None  # where this command began in results.jsonl: later records are this run's
 
 
 def name(index: int, device: str) -> str:
@@ -210,7 +211,7 @@ def _open(plan: Plan):
     from .batch.outdir import Batch
 
     cfg = load_config(plan.model)
-    batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard)
+    batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard, since=plan.since)
     items = (entry for entry in iter_manifest(plan.manifest, cfg, plan.columns, plan.settings.split_chars)
              if not isinstance(entry, BadLine))
     return batch, items

@@ -224,6 +224,15 @@ def test_cli_ray_end_to_end(ckpt_dir, tmp_path):
     assert f"{len(SEEDED)} items already done" in proc.stderr, proc.stderr
     assert len(_records(out)) == len(SEEDED) + 1
 
+    # --force: every item redone exactly once by the actors together (each a writer that started after
+    # the run began: the run's start in results.jsonl tells them what this run already did)
+    proc = subprocess.run(cmd + ["--force"], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    forced = Counter(r["id"] for r in _records(out)[len(SEEDED) + 1:])
+    assert forced == Counter([r["id"] for r in SEEDED]), forced  # the bad line stays recorded once
+    _same_codes(one, out, [r["id"] for r in SEEDED])
+    _assert_clean(out)
+
 
 def test_ray_options_are_checked_before_anything_loads(ckpt_dir, tmp_path, monkeypatch):
     manifest = _manifest(tmp_path / "m.jsonl", SEEDED[:1])
@@ -234,8 +243,6 @@ def test_ray_options_are_checked_before_anything_loads(ckpt_dir, tmp_path, monke
     assert result.exit_code == 2 and "--devices does not go with --ray" in result.output
     result = runner.invoke(app, base + ["--ray", "--workers", "0"])
     assert result.exit_code == 2 and "--workers 0: give 1 or more" in result.output
-    result = runner.invoke(app, base + ["--ray", "--force"])
-    assert result.exit_code == 2 and "--force with --ray" in result.output
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
     result = runner.invoke(app, base + ["--ray"])
     assert result.exit_code == 2

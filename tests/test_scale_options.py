@@ -74,3 +74,21 @@ def test_options_mean_the_same_under_every_way_to_scale(ckpt_dir, tmp_path, how)
         # the samples: decoded among other streams, within one 16-bit step (docs/determinism.md)
         assert one[1][i].shape == other[1][i].shape and np.abs(one[1][i] - other[1][i]).max() <= 1, i
     assert _export(tmp_path / "one-ds") == _export(tmp_path / "scaled-ds")
+
+
+@pytest.mark.parametrize("how", ["workers", pytest.param("ray", marks=pytest.mark.slow)])
+def test_force_redoes_every_item_once_across_workers(ckpt_dir, tmp_path, how):
+    """--force with several engines: each item redone exactly once, though every worker opens the directory
+    after the run began (and after others may have redone items already)."""
+    if how == "ray":
+        pytest.importorskip("ray")
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    flags = ["--greedy", "--max-frames", "6", "--dtype", "float32", "-q", "--workers", "2"]
+    flags += ["--ray"] if how == "ray" else []
+    for extra in ([], ["--force"]):
+        result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt), "-o", str(out), *flags, *extra])
+        assert result.exit_code == 0, result.output
+    lines = [json.loads(line)["id"] for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(lines) == sorted([r["id"] for r in ROWS] * 2)

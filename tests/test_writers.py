@@ -122,6 +122,18 @@ def test_concurrent_appends_never_tear_or_interleave_and_each_reader_sees_the_ot
     assert ledger.arrived == {"c"}  # its own record is not another writer's
 
 
+def test_records_after_the_runs_start_are_the_runs_own(tmp_path):
+    """A writer that joins a run late (a worker, a Ray actor) is told where the run began: what other writers
+    recorded since then is `arrived` (this run's work, not an earlier run's), so --force never redoes it."""
+    early = Ledger(tmp_path)
+    early.write({"id": "before", "status": "error", "error": "x"})
+    start = early.offset
+    early.write({"id": "during", "status": "error", "error": "y"})
+    assert Ledger(tmp_path).arrived == set()  # without `since`: everything there is earlier work
+    late = Ledger(tmp_path, since=start)
+    assert late.arrived == {"during"} and set(late.failed) == {"before", "during"}
+
+
 # -- shards -------------------------------------------------------------------------------------
 def test_shards_are_stable_and_cover_every_id_once():
     assert parse_shard("0/2") == (0, 2) and parse_shard(" 3/4 ") == (3, 4)

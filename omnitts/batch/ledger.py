@@ -67,7 +67,9 @@ class Ledger:
     another writer after this Ledger opened are in `arrived`.
     """
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, since: int | None = None):
+        """`since`: where this run began in the log (bytes), when it began before this Ledger opened (the
+        workers of one command, the actors of one Ray run): records after it are this run's, `arrived`."""
         self.path = Path(out) / NAME
         self.done: dict[str, Done] = {}  # id -> its last record, when that is good
         self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
@@ -75,8 +77,10 @@ class Ledger:
         self.arrived: set[str] = set()  # ids another writer recorded after this Ledger opened
         self.offset = 0  # bytes of the log read so far (whole lines only)
         self._track = False  # what is there at the start is the earlier runs' work, not `arrived`
-        self._read()
+        self._read(upto=since)
         self._track = True
+        if since is not None:
+            self._read()
 
     def is_done(self, item_id: str, out: Path) -> bool:
         """Done = the id's last record is good and its audio file still holds what the record says."""

@@ -140,7 +140,7 @@ class Batch:
     writer's claims and lock (a killed process's are dropped by the kernel)."""
 
     def __init__(self, out: Path, settings: Settings, config=None, identity: str | None = None,
-                 sample_rate: int = 24000, shard: tuple[int, int] | None = None):
+                 sample_rate: int = 24000, shard: tuple[int, int] | None = None, since: int | None = None):
         self.out = Path(out)
         self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
@@ -154,7 +154,7 @@ class Batch:
             _probe(self.out)
         except OSError as exc:  # what check_out cannot see (e.g. a filesystem that refuses new files)
             raise OutDirError(f"--out {self.out}: cannot be written ({exc.strerror or exc})") from None
-        self.ledger = Ledger(self.out)
+        self.ledger = Ledger(self.out, since)  # since: where the run this writer belongs to began (Ledger)
         self.tally = Tally()
         self._prints: dict[str, str] = {}  # id -> fingerprint, for the jobs handed out and not yet saved
         self._looked = 0.0  # when held items were last looked at
