@@ -155,8 +155,9 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _check_engine(engine: dict) -> None:
-    """Reject a bad device, dtype or codec dtype (and a device this machine lacks) before anything loads."""
+def _check_engine(engine: dict, devices: str | None = None) -> None:
+    """Reject a bad device, dtype or codec dtype (and a device this machine lacks) before anything loads;
+    `devices`: the --devices list the device kind came from, named in the error instead of --device."""
     from .recipe import CODEC_DTYPES, DEVICES, DTYPES
 
     for flag, name, choices in (("--device", "device", DEVICES), ("--dtype", "dtype", DTYPES),
@@ -167,7 +168,8 @@ def _check_engine(engine: dict) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            _fail("--device cuda: no CUDA device is visible to torch (use --device cpu)")
+            given = f"--devices {devices}" if devices else "--device cuda"
+            _fail(f"{given}: no CUDA device is visible to torch (use --device cpu)")
     elif engine["device"] == "npu":
         from .device.npu import import_torch_npu
 
@@ -268,7 +270,7 @@ def synth(
     _check_ray(use_ray, ray_address, devices, workers)
     # None: this process synthesizes (or Ray's actors do, `workers` of them)
     workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
-    _check_engine(engine)
+    _check_engine(engine, devices)
     if workers_on is not None:
         _check_device_indices(workers_on)
     _check_output(audio_format, loudness)

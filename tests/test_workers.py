@@ -192,3 +192,15 @@ def test_cpu_workers_split_the_cores(monkeypatch):
     assert workers.cpu_threads(["cpu"] * 3) == 2
     assert workers.cpu_threads(["cpu"] * 16) == 1
     assert workers.cpu_threads(["cuda:0", "cuda:1"]) is None
+
+
+def test_devices_the_machine_lacks_are_named_as_given(ckpt_dir, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    manifest, _ = _manifest(tmp_path, count=2)
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                      str(tmp_path / "out"), "--devices", "cuda:0-1"])
+    assert result.exit_code == 2
+    assert result.output.strip() == "error: --devices cuda:0-1: no CUDA device is visible to torch (use --device cpu)"
