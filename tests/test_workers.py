@@ -136,7 +136,7 @@ def test_a_killed_worker_is_named_and_the_other_finishes_its_items(ckpt_dir, tmp
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["term", "int"])
 def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code):
-    manifest, ids = _manifest(tmp_path, count=16)
+    manifest, ids = _manifest(tmp_path, count=24)
     out = tmp_path / "out"
     proc = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2", frames=10, wait=False)
     _wait(lambda: len(_records(out)) >= 1, proc, "a first record")
