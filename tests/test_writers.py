@@ -308,3 +308,24 @@ def test_shards_give_the_codes_of_one_process(ckpt_dir, tmp_path, sampling):
         assert np.abs(audio[0].astype(int) - audio[1]).max() <= 1, row["id"]
     assert {r["seed"] for r in read_results(tmp_path / "one").values()} == \
         {r["seed"] for r in read_results(tmp_path / "sharded").values()}
+
+
+def test_a_filesystem_without_locks_is_one_line_before_anything_runs(ckpt_dir, tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+
+    def refuse(fd, how):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    manifest, _ = _manifest(tmp_path, 2)
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                      str(tmp_path / "out"), "-q"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "does not support file locks" in lines[0], result.output
+    assert not list((tmp_path / "out").glob("*.wav"))
