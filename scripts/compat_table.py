@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ["torch", "transformers", "tokenizers", "huggingface_hub", "datasets", "pyarrow", "numpy", "librosa",
-            "soundfile", "safetensors", "typer", "rich"]
+            "soundfile", "safetensors", "typer", "rich", "ray"]
 BEGIN, END = "<!-- compat-table: begin -->", "<!-- compat-table: end -->"
 
 
