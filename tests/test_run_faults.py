@@ -195,9 +195,12 @@ def test_an_id_too_long_for_the_filesystem_fails_that_item_only(ckpt_dir, tmp_pa
     long_id = "x" * 150
     manifest, out = _manifest(tmp_path, ["a", long_id, "c"]), tmp_path / "out"
     temp_name = atomic.temp_name
+    probe = Path(temp_name(tmp_path / "a.wav"))
+    assert len(probe.name) - len("a.wav") == atomic.TEMP_EXTRA  # what the error message says
+    probe.unlink()
 
     def short_names(path):
-        if len(Path(path).name) + 22 > 143:
+        if len(Path(path).name) + atomic.TEMP_EXTRA > 143:
             raise OSError(errno.ENAMETOOLONG, "File name too long", str(path))
         return temp_name(path)
 
@@ -207,8 +210,8 @@ def test_an_id_too_long_for_the_filesystem_fails_that_item_only(ckpt_dir, tmp_pa
     records = read_results(out)
     assert records["a"]["status"] == records["c"]["status"] == "ok"
     assert records[long_id]["error"] == (
-        f"id: the file name '{long_id}.wav' (154 bytes, and omnitts writes it under a temporary name 22 bytes "
-        f"longer) is too long for the filesystem of {out} (File name too long); use a shorter id")
+        f"id: the file name '{long_id}.wav' (154 bytes, and omnitts writes it under a temporary name "
+        f"{atomic.TEMP_EXTRA} bytes longer) is too long for the filesystem of {out} (File name too long); use a shorter id")
     assert sorted(p.name for p in out.iterdir()) == ["a.codes.npy", "a.wav", "c.codes.npy", "c.wav", "results.jsonl"]
     monkeypatch.undo()
     assert _synth(ckpt_dir, manifest, out, "--save-codes", "--retry-failed").exit_code == 0

@@ -407,12 +407,12 @@ def _check_name(target: Path) -> None:
 
 
 def _too_long(target: Path, exc: OSError) -> str:
-    from ..io.atomic import shown_name
+    from ..io.atomic import TEMP_EXTRA, shown_name
 
     target = Path(shown_name(target))
     return (f"id: the file name {target.name!r} ({len(os.fsencode(target.name))} bytes, and omnitts writes it under "
-            f"a temporary name 22 bytes longer) is too long for the filesystem of {target.parent} ({exc.strerror}); "
-            "use a shorter id")
+            f"a temporary name {TEMP_EXTRA} bytes longer) is too long for the filesystem of {target.parent} "
+            f"({exc.strerror}); use a shorter id")
 
 
 def _probe(out: Path) -> None:

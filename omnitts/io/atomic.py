@@ -20,6 +20,8 @@ from typing import Iterator
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left, disk quota exceeded
 TEMP_MARK = ".omnitts-"  # between the target's name and mkstemp's random part
+# bytes a temporary name adds to its target's: ".", TEMP_MARK, the writer token, "-", mkstemp's 8, ".tmp"
+TEMP_EXTRA = 1 + len(TEMP_MARK) + 8 + 1 + 8 + len(".tmp")
 # <writer>- is absent from names made before omnitts shared directories between writers
 _TEMP = re.compile(r"\..+\.omnitts-(?:(?P<writer>[0-9a-f]{8})-)?[A-Za-z0-9_]{8}\.tmp\Z")
 _token: tuple[int, str] | None = None  # (pid, token): a forked child makes its own
