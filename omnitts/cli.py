@@ -446,7 +446,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     stream back; the closing summary and exit code are the normal path's, with results.jsonl (which the
     actors write) the truth for which items have audio. Returns 130/143 if a signal stopped it, else None.
     """
-    import logging
+    import warnings
 
     import ray
     import ray.data
@@ -460,8 +460,6 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     s, tally = batch.settings, batch.tally
     mine = lambda: (item for item in items() if batch.mine(item.request.id))  # noqa: E731 (this --shard's)
     before = batch.ledger  # what was recorded before the run: a row skipped for a record made since counts as done
-    import warnings
-
     for name in ("ray", "ray.data"):  # Ray Data logs each execution at INFO on its own handler
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="ray")  # e.g. "the operator only received 1 input(s)"
@@ -494,12 +492,11 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[rate]}"))
         with Progress(*columns, console=console, disable=quiet) as progress:
-            task = progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
+            progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
             for rows in meta.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for row in rows.to_pylist():
                     _count_row(row, before, tally, console)
-                progress.update(task, completed=tally.done + tally.failed + tally.skipped,
-                                rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+                _advance(progress, tally)
     except KeyboardInterrupt:
         raise
     except Exception as exc:  # an actor that cannot start (checkpoint, device), a full disk in an actor, ...
@@ -539,8 +536,6 @@ def _os_error(exc: OSError, out: Path, batch) -> None:
     """A filesystem error (a full disk, EACCES, EIO, a filesystem turned read-only...) ends the run with
     one line naming the file and the error, exit 1. What is done stays done (nothing is half-written:
     see batch/outdir.py), so the same command resumes once the cause is fixed."""
-    import errno
-
     from .io.atomic import disk_full, shown_name
 
     done = len(batch.ledger.done) if batch is not None else 0
@@ -548,24 +543,27 @@ def _os_error(exc: OSError, out: Path, batch) -> None:
     if disk_full(exc):
         _fail(f"no space left on {out}: {resume}free some space and run the same command again to resume", code=1)
     where = shown_name(exc.filename) if exc.filename else out
+    _fail(f"cannot write {where}: {_os_reason(exc)}: {resume}fix that and run the same command again to resume",
+          code=1)
+
+
+def _os_reason(exc: OSError) -> str:
+    """An OSError's text with its errno's name, e.g. "Permission denied (EACCES)"."""
+    import errno
+
     code = errno.errorcode.get(exc.errno)
-    reason = (exc.strerror or str(exc)) + (f" ({code})" if code else "")
-    _fail(f"cannot write {where}: {reason}: {resume}fix that and run the same command again to resume", code=1)
+    return (exc.strerror or str(exc)) + (f" ({code})" if code else "")
 
 
 def _export_failed(exc: Exception, target: Path, out: Path, batch) -> None:
     """An export that failed (a full disk...) left nothing behind (batch/export.py); the synthesized items stay
     done, so the same command exports them without synthesizing again. One line, exit 1."""
-    import errno
-
     from .io.atomic import disk_full
 
     if disk_full(exc):
         reason = "no space left on device"
     elif isinstance(exc, OSError):
-        code = errno.errorcode.get(exc.errno)
-        reason = (f"cannot write {exc.filename}: " if exc.filename else "") + (exc.strerror or str(exc)) + (
-            f" ({code})" if code else "")
+        reason = (f"cannot write {exc.filename}: " if exc.filename else "") + _os_reason(exc)
     else:
         reason = str(exc)
     done = len(batch.ledger.done)
@@ -604,8 +602,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
         def report(rec: dict) -> None:
             if rec["status"] != "ok":
                 console.print(f"error: {rec['id']}: {rec['error']}")
-            progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped + tally.others,
-                            rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+            _advance(progress, tally)
 
         run_items(batch, items, loaded, stopping.requested, report)
     stopped = stopping.exit_code if stopping.count else None
@@ -655,8 +652,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                 rest = "the others take over its items" if pool.alive() else "its items are left for the next run"
                 console.print(f"{who} died: {event[1].reason}; {rest}")
             if progress.task_ids:
-                progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped,
-                                rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+                _advance(progress, tally)
     stopped = stopping.exit_code if stopping.count else None
     if stopped:
         console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
@@ -673,6 +669,12 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
     if kinds == {"usage"} and len(pool.errors) == len(devices) and not tally.done:
         raise typer.Exit(2)  # every worker refused to start (each said why): nothing could run
     return stopped
+
+
+def _advance(progress, tally) -> None:
+    """Show `tally` on a run's progress bar (its one task): items accounted for, audio written, speed."""
+    progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped + tally.others,
+                    rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
 
 
 def _progress(console, quiet: bool):

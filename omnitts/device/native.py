@@ -40,10 +40,9 @@ from pathlib import Path
 import torch
 
 from ..cache import cache_root
-
-log = logging.getLogger(__name__)
 from .features import native_march
 
+log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native_kernels.cpp")
 # -ffp-contract=off: a product and a sum written apart stay rounded apart (the kernels copy roundings).
 # The target (-march) comes first, from flags(), so flags added here can narrow it (-mno-avx512f).

@@ -171,9 +171,9 @@ class Engine:
     def drop_waiting(self, which=None) -> list[Sequence]:
         """Forget queued requests that were never admitted (they have not started), all of them or those
         for which `which(seq)` is true; returns them."""
-        waiting = self.scheduler.waiting
-        dropped = [seq for seq in waiting if which is None or which(seq)]
-        kept = [seq for seq in waiting if which is not None and not which(seq)]
+        waiting, dropped, kept = self.scheduler.waiting, [], []
+        for seq in waiting:
+            (dropped if which is None or which(seq) else kept).append(seq)
         waiting.clear()
         waiting.extend(kept)
         return dropped
