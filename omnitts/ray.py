@@ -196,9 +196,9 @@ class Synthesizer:
             yield job
 
     def close(self) -> None:
-        close = getattr(self.batch, "close", None)
-        if close is not None:
-            close()
+        batch = getattr(self, "batch", None)  # None: __init__ failed before the directory was opened
+        if batch is not None:
+            batch.close()
 
     def __del__(self):
         try:

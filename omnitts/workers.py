@@ -181,7 +181,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         send("error", index, f"{type(exc).__name__}: {exc}", "crash")
         code = 1
     finally:
-        if batch is not None and hasattr(batch, "close"):
+        if batch is not None:
             batch.close()  # releases its claims now, not at exit
         conn.close()
     sys.exit(code)

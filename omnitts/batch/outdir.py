@@ -167,17 +167,14 @@ class Batch:
 
     def close(self) -> None:
         """Give up this writer's claims, delete what dead writers left, and leave the directory."""
-        writer = getattr(self, "writer", None)
+        writer = getattr(self, "writer", None)  # None: __init__ failed before it joined the directory
         if writer is None:
             return
-        for item_id in list(writer.claims):
-            writer.release(item_id)
+        writer.close()  # its claims, then its lock (this process's temporary files stay live for sweep)
         try:
             sweep(self.out)
         except OSError:
             pass  # a directory gone or unwritable at the end: nothing of ours is left in it anyway
-        finally:
-            writer.close()
 
     def mine(self, item_id: str) -> bool:
         """Whether `item_id` is this writer's to run (in its shard, if it has one)."""
