@@ -76,6 +76,8 @@ SaveCodes = Annotated[bool, _option("--save-codes", panel=OUTPUT, help="Also wri
 OfficialTok = Annotated[bool, _option("--official-tokenizer", panel=DECODING,
                                       help="Tokenize as the official qwen-tts package does.")]
 Quiet = Annotated[bool, _option("--quiet", "-q", panel=OUTPUT, help="No progress bar; errors and summary still print.")]
+Verbose = Annotated[bool, _option("--verbose", "-v", panel=OUTPUT,
+                                  help="Also report graph capture costs.")]
 Strict = Annotated[bool, _option("--strict", panel=INPUT, help="Synthesize nothing if any manifest line is bad.")]
 RetryFailed = Annotated[bool, _option("--retry-failed", panel=OUTPUT,
                                       help="Run again the items an earlier run failed.")]
@@ -239,6 +241,7 @@ def synth(
     retry_failed: RetryFailed = False,
     force: Force = False,
     quiet: Quiet = False,
+    verbose: Verbose = False,
 ):
     """Synthesize every line of MANIFEST into OUT/ID.wav, recorded in OUT/results.jsonl.
 
@@ -321,11 +324,11 @@ def synth(
     with batch:  # this writer's claims and lock are given up however the run ends
         ray = (ray_address, workers, recipe) if use_ray else None
         _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
-                   export_dataset, quiet, workers_on, ray)
+                   export_dataset, quiet, workers_on, ray, verbose)
 
 
 def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
-               export_dataset, quiet, workers_on=None, ray=None):
+               export_dataset, quiet, workers_on=None, ray=None, verbose=False):
     """synth after pass 1: run the pending items (here, in one worker process per device of `workers_on`, or
     on Ray with `ray` = (address, actors, recipe)), export, exit code."""
     from .batch.manifest import BadLine, iter_manifest
@@ -341,7 +344,7 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
         if ray is not None:
             stopped = _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
         elif workers_on is None:
-            stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet)
+            stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet, verbose)
         else:
             from .workers import Plan, cpu_threads
 
@@ -571,8 +574,9 @@ def _export_failed(exc: Exception, target: Path, out: Path, batch) -> None:
           "stay done: fix that and run the same command again to export", code=1)
 
 
-def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) -> int | None:
-    """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary.
+def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, verbose: bool = False) -> int | None:
+    """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary
+    (`verbose`: with what graph capture cost).
 
     Returns the exit code of a signal that stopped the run early (130 Ctrl-C, 143 SIGTERM), else None.
     The loop itself is batch/run.py's (the workers of --workers run the same one).
@@ -604,13 +608,25 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool) 
                 console.print(f"error: {rec['id']}: {rec['error']}")
             _advance(progress, tally)
 
-        run_items(batch, items, loaded, stopping.requested, report)
+        stats = {}
+        run_items(batch, items, loaded, stopping.requested, report, stats)
     stopped = stopping.exit_code if stopping.count else None
     if stopped:
         console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
                       "keeps what is done)")
     _summary(console, batch)
+    if verbose and stats:
+        console.print(_graph_line(stats))
     return stopped
+
+
+def _graph_line(stats: dict) -> str:
+    """The --verbose line: what capturing frame graphs cost this run (`Pipeline.graph_stats`)."""
+    engines = _plural(stats["engines"], "engine")
+    if not stats["captures"]:
+        return f"graph capture: none (frames ran eagerly; {engines} built)"
+    return (f"graph capture: {_plural(stats['captures'], 'graph')} in {stats['capture_seconds']:.2f} s, "
+            f"{_plural(stats['warmup_frames'], 'eager warm-up frame')} ({engines} built)")
 
 
 def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool) -> int | None:

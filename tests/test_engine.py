@@ -95,8 +95,8 @@ def test_batches_mixing_sampling_plans_match_each_request_alone(cv):
     for done in (run_engine(cv, jobs, max_num_seqs=2), run_engine(cv, jobs, backend=backend, max_num_seqs=2)):
         for i, codes in enumerate(alone):
             np.testing.assert_array_equal(done[i].codes(), codes, err_msg=f"request {i}")
-    plans = len(backend.captured) // 2  # buckets 1 and 2 per plan
-    assert plans >= 3 and len(backend.captured) == 2 * plans
+    # A graph per (plan, batch bucket, span bucket) a frame needed, and only those: each replayed.
+    assert len(backend.captured) >= 3 and all(graph.replays for graph in backend.captured)
 
 
 def test_fake_graph_path_equals_eager(cv):
@@ -105,8 +105,8 @@ def test_fake_graph_path_equals_eager(cv):
         eager = run_engine(cv, jobs, max_num_seqs=4)
         backend = FakeGraphBackend()
         graphed = run_engine(cv, jobs, backend=backend, max_num_seqs=4)
-        assert len(backend.captured) == 6  # batch buckets 1, 2, 4 x span buckets 256, 512
-        assert sum(g.replays > 0 for g in backend.captured) == 3  # every batch bucket, all spans < 256
+        # Batch buckets 1, 2, 4 (spans all < 256) captured when first needed; span 512 never is.
+        assert len(backend.captured) == 3 and all(g.replays > 0 for g in backend.captured)
         for i in eager:
             np.testing.assert_array_equal(eager[i].codes(), graphed[i].codes(), err_msg=f"request {i}")
 
@@ -180,7 +180,9 @@ def test_graph_buckets_are_configurable(cv):
     jobs = cv_jobs(cv, greedy=True)
     backend = FakeGraphBackend()
     graphed = run_engine(cv, jobs, backend=backend, max_num_seqs=4, graph_buckets=(3, 8))
-    assert len(backend.captured) == 4  # batch buckets 3 and 4 (max_num_seqs; 8 is beyond it) x spans 256, 512
+    # Batch buckets 3 and 4 (max_num_seqs; 8 is beyond it), each needed, at span 256 (frames never reach 512);
+    # the default buckets would capture 1, 2 and 4.
+    assert len(backend.captured) == 2 and all(graph.replays for graph in backend.captured)
     eager = run_engine(cv, jobs, max_num_seqs=4)
     for i in eager:
         np.testing.assert_array_equal(eager[i].codes(), graphed[i].codes(), err_msg=f"request {i}")

@@ -61,11 +61,13 @@ def test_graphs_equal_eager_in_every_batch_and_span_bucket(cv, greedy):
                     backend=backend)
     steps = engine.steps_for([cv.default_params(greedy, max_frames=1, seed=20)])  # the plan these requests share
     assert steps.sizes == [1, 2, 4] and steps.spans == [*span_buckets, positions]
-    assert len(steps.graphs) == 3 * 3 == len(backend.captured)
-    graphed, _ = drive(engine, cv, greedy, frames)
-    assert len(backend.captured) == 9  # no other plan was needed
-    used = [key for key, graph in steps.graphs.items() if graph.replays]
-    assert {size for size, _ in used} == {1, 2, 4} and {span for _, span in used} == set(steps.spans)
+    assert not steps.graphs and not backend.captured  # nothing is captured before a frame needs it
+    graphed, spans = drive(engine, cv, greedy, frames)
+    needed = {steps.bucket(batch, span) for batch, span in spans}
+    assert set(steps.graphs) == needed and len(backend.captured) == len(needed)  # no other plan, no unused graph
+    assert all(graph.replays for graph in backend.captured)
+    assert {size for size, _ in needed} == {1, 2, 4} and {span for _, span in needed} == set(steps.spans)
+    assert steps.captures == len(needed) and steps.warmup_frames == len(needed)  # one warm-up frame per graph
     for i in eager:
         np.testing.assert_array_equal(graphed[i], eager[i], err_msg=f"request {i}")
 
@@ -73,7 +75,7 @@ def test_graphs_equal_eager_in_every_batch_and_span_bucket(cv, greedy):
 def test_a_short_batch_reads_a_sixteenth_of_the_kv_of_a_full_one(cv):
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=2, max_positions=4096), backend=FakeGraphBackend())
     steps = engine.steps_for([cv.default_params(True, max_frames=1)])
-    assert steps.spans == [256, 512, 1024, 2048, 4096] and len(steps.graphs) == 2 * 5
+    assert steps.spans == [256, 512, 1024, 2048, 4096] and steps.sizes == [1, 2]
     assert steps.bucket(2, 100) == (2, 256) and steps.bucket(1, 257) == (1, 512) and steps.bucket(2, 4096) == (2, 4096)
     read = []
     update = engine.cache.update
@@ -86,6 +88,7 @@ def test_a_short_batch_reads_a_sixteenth_of_the_kv_of_a_full_one(cv):
     engine.cache.update = counted
     measured = {}
     for span in (100, 4096):
+        steps.run(2, span)  # the first run of a bucket captures it (a warm-up frame, the capture, the replay)
         read.clear()
         steps.run(2, span)
         measured[span] = sum(read)
@@ -123,8 +126,10 @@ def test_the_fake_catches_host_data_and_python_values_that_change_between_replay
 def test_one_replay_per_step_and_no_host_sync_outside_collect(cv):
     backend = FakeGraphBackend()
     engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=3, max_positions=256), backend=backend)
-    engine.steps_for([cv.default_params(True, max_frames=1)])  # capture the greedy plan's graphs up front
-    assert backend.captured and all(len(graph.trace) > 100 for graph in backend.captured)  # the real frame
+    steps = engine.steps_for([cv.default_params(True, max_frames=1)])
+    for size in steps.sizes:  # capture the greedy plan's graphs up front (a frame would capture its own bucket)
+        steps.run(size, 1)
+    assert len(backend.captured) == 3 and all(len(graph.trace) > 100 for graph in backend.captured)  # the real frame
     frame = engine.runner.frame
 
     def only_in_graphs(*args):
@@ -260,7 +265,7 @@ def test_capture_orders_the_state_copies_around_the_side_stream_warm_up():
         name = "fake"
         api = Api()
 
-        def new_graph(self, fn, state, output):
+        def new_graph(self, fn, restore, output, inputs):
             return object()
 
     class Copies(TorchFunctionMode):
@@ -272,6 +277,7 @@ def test_capture_orders_the_state_copies_around_the_side_stream_warm_up():
     state = [torch.zeros(3), torch.ones(2)]
     with Copies():
         Backend(eager=False).capture(lambda: state[0].add_(1), None, state, state[0])
+    assert log.count("on side") == 1  # one warm-up run
     wait_side, wait_current = log.index("side waits for current"), log.index("current waits for side")
     assert [i for i, entry in enumerate(log) if entry == "clone"] == [wait_side - 2, wait_side - 1], log
     assert log.index("on side") > wait_side and wait_current > log.index("off side"), log
@@ -358,3 +364,95 @@ def test_pinned_transfers_wait_for_their_event_only_when_read_and_hand_out_owned
     buffers[1].fill_(-1)  # the buffer reused or overwritten later: what was handed out stays
     assert np.array_equal(got, second_codes.numpy())
     assert np.array_equal(first.result(), first_codes.numpy()) and log[-1] == ("wait", 0)
+
+
+def test_captures_are_lazy_one_per_step_into_one_pool_and_clone_only_the_small_state(cv):
+    """Issue 33/37 capture budget: a graph is captured when a frame first needs its bucket, at most one
+    per step (the running rows wait for one capture, never for the whole ladder), with one warm-up frame;
+    every plan of an engine captures into the engine's one pool; a capture clones only the slots' small
+    per-row state (never the K/V cache) and frees it before the capture runs."""
+    from torch.overrides import TorchFunctionMode
+
+    pools, cloned = [], []
+
+    class Recording(FakeGraphBackend):
+        def graph_pool(self):
+            pools.append(object())
+            return pools[-1]
+
+        def capture(self, fn, pool, restore, output, inputs=None):
+            assert pool is pools[0], "a capture outside the engine's pool"
+            with Clones():  # the accelerator's warm-up clones, and the fake's own for its executing capture
+                return super().capture(fn, pool, restore, output, inputs)
+
+    class Clones(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.Tensor.clone:
+                cloned.append(out.numel() * out.element_size())
+            return out
+
+    backend = Recording()
+    engine = Engine(cv.ckpt, EngineConfig(max_num_seqs=4, max_positions=512), backend=backend)
+    small = sum(t.numel() * t.element_size() for t in engine.state.written())
+    kv = sum(t.numel() * t.element_size() for t in engine.cache.tensors())
+    assert small * 4 < kv  # the test can tell the two apart
+    # Four greedy rows run first (the greedy plan), then sampled ones join (a second plan), one pool.
+    jobs = [(p, cv.default_params(i < 4, max_frames=3 + 2 * i, seed=i)) for i, p in enumerate(prompts(cv, 6))]
+    for i, (prompt, params) in enumerate(jobs):
+        engine.add(prompt, params, tag=i)
+    per_step = []
+    while engine.has_work():
+        before, cloned[:] = len(backend.captured), []
+        engine.step()
+        per_step.append(len(backend.captured) - before)
+        assert sum(cloned) <= 2 * small, "a capture cloned more than the per-row state (the K/V cache?)"
+        assert bool(cloned) == (per_step[-1] == 1)
+    assert len(engine.steps) >= 2 and len(pools) == 1  # several plans, one pool
+    assert max(per_step) == 1 and sum(per_step) == len(backend.captured) >= 3
+    assert all(graph.replays for graph in backend.captured)  # nothing captured that the run did not use
+    stats = engine.graph_stats()
+    assert stats["captures"] == len(backend.captured) == stats["warmup_frames"] and stats["capture_seconds"] > 0
+
+
+def test_synth_through_fake_graphs_equals_eager_and_reports_the_capture_cost(ckpt_dir, tmp_path, monkeypatch):
+    """The whole `omnitts synth` loop (prefill, admission, compaction, codec, files) on the CPU fake's graphs
+    gives the eager run's codes, greedy and seeded; `--verbose` says what capture cost."""
+    import json
+
+    rows = [{"id": f"l{i}", "text": TEXTS[i % len(TEXTS)], "language": "english", "speaker": "ryan",
+             "max_seconds": 0.32 + 0.24 * i, "seed": i} for i in range(5)]  # 4..20 frames: rows finish apart
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for greedy in ("--greedy", "--no-greedy"):
+        _synth_graphed_vs_eager(ckpt_dir, tmp_path / greedy, manifest, rows, greedy, monkeypatch)
+
+
+def _synth_graphed_vs_eager(ckpt_dir, tmp_path, manifest, rows, greedy, monkeypatch):
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+    from omnitts.engine import engine as engine_module
+
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "--dtype", "float32", "--max-batch", "3",
+            greedy, "--save-codes", "-q", "--verbose"]
+    eager = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "eager")])
+    assert eager.exit_code == 0, eager.output
+    assert "graph capture: none (frames ran eagerly" in eager.output
+    made = []
+
+    def fake(name, eager=False):
+        made.append(FakeGraphBackend(eager=eager))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "get_backend", fake)
+    graphed = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "graphs")])
+    monkeypatch.undo()
+    assert graphed.exit_code == 0, graphed.output
+    captured = [graph for backend in made for graph in backend.captured]
+    assert captured and all(graph.replays for graph in captured)
+    assert f"graph capture: {len(captured)} graphs in " in graphed.output
+    assert f"{len(captured)} eager warm-up frames" in graphed.output
+    for row in rows:
+        np.testing.assert_array_equal(np.load(tmp_path / "graphs" / f"{row['id']}.codes.npy"),
+                                      np.load(tmp_path / "eager" / f"{row['id']}.codes.npy"), err_msg=row["id"])

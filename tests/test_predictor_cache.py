@@ -254,7 +254,7 @@ class _RefusingBackend(FakeGraphBackend):
 
     capture_fallback = True
 
-    def capture(self, fn, pool, state, output):
+    def capture(self, fn, pool, restore, output, inputs=None):
         self.attempts = getattr(self, "attempts", 0) + 1
         raise RuntimeError("aclmdlRICaptureBegin: capture is not supported by this CANN")
 
@@ -288,7 +288,7 @@ def test_the_fake_raises_its_graph_rules_instead_of_falling_back():
 
     state = [torch.zeros(2)]
     with pytest.raises(GraphRuleError):
-        FakeGraphBackend().frame_steps(_SyncingRunner(state[0]), 1, 8, state, state[0], [1], [8])
+        FakeGraphBackend().frame_steps(_SyncingRunner(state[0]), 1, 8, state, state[0], [1], [8]).run(1, 8)
 
 
 def test_task_queue_level_2_turns_npu_graphs_off_with_a_warning(monkeypatch):

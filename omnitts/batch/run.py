@@ -15,13 +15,13 @@ _END = object()  # pending() yielded nothing at all
 
 
 def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] = lambda: False,
-              report: Callable[[dict], None] = lambda record: None) -> bool:
+              report: Callable[[dict], None] = lambda record: None, stats: dict | None = None) -> bool:
     """Synthesize the items of `items` that `batch` says are pending; returns whether the model was loaded.
 
     `load()` is called once, and only when some item is pending, and returns the loaded TTS (the
     caller may open its progress display or signal handlers there). `stop()` asks the pipeline to
     finish the running items and start no new ones. `report(record)` gets each results.jsonl record
-    as soon as it is written. An error raised while saving (a full disk) or by a signal closes the
+    as soon as it is written; `stats`, if given, gets the pipeline's `graph_stats()` at the end. An error raised while saving (a full disk) or by a signal closes the
     pipeline, which aborts the running items' temporary files, and propagates.
     """
     from ..engine.pipeline import Pipeline
@@ -34,9 +34,13 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
     batch.sample_rate = tts.sample_rate
     pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stop,
                         split=batch.settings.splitter(), sink=batch.sink)
-    with closing(pipeline.run(_chain(first, pending))) as outcomes:
-        for outcome in outcomes:
-            report(batch.save(outcome))
+    try:
+        with closing(pipeline.run(_chain(first, pending))) as outcomes:
+            for outcome in outcomes:
+                report(batch.save(outcome))
+    finally:
+        if stats is not None:
+            stats.update(pipeline.graph_stats())
     return True
 
 

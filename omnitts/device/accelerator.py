@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Backend
+from .base import WARMUP_RUNS, Backend
 
 
 class PinnedTransfer:
@@ -49,7 +49,7 @@ class Graph:
 
 
 class AcceleratorBackend(Backend):
-    """Graphs captured after a warm-up on a side stream; all buckets share one memory pool."""
+    """Graphs captured after a warm-up on a side stream, into the pool the caller gives (one per engine)."""
 
     supports_graphs = True
     codec_tile_frames = None
@@ -59,7 +59,7 @@ class AcceleratorBackend(Backend):
         """torch.cuda or torch.npu."""
         return getattr(torch, self.name)
 
-    def new_graph(self, fn, state, output):
+    def new_graph(self, fn, restore, output, inputs):
         """An empty graph object of the device API (the arguments serve the CPU fake only)."""
         raise NotImplementedError
 
@@ -69,20 +69,30 @@ class AcceleratorBackend(Backend):
     def graph_pool(self):
         return self.api.graph_pool_handle()
 
-    def capture(self, fn, pool, state, output) -> Graph:
+    def capture(self, fn, pool, restore, output, inputs=None) -> Graph:
+        """Warm `fn` up once on a side stream, undo what the warm-up wrote to `restore`, capture `fn`.
+
+        `restore`: the tensors the frame overwrites that must read as before (the slots' small per-row
+        state); the warm-up's other writes must be harmless (the talker K/V it writes lands at each row's
+        next position, which the real frame writes again). Only `restore` is cloned, and the clones are
+        freed before the capture: a capture's extra memory is those clones while it warms up, never a
+        copy of the K/V cache. `inputs` (default `restore`): every tensor the graph reads (the CPU fake
+        checks their addresses on replay).
+        """
         api = self.api
         side = api.Stream()
-        saved = [t.clone() for t in state]  # on the current stream, so before the side stream's wait below:
+        saved = [t.clone() for t in restore]  # on the current stream, so before the side stream's wait below:
         side.wait_stream(api.current_stream())  # the warm-up's writes cannot overtake these clones
         try:
             with api.stream(side):
-                for _ in range(2):  # warm-up: lazy initialisation and allocator state before capture
+                for _ in range(WARMUP_RUNS):  # lazy initialisation and allocator state before capture
                     fn()
         finally:  # the warm-up must leave no trace in the slots, even when it fails
             api.current_stream().wait_stream(side)
-            for tensor, copy in zip(state, saved):
+            for tensor, copy in zip(restore, saved):
                 tensor.copy_(copy)
-        graph = self.new_graph(fn, state, output)
+            del saved  # freed (on the current stream, after the copies) before the capture allocates
+        graph = self.new_graph(fn, restore, output, inputs if inputs is not None else restore)
         with self.capturing():
             with api.graph(graph, pool=pool):
                 fn()

@@ -7,18 +7,23 @@ A backend provides three things:
   - `predictor_attention()`: None (the code predictor's growing frame cache with torch's sdpa), or
     an attention kernel that the runner runs over a fixed-shape predictor cache (NPU).
 Graph bookkeeping shared by every graph backend (batch and span buckets, padding rows, capture
-order, one memory pool) lives here; a backend only says how to make, capture and replay one graph.
+when first needed, one memory pool) lives here; a backend only says how to make, capture and replay one graph.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import numpy as np
 import torch
 
 from ..models.codec_stream import TILE_FRAMES
+
+# Eager runs of a frame before its capture: cuBLAS / attention kernels initialise and the allocator
+# settles on the first call; one run does it (the capture is the second), so a graph costs two frames.
+WARMUP_RUNS = 1
 
 
 class Transfer:
@@ -33,6 +38,9 @@ class Transfer:
 
 class EagerSteps:
     """Frames run as ordinary eager calls, attending only to the positions in use."""
+
+    captures = warmup_frames = 0
+    capture_seconds = 0.0
 
     def __init__(self, runner):
         self.runner = runner
@@ -69,48 +77,76 @@ def frame_kv_bytes(cache, batch: int, span: int) -> int:
 
 
 class GraphSteps:
-    """One captured whole-frame graph per (batch bucket, span bucket); a frame replays the smallest
-    (batch, span) graph that fits its live rows and its longest live cache.
+    """Whole-frame graphs per (batch bucket, span bucket), each captured the first time a frame needs it;
+    a frame replays the smallest (batch, span) graph that fits its live rows and its longest live cache.
 
     Rows beyond the real batch are padding: they compute on whatever their slots hold and their
     outputs are never read. Shapes inside a graph are static, so a graph attends over its span
     bucket's positions and the mask hides the ones not yet written; the span buckets make that work
     scale with the live length (a 100-position batch reads the first 256 positions, 1/16 of 4096).
 
-    Cost: len(batch buckets) x len(span buckets) graphs (defaults for max_batch 64 and 4096
-    positions: 7 x 5 = 35). The K/V cache is not copied per graph: each graph reads views of the
-    one slot cache. What a graph owns is its activations, and all graphs share one memory pool,
-    captured largest first, so the pool holds about the activations of the largest graph
-    (max_batch rows over max_positions); smaller graphs reuse its blocks.
+    Captured when first needed, not all at start-up: the defaults for max_batch 64 and 4096 positions
+    are 7 x 5 = 35 buckets per sampling plan, most of which a run of short texts never uses, and each
+    capture costs two frames (one warm-up, the capture). A frame that needs a new bucket captures that
+    one alone (the running rows wait for at most one capture per step), and the warm-up saves and
+    restores only the slots' small per-row state (`restore`), never the K/V cache. All graphs of an
+    engine share its one memory pool (`pool`); they never run concurrently (one stream, one frame at a
+    time), so a graph may reuse blocks another left free. `captures`, `warmup_frames` and
+    `capture_seconds` say what the laziness cost.
 
-    Every graph is captured here, eagerly, rather than on first use: a lazy capture would stall a
-    running batch mid-stream (warm-up frames plus the capture, and a clone of the slot state to undo
-    the warm-up, the whole K/V cache included), would capture in whatever order traffic dictates
-    (a smaller graph first fragments the shared pool), and would surface an out-of-memory or a
-    graph-rule error hours into a run instead of at start-up. The price is start-up time:
-    three frame runs per graph (two warm-ups and the capture).
+    A device that refuses a capture (old CANN, stream resources, memory) makes this frame and every
+    later one run eagerly, with one warning; the CPU fake raises instead (a broken graph rule is a bug).
     """
 
-    def __init__(self, backend: "Backend", runner, max_batch: int, max_positions: int,
-                 state: list[torch.Tensor], output: torch.Tensor, sizes=None, spans=None):
-        self.backend = backend
+    def __init__(self, backend: "Backend", runner, max_batch: int, max_positions: int, restore: list[torch.Tensor],
+                 output: torch.Tensor, sizes=None, spans=None, pool=None, inputs: list[torch.Tensor] | None = None):
+        self.backend, self.runner = backend, runner
+        self.restore, self.output, self.inputs = restore, output, inputs
+        self.pool = pool if pool is not None else backend.graph_pool()
         self.max_positions = max_positions
         self.sizes = buckets(max_batch, sizes)
         self.spans = span_buckets(max_positions, spans)
         self.graphs = {}
-        pool = backend.graph_pool()
-        for size in reversed(self.sizes):  # largest first: smaller graphs reuse the pool's blocks
-            for span in reversed(self.spans):
-                fn = lambda size=size, span=span: runner.frame(size, span)  # noqa: E731
-                self.graphs[size, span] = backend.capture(fn, pool, state, output)
+        self.captures = 0
+        self.warmup_frames = 0  # eager frames run to warm a graph up (its capture not counted)
+        self.capture_seconds = 0.0
 
     def bucket(self, batch: int, span: int) -> tuple[int, int]:
-        """The smallest captured (batch, span) covering `batch` rows attending over `span` positions."""
+        """The smallest (batch, span) bucket covering `batch` rows attending over `span` positions."""
         assert batch <= self.sizes[-1] and span <= self.spans[-1], (batch, span)
         return (next(size for size in self.sizes if size >= batch), next(s for s in self.spans if s >= span))
 
     def run(self, batch: int, span: int) -> None:
-        self.graphs[self.bucket(batch, span)].replay()
+        key = self.bucket(batch, span)
+        graph = self.graphs.get(key)
+        if graph is None:
+            if self.backend.eager:  # an earlier capture failed (this plan's or another's)
+                self.runner.frame(batch, span)
+                return
+            graph = self._capture(*key)
+            if graph is None:
+                self.runner.frame(batch, span)
+                return
+        graph.replay()
+
+    def _capture(self, size: int, span: int):
+        """The graph of bucket (size, span), captured now; None if the device refused (frames go eager)."""
+        runner = self.runner
+        started = time.perf_counter()
+        try:
+            graph = self.backend.capture(lambda: runner.frame(size, span), self.pool, self.restore, self.output,
+                                         self.inputs)
+        except RuntimeError as error:
+            if not self.backend.capture_fallback:
+                raise
+            self.backend.refused(error)
+            return None
+        finally:
+            self.warmup_frames += WARMUP_RUNS
+            self.capture_seconds += time.perf_counter() - started
+        self.captures += 1
+        self.graphs[size, span] = graph
+        return graph
 
 
 class Backend:
@@ -133,24 +169,28 @@ class Backend:
     def device(self) -> torch.device:
         return torch.device(self.name)
 
-    def frame_steps(self, runner, max_batch: int, max_positions: int, state: list[torch.Tensor],
-                    output: torch.Tensor, graph_buckets=None, span_buckets=None):
-        """How frames run: eagerly, or as graphs over `state` (stable tensors) writing `output`.
+    def frame_steps(self, runner, max_batch: int, max_positions: int, restore: list[torch.Tensor],
+                    output: torch.Tensor, graph_buckets=None, span_buckets=None, pool=None,
+                    inputs: list[torch.Tensor] | None = None):
+        """How frames run: eagerly, or as graphs (captured when first needed) writing `output`.
 
-        `graph_buckets`: batch sizes to capture (None: powers of two); max_batch is always one.
-        `span_buckets`: attention spans to capture (None: 256, 512, ...); max_positions is always one.
+        `restore`: the state a frame overwrites that a graph's warm-up must leave as it found it;
+        `inputs`: every tensor the frames read (stable addresses; default `restore`);
+        `graph_buckets`: batch sizes given a graph (None: powers of two); max_batch is always one;
+        `span_buckets`: attention spans given a graph (None: 256, 512, ...); max_positions is always one;
+        `pool`: the memory pool the graphs share (None: a new one; an engine passes its own, one for all
+        its sampling plans).
         """
         if self.eager:
             return EagerSteps(runner)
-        try:
-            return GraphSteps(self, runner, max_batch, max_positions, state, output, graph_buckets, span_buckets)
-        except RuntimeError as error:  # the device refused the capture (old CANN, stream resources, memory)
-            if not self.capture_fallback:
-                raise
-            warnings.warn(f"omnitts: {self.name} graph capture failed ({type(error).__name__}: {error}); frames run "
-                          "eagerly from here on (slower; --eager skips the attempt)", RuntimeWarning, stacklevel=2)
-            self.eager = True  # one warning: later sampling plans go straight to eager frames
-            return EagerSteps(runner)
+        return GraphSteps(self, runner, max_batch, max_positions, restore, output, graph_buckets, span_buckets,
+                          pool, inputs)
+
+    def refused(self, error: Exception) -> None:
+        """A capture failed on the device: warn once, and run every later frame eagerly."""
+        warnings.warn(f"omnitts: {self.name} graph capture failed ({type(error).__name__}: {error}); frames run "
+                      "eagerly from here on (slower; --eager skips the attempt)", RuntimeWarning, stacklevel=3)
+        self.eager = True  # one warning: later buckets and sampling plans go straight to eager frames
 
     def to_host(self, tensor: torch.Tensor) -> Transfer:
         return Transfer(tensor.detach().cpu().numpy().copy())
@@ -163,5 +203,5 @@ class Backend:
     def graph_pool(self):
         return None
 
-    def capture(self, fn, pool, state: list[torch.Tensor], output: torch.Tensor):
+    def capture(self, fn, pool, restore: list[torch.Tensor], output: torch.Tensor, inputs=None):
         raise NotImplementedError(f"{self.name} has no graph support")

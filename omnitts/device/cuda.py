@@ -16,7 +16,7 @@ from .accelerator import AcceleratorBackend
 class CudaBackend(AcceleratorBackend):
     name = "cuda"
 
-    def new_graph(self, fn, state, output):
+    def new_graph(self, fn, restore, output, inputs):
         return torch.cuda.CUDAGraph()
 
     @contextlib.contextmanager

@@ -15,9 +15,11 @@ fake device API. Rules a captured frame must obey, and how the fake enforces the
     with their non-tensor arguments (shapes, scalars, slices) and output shapes (`OpTrace`), and every replay re-runs
     the frame under the same recorder and raises if any op or argument differs (a real graph
     would silently replay the value seen at capture);
-  - capture does not execute: the slot state is restored after the capture run, as if nothing ran;
-  - stable input addresses: every replay checks the state tensors still live where they did at
-    capture (a real graph would keep reading the old buffers);
+  - capture does not execute: the state the frame must leave as it was (`restore`: the slots' small
+    per-row state) is restored after the capture run, as if nothing ran; the K/V writes stay, as a
+    real warm-up's do (each row's next position, which the real frame writes again);
+  - stable input addresses: every replay checks the tensors the graph reads (`inputs`) still live
+    where they did at capture (a real graph would keep reading the old buffers);
   - outputs are overwritten on every replay: the output buffer is poisoned before each replay, so
     code relying on a stale output reads garbage.
 Copies to the host are deferred as on a device: `to_host` snapshots on the "device" and converts
@@ -146,16 +148,18 @@ class FakeGraph:
     """Capture checks the rules, records the op trace and undoes its work; replay re-runs the
     function and checks it ran the very ops the capture recorded."""
 
-    def __init__(self, fn, state: list[torch.Tensor], output: torch.Tensor, check_trace: bool = True):
-        self.fn, self.state, self.output, self.check_trace = fn, state, output, check_trace
-        self.addresses = [t.data_ptr() for t in state]
+    def __init__(self, fn, restore: list[torch.Tensor], output: torch.Tensor, inputs: list[torch.Tensor],
+                 check_trace: bool = True):
+        self.fn, self.restore, self.output, self.check_trace = fn, restore, output, check_trace
+        self.inputs = inputs
+        self.addresses = [t.data_ptr() for t in inputs]
         self.replays = 0
         self.trace: list[tuple] = []
         self.active = False  # inside capture or replay (tests check frames run nowhere else)
 
     @contextlib.contextmanager
     def capture(self):
-        saved = [t.clone() for t in self.state]
+        saved = [t.clone() for t in self.restore]
         self.active = True
         try:
             with graph_rules(), OpTrace(rules=True) as trace:
@@ -163,11 +167,11 @@ class FakeGraph:
         finally:
             self.active = False
         self.trace = trace.ops
-        for tensor, copy in zip(self.state, saved):
+        for tensor, copy in zip(self.restore, saved):
             tensor.copy_(copy)
 
     def replay(self) -> None:
-        moved = [i for i, t in enumerate(self.state) if t.data_ptr() != self.addresses[i]]
+        moved = [i for i, t in enumerate(self.inputs) if t.data_ptr() != self.addresses[i]]
         if moved:
             raise GraphRuleError(f"state tensors {moved} were reallocated after capture; a real graph would not see them")
         self.output.fill_(-(2**40))  # poison: the replay must write every output it is read for
@@ -228,8 +232,8 @@ class FakeGraphBackend(AcceleratorBackend):
     def api(self):
         return self._api
 
-    def new_graph(self, fn, state, output) -> FakeGraph:
-        graph = FakeGraph(fn, state, output, self.check_trace)
+    def new_graph(self, fn, restore, output, inputs) -> FakeGraph:
+        graph = FakeGraph(fn, restore, output, inputs, self.check_trace)
         self.captured.append(graph)
         return graph
 

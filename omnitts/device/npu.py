@@ -127,7 +127,7 @@ class NpuBackend(AcceleratorBackend):
                           stacklevel=2)
             self.eager = True
 
-    def new_graph(self, fn, state, output):
+    def new_graph(self, fn, restore, output, inputs):
         return torch.npu.NPUGraph()
 
     def predictor_attention(self) -> FusionAttention | None:

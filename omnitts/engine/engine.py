@@ -14,7 +14,8 @@ discarded, and its slot is reused at once.
 
 The host does no per-frame sampling work: noise is computed inside the frame from each row's seed
 and frame index. It only picks the frame's `sampling.FramePlan` from the running requests' known
-parameters; frame steps (graphs included) exist per plan, made when a plan is first needed.
+parameters; frame steps exist per plan, made when a plan is first needed (their graphs per bucket, when a
+frame first needs one).
 
 On an asynchronous device everything before `_collect` only enqueues work (prefill, the frame's
 replay, the copy); the one place the host waits is `_collect`, for the copy of the frame launched a
@@ -144,6 +145,7 @@ class Engine:
             predictor = predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
         self.runner = ModelRunner(ckpt, self.state, self.cache, predictor)
         self.steps: dict[sampling.FramePlan, object] = {}  # frame steps per plan (see `_steps`)
+        self.pool = None  # the memory pool every graph of this engine shares (made with the first plan's steps)
         self.scheduler = Scheduler(config.max_num_seqs)
         self.pending = None  # (host copy of the last launched frame, the sequences of its rows)
         self.next_id = 0
@@ -235,17 +237,27 @@ class Engine:
         return self._steps(sampling.FramePlan.of(params, *self.vocabs))
 
     def _steps(self, plan: sampling.FramePlan):
-        """The frame steps for `plan`, made (graphs captured) the first time a batch needs it.
+        """The frame steps for `plan`, made the first time a batch needs it (graphs are captured per
+        bucket as frames need them, see device.base.GraphSteps).
 
         Plans are coarse (candidate counts are powers of two), so a run sees a handful: typically
-        one for its sampled requests and one for greedy-only batches.
+        one for its sampled requests and one for greedy-only batches. All of them capture into one
+        memory pool, the engine's.
         """
         if plan not in self.steps:
             c = self.config
+            if self.pool is None:
+                self.pool = self.backend.graph_pool()
             self.steps[plan] = self.backend.frame_steps(_Planned(self.runner, plan), c.max_num_seqs, c.max_positions,
-                                                        self._device_state(), self.state.codes, c.graph_buckets,
-                                                        c.span_buckets)
+                                                        self.state.written(), self.state.codes, c.graph_buckets,
+                                                        c.span_buckets, self.pool, self._device_state())
         return self.steps[plan]
+
+    def graph_stats(self) -> dict:
+        """What graph capture has cost this engine so far: graphs captured, eager warm-up frames, seconds."""
+        steps = self.steps.values()
+        return {"captures": sum(s.captures for s in steps), "warmup_frames": sum(s.warmup_frames for s in steps),
+                "capture_seconds": sum(s.capture_seconds for s in steps)}
 
     def _collect(self, pending) -> list[Sequence]:
         """Read a launched frame's codes; retire sequences that ended (EOS or budget)."""

@@ -143,6 +143,7 @@ class Pipeline:
         self.stop = stop or (lambda: False)
         self.engine: Engine | None = None
         self.engines_built = 0
+        self._graphs_before = {"captures": 0, "warmup_frames": 0, "capture_seconds": 0.0}  # of dropped engines
         tile = get_backend(tts.ckpt.device.type).codec_tile_frames
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch, tile_frames=tile)
                         if stream_decode else None)
@@ -218,7 +219,7 @@ class Pipeline:
         ready.extendleft(reversed([(seq.tag[0], seq.tag[1], seq.params) for seq in seqs
                                    if seq.admitted_at is None and not seq.tag[0].dropped]))
         self.in_engine.clear()
-        self.engine = None
+        self._drop_engine()
 
     def _fail(self, item: _Item, error: str, exc: Exception) -> None:
         """Fail `item` while it runs: its outcome is queued for `_failed`, its partial audio deleted, its
@@ -353,9 +354,25 @@ class Pipeline:
         slots = min(tts.max_batch, len(prompts)) if exhausted else tts.max_batch
         config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
                       tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens, prompt_positions=longest)
-        self.engine = None  # free the old engine's cache before allocating the new one
+        self._drop_engine()  # free the old engine's cache before allocating the new one
         self.engines_built += 1
         return Engine(tts.ckpt, config)
+
+    def _drop_engine(self) -> None:
+        """Forget the engine (its cache and graphs are freed), keeping what its graph captures cost."""
+        if self.engine is not None:
+            for key, value in self.engine.graph_stats().items():
+                self._graphs_before[key] += value
+        self.engine = None
+
+    def graph_stats(self) -> dict:
+        """Graph capture over the whole run (every engine built): graphs captured, the eager warm-up frames
+        they cost, seconds spent capturing, and engines built."""
+        stats = dict(self._graphs_before)
+        if self.engine is not None:
+            for key, value in self.engine.graph_stats().items():
+                stats[key] += value
+        return {**stats, "engines": self.engines_built}
 
     def _drop(self, ready: deque) -> None:
         """Stop: forget everything not yet running; items with a dropped piece never complete."""

@@ -85,6 +85,12 @@ class SlotState:
         return [self.logits, self.hidden, self.seen, self.generated, self.lengths, self.trailing,
                 self.trailing_len, *self.params.tensors()]
 
+    def written(self) -> list[torch.Tensor]:
+        """The tensors a frame overwrites (its codes included): what a graph's warm-up must restore. Small
+        (no K/V, no text): a frame's K/V writes land at each row's next position, which the real frame
+        writes again, and the trailing text and parameters are only read."""
+        return [self.logits, self.hidden, self.seen, self.generated, self.lengths, self.codes]
+
     def reset(self, row: int) -> None:
         self.seen[row] = False
         self.generated[row] = 0
