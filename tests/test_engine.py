@@ -237,3 +237,17 @@ def test_no_frame_runs_when_every_running_request_has_launched_its_whole_budget(
     assert done[2].launched == 12  # the longest ran last, alone: no frame beyond its budget
     alone = run_engine(cv, [jobs[0]], max_num_seqs=1)[0]
     assert alone.launched == len(alone.frames) == 6
+
+
+def test_the_accelerators_decode_attention_gives_the_same_codes_under_fake_graphs(cv, monkeypatch):
+    """The talker decode attention accelerators use (`layers.grouped_decode_attention`, no enable_gqa) in the
+    batched engine under the CPU fake's graphs: codes equal each request's one-by-one reference run."""
+    from omnitts.models import layers
+
+    jobs = cv_jobs(cv, greedy=True, n=4)
+    alone = [slow(cv, req, params) for req, params in jobs]
+    stack = cv.ckpt.model.talker.model
+    monkeypatch.setattr(stack, "attend", layers.grouped_decode_attention)
+    done = run_engine(cv, jobs, backend=FakeGraphBackend(), max_num_seqs=4)
+    for i, codes in enumerate(alone):
+        np.testing.assert_array_equal(done[i].codes(), codes, err_msg=f"request {i}")

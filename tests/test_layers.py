@@ -229,3 +229,45 @@ def test_attention_without_sdpa_gqa_repeats_kv_heads_to_the_same_result(monkeypa
     assert torch.equal(native, repeated)
     head = F.scaled_dot_product_attention(q[:, 3:], k[:, 1:], v[:, 1:], attn_mask=mask, is_causal=causal)
     torch.testing.assert_close(repeated[:, 3:], head)  # query head 3 reads KV head 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_decode_attention_is_gqa_sdpa_without_enable_gqa(dtype, monkeypatch):
+    """Accelerators' talker decode attention: the query heads of a K/V head folded into queries gives what
+    sdpa with enable_gqa gives (per-row masks over a strided slot-cache view included), never asking
+    sdpa for enable_gqa (CUDA's masked fused kernel lacks it); several queries go through unchanged."""
+    from omnitts.models import layers
+
+    torch.manual_seed(0)
+    cache = torch.randn(2, 5, 4, 40, 32, dtype=dtype)  # (k|v, B, Hkv, capacity, D): views like the slot cache's
+    k, v = cache[0][:, :, :23], cache[1][:, :, :23]
+    q = torch.randn(5, 16, 1, 32, dtype=dtype)
+    mask = (torch.arange(23)[None, :] <= torch.tensor([3, 22, 0, 10, 17])[:, None])[:, None, None]
+    want = layers.sdpa_attention(q, k, v, mask, False)
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("enable_gqa", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers.F, "scaled_dot_product_attention", recording)
+    got = layers.grouped_decode_attention(q, k, v, mask, False)
+    assert calls == [False]
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    several = torch.randn(5, 16, 3, 32, dtype=dtype)
+    torch.testing.assert_close(layers.grouped_decode_attention(several, k, v, None, False),
+                               layers.sdpa_attention(several, k, v, None, False), atol=0, rtol=0)
+
+
+def test_accelerators_give_the_talker_the_grouped_decode_attention(ckpt_dir):
+    """prepare_weights for a non-CPU device sets the talker's decode attention (laid out on CPU tensors)."""
+    from omnitts.device import prepare_weights
+    from omnitts.models import layers
+    from omnitts.models.loader import load_models
+
+    models = load_models(ckpt_dir("custom_voice"), torch.device("cpu"), torch.bfloat16, torch.float32)
+    assert models.model.talker.model.attend is layers.sdpa_attention
+    prepare_weights(models, torch.device("cuda"), torch.bfloat16, torch.float32)
+    assert models.model.talker.model.attend is layers.grouped_decode_attention

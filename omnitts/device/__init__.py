@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import OmniTTSError
-from ..models.layers import fuse_projections
+from ..models.layers import fuse_projections, grouped_decode_attention
 from ..models.loader import Models
 from .base import Backend
 
@@ -43,7 +43,9 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
     """Lay freshly loaded `models` out for `device`, in place (vLLM's `process_weights_after_loading`).
 
     Every device merges the q/k/v and gate/up projections (fewer, larger matrix products); the CPU also
-    packs weights, swaps in its native kernels and rewrites the codec's convolutions (device/cpu.py).
+    packs weights, swaps in its native kernels and rewrites the codec's convolutions (device/cpu.py);
+    accelerators give the talker the decode attention their fused masked kernels take
+    (`layers.grouped_decode_attention`).
     """
     if device.type == "cpu":
         from .cpu import prepare_weights as prepare_cpu
@@ -52,6 +54,9 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
         return
     fuse_projections(models.model.talker)
     fuse_projections(models.codec)
+    # The talker's decode attends with a per-row mask over the slot cache: as plain multi-head attention the
+    # fused masked kernel takes it (with enable_gqa, CUDA's sdpa falls back to its math kernel).
+    models.model.talker.model.attend = grouped_decode_attention
     if dtype == torch.float32:
         exact_float32(device)
 

@@ -130,6 +130,24 @@ def sdpa_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Te
                                           **({"enable_gqa": groups > 1} if SDPA_GQA else {}))
 
 
+def grouped_decode_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """`sdpa_attention` with one query per row (decode) computed as plain multi-head attention: the G query
+    heads that share a K/V head become G queries of that head, q (B, H, 1, D) -> (B, Hkv, G, D).
+
+    The same products and sums per query (head h uses K/V head h // G either way), without `enable_gqa`:
+    on CUDA, torch's memory-efficient kernel (the one that takes a boolean mask) does not support
+    `enable_gqa`, so a masked GQA call falls back to the math kernel (K/V repeated, scores materialised,
+    several launches). A per-row mask (B, 1, 1, S) broadcasts over the G queries unchanged. Other calls
+    (several queries, no groups) go to `sdpa_attention` as they are.
+    """
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    if t != 1 or h == hkv:
+        return sdpa_attention(q, k, v, mask, causal)
+    out = F.scaled_dot_product_attention(q.reshape(b, hkv, h // hkv, d), k, v, attn_mask=mask)
+    return out.reshape(b, h, 1, d)
+
+
 def float32_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """`sdpa_attention` computed in float32 and cast back to q's dtype (identical for float32 inputs).
 
