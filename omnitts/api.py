@@ -68,6 +68,14 @@ class TTS:
         self._identity: str | None = None
         self._voices: dict[Path, Voice] = {}  # saved voices by resolved path (a manifest loads each once)
         self.graph_buckets = graph_buckets
+        # The last run's engine on a graph device, idle, for the next call to reuse with its captured graphs
+        # (see engine.pipeline); `release_engine()` frees its memory.
+        self.idle_engine = None
+
+    def release_engine(self) -> None:
+        """Free the engine kept from the last call (its K/V cache and graphs) on cuda/npu; the next call
+        builds a new one and captures its graphs again. Nothing is kept on the CPU."""
+        self.idle_engine = None
 
     @property
     def sample_rate(self) -> int:

@@ -456,3 +456,38 @@ def _synth_graphed_vs_eager(ckpt_dir, tmp_path, manifest, rows, greedy, monkeypa
     for row in rows:
         np.testing.assert_array_equal(np.load(tmp_path / "graphs" / f"{row['id']}.codes.npy"),
                                       np.load(tmp_path / "eager" / f"{row['id']}.codes.npy"), err_msg=row["id"])
+
+
+def test_the_next_call_reuses_the_last_engine_and_its_graphs_on_graph_devices(tts_factory, monkeypatch):
+    """A notebook's second `synthesize` on a graph device reuses the first call's idle engine: no new engine,
+    no new capture, the same codes; `release_engine()` frees it; an eager (CPU) run keeps nothing."""
+    from omnitts.engine import engine as engine_module
+
+    tts = tts_factory("custom_voice", max_batch=2)
+    texts = TEXTS[:3]
+    eager = [a.codes for a in tts.synthesize(texts, speaker="ryan", greedy=True, max_frames=5)]
+    assert tts.idle_engine is None  # nothing captured, nothing kept
+    made = []
+
+    def fake(name, eager=False):
+        made.append(FakeGraphBackend(eager=eager))
+        return made[-1]
+
+    monkeypatch.setattr(engine_module, "get_backend", fake)
+    try:
+        first = [a.codes for a in tts.synthesize(texts, speaker="ryan", greedy=True, max_frames=5)]
+        kept, captured = tts.idle_engine, len(made[0].captured)
+        assert kept is not None and captured and len(made) == 1
+        second = [a.codes for a in tts.synthesize(texts[:2], speaker="ryan", greedy=True, max_frames=4)]
+        assert len(made) == 1 and len(made[0].captured) == captured and tts.idle_engine is kept
+        assert sum(graph.replays for graph in made[0].captured) > captured  # replayed by the second call too
+        longer = tts.synthesize(texts[0], speaker="ryan", greedy=True, max_frames=60)  # needs more positions
+        assert len(made) == 2 and tts.idle_engine is not kept and len(longer.codes) == 60
+        tts.release_engine()
+        assert tts.idle_engine is None
+    finally:
+        tts.release_engine()
+    for a, b in zip(first, eager):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(second, eager):
+        np.testing.assert_array_equal(a, b[:4])

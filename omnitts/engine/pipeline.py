@@ -162,6 +162,7 @@ class Pipeline:
             for item in self.live:
                 if item.sink is not None:
                     item.sink.abort()
+            self._park_engine()
 
     def _run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
         source = iter(jobs)
@@ -355,8 +356,26 @@ class Pipeline:
         config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
                       tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens, prompt_positions=longest)
         self._drop_engine()  # free the old engine's cache before allocating the new one
+        idle, tts.idle_engine = tts.idle_engine, None
+        if idle is not None and _covers(idle.config, config):
+            for key, value in idle.graph_stats().items():  # count only what this run captures
+                self._graphs_before[key] -= value
+            return idle
+        idle = None  # freed before the new engine allocates
         self.engines_built += 1
         return Engine(tts.ckpt, config)
+
+    def _park_engine(self) -> None:
+        """At the end of a run, hand an idle engine with graphs back to the TTS for the next call (a notebook's
+        next `generate` reuses its captured graphs instead of capturing again). Only on graph devices (on the
+        CPU, where nothing is captured, its memory is freed) and only when it ended cleanly."""
+        engine = self.engine
+        if engine is None or engine.has_work() or not engine.steps:
+            return
+        if not any(steps.captures for steps in engine.steps.values()):
+            return
+        self._drop_engine()
+        self.tts.idle_engine = engine
 
     def _drop_engine(self) -> None:
         """Forget the engine (its cache and graphs are freed), keeping what its graph captures cost."""
@@ -517,6 +536,15 @@ def _shares(item: _Item) -> list[int] | None:
         raise RequestError(f"{name}: the item's budget of {total} frames cannot be shared by its {len(item.pieces)} "
                            "pieces (one frame each at least); raise the budget or split the line")
     return share_frames(total, [prompt.text_tokens for _, prompt in item.pieces])
+
+
+def _covers(have, want) -> bool:
+    """Whether an engine configured as `have` can run what `want` was planned for (as many slots, positions
+    and text tokens or more; every other setting the same)."""
+    return (have.max_num_seqs >= want.max_num_seqs and have.max_positions >= want.max_positions
+            and have.max_text_tokens >= want.max_text_tokens
+            and replace(have, max_num_seqs=want.max_num_seqs, max_positions=want.max_positions,
+                        max_text_tokens=want.max_text_tokens) == want)
 
 
 def _piece_seed(item: _Item, index: int) -> int | None:
