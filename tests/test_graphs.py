@@ -491,3 +491,54 @@ def test_the_next_call_reuses_the_last_engine_and_its_graphs_on_graph_devices(tt
         np.testing.assert_array_equal(a, b)
     for a, b in zip(second, eager):
         np.testing.assert_array_equal(a, b[:4])
+
+
+def test_capture_runs_under_the_device_apis_sync_debug_mode_where_it_has_one():
+    """CUDA and torch_npu >= 2.5 (`set_sync_debug_mode`): a capture runs in "error" mode and the previous mode
+    comes back after it, also when the capture fails; an API without the switch captures unchecked."""
+    import contextlib
+    import types
+
+    from omnitts.device.accelerator import AcceleratorBackend
+
+    modes = []
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    def api(with_switch):
+        mode = {"now": "warn"}
+        extra = {}
+        if with_switch:
+            extra = dict(get_sync_debug_mode=lambda: mode["now"],
+                         set_sync_debug_mode=lambda m: (modes.append(m), mode.update(now=m)))
+
+        @contextlib.contextmanager
+        def graph(graph, pool=None):
+            modes.append(f"capture in {mode['now']}")
+            yield
+
+        return types.SimpleNamespace(Stream=Stream, current_stream=Stream, stream=lambda s: contextlib.nullcontext(),
+                                     graph=graph, **extra)
+
+    def backend(with_switch):
+        class Backend(AcceleratorBackend):
+            name = "stub"
+
+            def new_graph(self, fn, restore, output, inputs):
+                return object()
+
+        Backend.api = api(with_switch)
+        return Backend(eager=False)
+
+    state = [torch.zeros(2)]
+    for with_switch, want in ((True, ["error", "capture in error", "warn"]), (False, ["capture in warn"])):
+        modes.clear()
+        backend(with_switch).capture(lambda: state[0].add_(1), None, state, state[0])
+        assert modes == want, modes
+    modes.clear()
+    backend = backend(True)
+    with pytest.raises(RuntimeError, match="boom"):
+        backend.capture(lambda: (_ for _ in ()).throw(RuntimeError("boom")) if modes else None, None, state, state[0])
+    assert modes[-1] == "warn"

@@ -7,6 +7,8 @@ backend has not run on an Ascend device.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -98,8 +100,19 @@ class AcceleratorBackend(Backend):
                 fn()
         return Graph(graph)
 
+    @contextlib.contextmanager
     def capturing(self):
-        """A context checking the capture (CUDA: host syncs raise)."""
-        import contextlib
-
-        return contextlib.nullcontext()
+        """During capture, a host sync inside the frame is a bug: the device API's sync debug mode makes it
+        raise (`torch.cuda.set_sync_debug_mode`; torch_npu has `torch.npu.set_sync_debug_mode` from 2.5), and
+        the previous mode comes back afterwards. An API without the switch (older torch_npu) captures unchecked."""
+        api = self.api
+        setter, getter = getattr(api, "set_sync_debug_mode", None), getattr(api, "get_sync_debug_mode", None)
+        if setter is None or getter is None:
+            yield
+            return
+        previous = getter()
+        setter("error")
+        try:
+            yield
+        finally:
+            setter(previous)

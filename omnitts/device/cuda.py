@@ -1,12 +1,11 @@
 """NVIDIA GPUs: whole-frame CUDA graphs, pinned host buffers and events for deferred copies.
 
 Run on an H100 (torch 2.11, docs/devices.md): codes identical to the official package on the GPU,
-graphs against eager frames, alone and batched; no host syncs in steady-state steps.
+graphs against eager frames, alone and batched; no host syncs in steady-state steps. Capture runs
+under `torch.cuda.set_sync_debug_mode("error")` (accelerator.py).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -18,12 +17,3 @@ class CudaBackend(AcceleratorBackend):
 
     def new_graph(self, fn, restore, output, inputs):
         return torch.cuda.CUDAGraph()
-
-    @contextlib.contextmanager
-    def capturing(self):
-        previous = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("error")  # a host sync inside the frame is a bug: fail loudly
-        try:
-            yield
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
