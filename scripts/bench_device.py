@@ -3,6 +3,7 @@
     python scripts/bench_device.py --device cpu --preset tiny-0.6b          # the CPU fake, < 1 minute
     python scripts/bench_device.py --device cuda --preset 0.6b --json cuda.json
     python scripts/bench_device.py --device npu --preset 1.7b --official-python .cache/ref-venv/bin/python
+    python scripts/bench_device.py --pipeline --device cuda --json pipeline.json   # whole synth: bench_pipeline.py
 
 Builds a random CustomVoice checkpoint (`omnitts.testing.checkpoint`; random weights never pick EOS,
 so every request runs its whole budget), then
@@ -161,6 +162,12 @@ def official(python: Path, ckpt: Path, device: str, dtype: str, frames: int, wor
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--pipeline" in argv:  # the whole `omnitts synth` pipeline: scripts/bench_pipeline.py
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import bench_pipeline
+
+        return bench_pipeline.main([a for a in argv if a != "--pipeline"])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda", "npu"], default="cpu")
     parser.add_argument("--preset", default="0.6b", help="0.6b, 1.7b or tiny-0.6b (random weights)")

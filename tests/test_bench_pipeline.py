@@ -1,0 +1,104 @@
+"""scripts/bench_device.py --pipeline (scripts/bench_pipeline.py): the whole `omnitts synth` pipeline,
+timed, on the CPU at tiny shapes; and the pieces a GPU run relies on that the CPU can still check (the
+attention-kernel names, the sync-debug switch and its allowed waits)."""
+
+import json
+import warnings
+
+import pytest
+
+
+def test_pipeline_bench_runs_synth_end_to_end_on_the_cpu(tmp_path, load_script):
+    """One command runs synth on a manifest it writes and reports sane figures: every line a file,
+    audio-s/s > 0, first audio within the process's wall time, the split summing to the synth wall."""
+    bench = load_script("bench_device")
+    out = tmp_path / "pipeline.json"
+    code = bench.main(["--pipeline", "--lines", "6", "--seconds", "0.3,0.8", "--max-batch", "4",
+                       "--sync-debug", "error", "--work", str(tmp_path / "work"), "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0
+    assert report["lines"] == 6 and report["bandwidth_gbs"] > 0 and "bytes/step" in report["roofline_formula"]
+    manifest = [json.loads(line) for line in (tmp_path / "work" / "manifest.jsonl").read_text().splitlines()]
+    assert len(manifest) == 6 and all(0.3 <= line["max_seconds"] <= 0.8 for line in manifest)
+    (run,) = report["runs"]
+    assert "failed" not in run, run
+    assert run["files"] == 6 and run["errors"] == [] and run["exit_code"] == 0
+    assert 0 < run["audio_s"] <= report["budget_s"] + 0.1
+    assert run["audio_s_per_s"] > 0 and run["steady_audio_s_per_s"] > 0
+    assert 0 < run["loaded_s"] <= run["first_frame_s"] <= run["first_audio_s"] <= run["process_wall_s"]
+    split = run["split_s"]
+    assert set(split) == {"load", "capture", "engine", "codec", "prepare", "write", "host"}
+    assert all(v >= 0 for v in split.values()), split
+    assert split["engine"] > 0 and split["codec"] > 0 and split["load"] > 0 and split["write"] > 0
+    assert sum(split.values()) == pytest.approx(run["wall_s"], rel=0.01)
+    assert run["peak_memory_gib"] > 0 and run["peak_memory_kind"] == "ru_maxrss"
+    assert run["steps"] > 0 and run["frames"] > 0 and run["kv_positions_read"] >= run["frames"]
+    roof = run["roofline"]
+    assert 0 < roof["of_roofline"] < 1 and roof["bytes_per_step"] > run["weight_bytes_per_frame"]
+    assert run["attention"] == "unknown"  # the CPU: no profiler names a kernel
+    assert run["sync_debug"].startswith("skipped")  # the CPU has no sync debug mode
+
+
+def test_attention_kernel_names(load_script):
+    bench = load_script("bench_pipeline")
+    assert bench.classify_attention(["aten::linear", "aten::scaled_dot_product_attention",
+                                     "aten::_scaled_dot_product_flash_attention", "aten::_flash_attention_forward"]) == "flash"
+    assert bench.classify_attention(["aten::_scaled_dot_product_efficient_attention",
+                                     "aten::_efficient_attention_forward"]) == "efficient"
+    assert bench.classify_attention(["aten::_scaled_dot_product_attention_math", "aten::bmm"]) == "math"
+    assert bench.classify_attention(["aten::_scaled_dot_product_cudnn_attention"]) == "cudnn"
+    assert bench.classify_attention(["npu::npu_fusion_attention"]) == "npu_fusion_attention"
+    assert bench.classify_attention(["aten::scaled_dot_product_attention", "aten::softmax"]) == "unknown"
+    assert bench.attention_kernel(None, "cpu") == "unknown"
+
+
+class _FakeSyncModule:
+    """Stands in for torch.cuda / torch.npu: records the sync debug modes set."""
+
+    def __init__(self):
+        self.modes = []
+
+    def set_sync_debug_mode(self, mode):
+        self.modes.append(mode)
+
+
+def test_sync_watch_turns_the_mode_off_only_in_allowed_calls(load_script):
+    bench = load_script("bench_pipeline")
+    module = _FakeSyncModule()
+    watch = bench.SyncWatch(module, "error")
+
+    class Engine:
+        def _collect(self):
+            return module.modes[-1]
+
+        def frame_steps(self):
+            return module.modes[-1]
+
+    watch.allow(Engine, "_collect")
+    watch.allow(Engine, "frame_steps", "capture: ")
+    watch.on()
+    assert Engine()._collect() == 0 and module.modes[-1] == "error"
+    assert Engine().frame_steps() == 0 and module.modes[-1] == "error"  # error mode: capture is exempt
+    watch.stop()
+    assert Engine()._collect() == 0 and module.modes[-1] == 0  # after the run: stays off
+
+
+def test_sync_watch_counts_warned_syncs_by_phase(load_script):
+    bench = load_script("bench_pipeline")
+    module = _FakeSyncModule()
+    with warnings.catch_warnings():  # SyncWatch's filter and showwarning are undone on the way out
+        watch = bench.SyncWatch(module, "warn")
+
+        class Backend:
+            def frame_steps(self):
+                warnings.warn("called a synchronizing CUDA operation")
+                return module.modes[-1]
+
+        watch.allow(Backend, "frame_steps", "capture: ")
+        watch.on()
+        assert Backend().frame_steps() == "warn"  # warn mode: capture's syncs are listed, not hidden
+        warnings.warn("called a synchronizing CUDA operation")
+        watch.stop()
+    assert dict(watch.sites) == {"capture: (outside omnitts)": 1, "(outside omnitts)": 1}
+    assert bench.sync_verdict(watch, []).startswith("1 host syncs outside")
+    assert bench.sync_verdict(None, []).startswith("skipped")
