@@ -9,8 +9,8 @@ Builds a random CustomVoice checkpoint (`omnitts.testing.checkpoint`; random wei
 so every request runs its whole budget), then
   1. runs the same greedy requests through graphs and eagerly and compares the codes;
   2. counts host syncs in steady-state steps (everything but `_collect`, the one allowed wait):
-     CUDA with `torch.cuda.set_sync_debug_mode("error")`, CPU with the fake's `no_host_sync()`;
-     NPU has no such switch and is skipped with a message;
+     CUDA and NPU with `torch.<device>.set_sync_debug_mode("error")` (torch_npu has it from 2.5; an
+     older one is skipped with a message), CPU with the fake's `no_host_sync()`;
   3. times `--frames` frames for `--concurrency` requests at a time (bf16 on accelerators, float32
      on the CPU by default): engine steps per second and audio seconds per wall second;
   4. with `--official-python`, runs the official qwen-tts package on the same device and weights
@@ -78,20 +78,21 @@ def synchronize(device: str) -> None:
 
 def count_syncs(tts, eng: Engine, device: str, steps: int) -> str:
     """Run `steps` steady-state steps with host syncs turned into errors outside `_collect`."""
-    if device == "npu":
-        return "skipped: torch_npu has no sync debug mode; check a profile for host waits instead"
+    module = getattr(torch, device, None) if device != "cpu" else None
+    if device != "cpu" and not hasattr(module, "set_sync_debug_mode"):
+        return f"skipped: torch.{device} has no set_sync_debug_mode (torch_npu < 2.5); check a profile for host waits"
     add_requests(tts, eng, eng.config.max_num_seqs, steps + 4)
     for _ in range(2):  # admission and the first collect happen before the steady state
         eng.step()
     collect = eng._collect
-    if device == "cuda":
+    if device != "cpu":
         def waiting(pending):
-            torch.cuda.set_sync_debug_mode(0)
+            module.set_sync_debug_mode(0)
             try:
                 return collect(pending)
             finally:
-                torch.cuda.set_sync_debug_mode("error")
-        guard = _CudaSyncErrors()
+                module.set_sync_debug_mode("error")
+        guard = _SyncErrors(module)
     else:
         from omnitts.device.fake import no_host_sync
 
@@ -115,12 +116,17 @@ def count_syncs(tts, eng: Engine, device: str, steps: int) -> str:
     return f"0 host syncs in {steps} steps (outside the one wait in _collect)"
 
 
-class _CudaSyncErrors:
+class _SyncErrors:
+    """Host syncs raise inside the block (`module`: torch.cuda or torch.npu)."""
+
+    def __init__(self, module):
+        self.module = module
+
     def __enter__(self):
-        torch.cuda.set_sync_debug_mode("error")
+        self.module.set_sync_debug_mode("error")
 
     def __exit__(self, *exc):
-        torch.cuda.set_sync_debug_mode(0)
+        self.module.set_sync_debug_mode(0)
 
 
 def throughput(tts, device: str, concurrency: int, frames: int, positions: int) -> dict:

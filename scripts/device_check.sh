@@ -1,5 +1,6 @@
 #!/bin/bash
-# Everything a GPU session should run, in one call (about 9 minutes on an H100):
+# Everything a GPU session should run, in one call (steps 1-6 took about 9 minutes on an H100; step 7,
+# added since, has not run on a GPU yet):
 #
 #   OFFICIAL_PYTHON=.cache/ref-venv/bin/python OUT=device-out bash scripts/device_check.sh [cuda]
 #   QUICK=1 ... bash scripts/device_check.sh cpu    # the script itself, on tiny shapes (CPU fake, ~3 min)
@@ -11,7 +12,13 @@
 # 4. throughput at concurrency 1/8/32/64, 0.6B and 1.7B shapes, bfloat16, and the official package;
 # 5. a whole `omnitts synth` process on 64 items (0.6B, 100 frames), timed at max batch 64 and 8, then
 #    again under cProfile;
-# 6. the first-call cost of attention on new shapes per sdpa backend (scripts/sdpa_first_calls.py).
+# 6. the first-call cost of attention on new shapes per sdpa backend (scripts/sdpa_first_calls.py);
+# 7. the whole pipeline (scripts/bench_device.py --pipeline): audio-s/s with the codec, first audio,
+#    capture, peak memory, the engine/codec/host split and the roofline, 0.6B and 1.7B at max batch 64
+#    (PIPE_LINES lines, default 256; PIPE_BATCHES, default 64; the full run is the script's defaults:
+#    1000 lines, max batch 8,32,64,128); then a short synth under set_sync_debug_mode: "error" (any host
+#    sync outside Engine._collect and graph capture fails its item) and "warn" (the syncs by omnitts
+#    line), and which attention kernel ran (flash / efficient / cudnn / math; "unknown" on the CPU).
 # Logs and JSON land in $OUT. OFFICIAL_PYTHON: a python with qwen-tts 0.1.1 (scripts/reference_env.py
 # builds one on the CPU; on a GPU machine install its pins next to a CUDA torch).
 set -u
@@ -22,8 +29,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [ -n "${QUICK:-}" ]; then
     PRESETS="tiny-0.6b tiny-1.7b"; FRAMES=16; CONCURRENCY=1,4; ITEMS=8; SHAPE=tiny-0.6b; ITEM_FRAMES=10
+    PIPE="--presets tiny-0.6b --lines ${PIPE_LINES:-12} --seconds 0.5,1 --max-batch ${PIPE_BATCHES:-4}"
+    SYNC_PRESET=tiny-0.6b
 else
     PRESETS="0.6b 1.7b"; FRAMES=128; CONCURRENCY=1,8,32,64; ITEMS=64; SHAPE=0.6b; ITEM_FRAMES=100
+    PIPE="--presets 0.6b,1.7b --lines ${PIPE_LINES:-256} --max-batch ${PIPE_BATCHES:-64}"
+    SYNC_PRESET=0.6b
 fi
 VENV=$(dirname "$(dirname "$OFFICIAL")")
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
@@ -75,3 +86,11 @@ timeout 180 python3 -m cProfile -o "$OUT/synth.prof" -m omnitts synth "$OUT/m64.
 python3 -c "import pstats; pstats.Stats('$OUT/synth.prof').sort_stats('tottime').print_stats(15)" | tail -22
 echo "=== 6. attention first calls"
 if [ "$DEVICE" = cuda ]; then timeout 60 python3 scripts/sdpa_first_calls.py 2>&1 | grep -v Warn; fi
+echo "=== 7. whole pipeline: synth end to end, timed"
+timeout 900 python3 scripts/bench_device.py --pipeline --device "$DEVICE" $PIPE --json "$OUT/pipeline.json" 2>&1 \
+    | tail -8; echo "pipeline exit ${PIPESTATUS[0]}"
+for mode in error warn; do
+    timeout 300 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets $SYNC_PRESET --lines 16 \
+        --seconds 1,2 --max-batch 8 --sync-debug $mode --json "$OUT/pipeline-sync-$mode.json" 2>&1 | tail -16
+    echo "sync-debug $mode exit ${PIPESTATUS[0]}"
+done
