@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def run_one(spec: dict, work: Path, timeout: float) -> dict:
     """One child process running `omnitts synth` on the spec; returns its report (or the failure)."""
     spec_path = work / f"spec-{spec['preset']}-{spec['max_batch']}.json"
     spec_path.write_text(json.dumps(spec))
+    shutil.rmtree(spec["out"], ignore_errors=True)  # a kept --work: run afresh, not resume
     launched = time.time()
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
                           capture_output=True, text=True, timeout=timeout)
@@ -208,17 +210,24 @@ def main(argv=None) -> int:
 
 
 def summary_line(row: dict, lines: int) -> str:
+    """One run's figures on one line (plus its host-sync sites, if counted); "-" where a figure is missing
+    (no item finished: a run whose items all failed)."""
     head = f"{row['preset']:>9} max batch {row['max_batch']:3d}:"
     if "failed" in row:
         return f"{head} FAILED ({row['failed']}): {' | '.join(row['stderr_tail'])}"
+
+    def s(value, digits=2):
+        return "-" if value is None else f"{value:.{digits}f}"
     split = ", ".join(f"{k} {v:.2f}" for k, v in row["split_s"].items())
     roof = row["roofline"]
-    text = (f"{head} {row['audio_s_per_s']:.2f} audio-s/s (steady {row['steady_audio_s_per_s']:.2f}), "
-            f"{row['files']}/{lines} files, first audio {row['first_audio_s']:.2f} s, first frame "
-            f"{row['first_frame_s']:.2f} s, capture {row['capture_s']:.2f} s, peak {row['peak_memory_gib']:.2f} GiB "
-            f"({row['peak_memory_kind']}), {roof.get('of_roofline', 0) * 100:.2f}% of the roofline "
-            f"({roof.get('audio_s_per_s')} audio-s/s at {roof.get('step_ms')} ms/step); wall {row['wall_s']:.2f} s = "
-            f"{split}; attention: {row['attention']}")
+    text = (f"{head} {s(row['audio_s_per_s'])} audio-s/s (steady {s(row['steady_audio_s_per_s'])}), "
+            f"{row['files']}/{lines} files, first audio {s(row['first_audio_s'])} s, first frame "
+            f"{s(row['first_frame_s'])} s, capture {s(row['capture_s'])} s, peak {s(row['peak_memory_gib'])} GiB "
+            f"({row['peak_memory_kind']}), {s(100 * roof['of_roofline']) if roof else '-'}% of the roofline "
+            f"({roof.get('audio_s_per_s', '-')} audio-s/s at {roof.get('step_ms', '-')} ms/step); wall "
+            f"{s(row['wall_s'])} s = {split}; attention: {row['attention']}")
+    if row.get("sdp_enabled") is not None:
+        text += f" (sdpa backends allowed: {row['sdp_enabled']})"
     if row.get("sync_debug"):
         text += f"; host syncs: {row['sync_debug']}"
         text += "".join(f"\n    {n:6d} x {site}" for site, n in list(row.get("sync_sites", {}).items())[:12])

@@ -102,3 +102,18 @@ def test_sync_watch_counts_warned_syncs_by_phase(load_script):
     assert dict(watch.sites) == {"capture: (outside omnitts)": 1, "(outside omnitts)": 1}
     assert bench.sync_verdict(watch, []).startswith("1 host syncs outside")
     assert bench.sync_verdict(None, []).startswith("skipped")
+
+
+def test_summary_line_of_a_run_whose_items_all_failed(load_script):
+    """A --sync-debug error run where every item failed has no first audio and no roofline: the line
+    still prints, with "-", and names the first error."""
+    bench = load_script("bench_pipeline")
+    row = {"preset": "0.6b", "max_batch": 8, "audio_s_per_s": 0.0, "steady_audio_s_per_s": 0.0, "files": 0,
+           "first_audio_s": None, "first_frame_s": None, "capture_s": 1.5, "peak_memory_gib": 2.0,
+           "peak_memory_kind": "torch.cuda.max_memory_allocated", "roofline": {}, "wall_s": 3.0,
+           "split_s": {"load": 1.0, "engine": 2.0}, "attention": "flash", "sdp_enabled": "flash,math",
+           "sync_debug": "2 items failed on a host sync outside Engine._collect", "sync_sites": {},
+           "errors": ["s00000: RuntimeError while preparing: called a synchronizing CUDA operation", "s00001: x"]}
+    line = bench.summary_line(row, 2)
+    assert "first audio - s" in line and "-% of the roofline" in line and "0/2 files" in line
+    assert "2 items failed, first: s00000: RuntimeError" in line and "sdpa backends allowed: flash,math" in line
