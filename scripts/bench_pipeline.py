@@ -34,6 +34,7 @@ NPU with torch_npu >= 2.5) from the end of the load to the end of the run, excep
 `Engine._collect`, the one allowed wait, and graph capture (start-up; torch.cuda.graph itself syncs):
 an item that hits one fails with the error, and the report lists them. `--sync-debug warn` lets the
 run go on and counts the syncs by the innermost omnitts line that made them (`sync_sites`).
+`--fake-graphs` (CPU) gives the engines the CPU fake of device graphs, so capture is timed as on a GPU.
 `attention` names the attention kernels one eager frame ran (profiler op names; the captured frame
 records the same ops): flash / efficient / cudnn / math on CUDA, the fused NPU kernels; "unknown"
 where no profiler names them (the CPU).
@@ -164,6 +165,8 @@ def main(argv=None) -> int:
                         "(default: 4800 on an H200, else 3350, the H100 SXM's; cpu: measured)")
     parser.add_argument("--sync-debug", choices=["error", "warn"], help="host syncs outside Engine._collect "
                         "raise (error: the items fail) or are counted by the omnitts line that made them (warn)")
+    parser.add_argument("--fake-graphs", action="store_true", help="cpu: engines capture and replay through the "
+                        "CPU fake of device graphs (omnitts/device/fake.py), so the capture path runs as on a GPU")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per synth process (default 1800)")
     parser.add_argument("--work", type=Path, help="keep checkpoints, manifests and outputs here")
     parser.add_argument("--json", type=Path)
@@ -197,7 +200,7 @@ def main(argv=None) -> int:
                 spec = {"preset": preset, "max_batch": batch, "device": args.device, "dtype": dtype,
                         "manifest": str(manifest), "ckpt": str(ckpt), "out": str(work / f"out-{preset}-{batch}"),
                         "report": str(work / f"report-{preset}-{batch}.json"), "sync_debug": args.sync_debug,
-                        "attention": i == 0}
+                        "attention": i == 0, "fake_graphs": args.fake_graphs and cpu}
                 row = run_one(spec, work, args.timeout)
                 if "failed" not in row:
                     row["roofline"] = roofline(row, bandwidth)
@@ -481,6 +484,11 @@ def child(spec: dict) -> int:
     timers.wrap(api.TTS, "prepare", "prepare")
     timers.wrap(AudioSink, "write", "write")
     timers.wrap(Batch, "save", "write", after=saved)
+    if spec.get("fake_graphs"):
+        import omnitts.engine.engine as engine_module
+        from omnitts.device.fake import FakeGraphBackend
+
+        engine_module.get_backend = lambda name, eager=False: FakeGraphBackend(check_trace=False)
     if syncs is not None:
         syncs.allow(Engine, "_collect")  # the one allowed wait
         syncs.allow(Backend, "frame_steps", "capture: ")

@@ -117,3 +117,16 @@ def test_summary_line_of_a_run_whose_items_all_failed(load_script):
     line = bench.summary_line(row, 2)
     assert "first audio - s" in line and "-% of the roofline" in line and "0/2 files" in line
     assert "2 items failed, first: s00000: RuntimeError" in line and "sdpa backends allowed: flash,math" in line
+
+
+def test_pipeline_bench_times_graph_capture_on_the_cpu_fake(tmp_path, load_script):
+    """With the CPU fake of device graphs the engines capture as on a GPU: capture time is reported
+    apart from the engine's, and the split still sums to the wall."""
+    bench = load_script("bench_pipeline")
+    out = tmp_path / "pipeline.json"
+    code = bench.main(["--lines", "4", "--seconds", "0.3,0.6", "--max-batch", "2", "--fake-graphs",
+                       "--json", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    assert code == 0 and run["files"] == 4
+    assert run["capture_s"] > 0 and run["split_s"]["capture"] == pytest.approx(run["capture_s"], abs=1e-3)
+    assert sum(run["split_s"].values()) == pytest.approx(run["wall_s"], rel=0.01)
