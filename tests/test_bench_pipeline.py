@@ -130,3 +130,29 @@ def test_pipeline_bench_times_graph_capture_on_the_cpu_fake(tmp_path, load_scrip
     assert code == 0 and run["files"] == 4
     assert run["capture_s"] > 0 and run["split_s"]["capture"] == pytest.approx(run["capture_s"], abs=1e-3)
     assert sum(run["split_s"].values()) == pytest.approx(run["wall_s"], rel=0.01)
+
+
+def test_bench_device_checks_npu_syncs_with_its_debug_mode_when_torch_npu_has_one(tts_factory, load_script,
+                                                                                  monkeypatch):
+    """bench_device.py's host-sync check uses torch.npu.set_sync_debug_mode where torch_npu has it (2.5+):
+    on for the steady steps, off inside `_collect` only; without it the check is skipped with a message.
+    Stubbed: a `torch.npu` that records the modes, over a CPU engine."""
+    import types
+
+    import torch
+
+    bench = load_script("bench_device")
+    tts = tts_factory("custom_voice")
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(), raising=False)
+    assert bench.count_syncs(tts, None, "npu", 2).startswith("skipped: torch.npu has no set_sync_debug_mode")
+    modes = []
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(set_sync_debug_mode=modes.append), raising=False)
+    eng = bench.engine(tts, "cpu", True, 2, 256)
+    collects = []
+    collect = eng._collect
+    eng._collect = lambda pending: collects.append(modes[-1] if modes else None) or collect(pending)
+    verdict = bench.count_syncs(tts, eng, "npu", 3)
+    assert verdict == "0 host syncs in 3 steps (outside the one wait in _collect)"
+    assert modes[0] == "error" and modes[-1] == 0
+    assert modes.count("error") == 1 + 3 and modes.count(0) == 1 + 3  # on once, off/on around each collect
+    assert "error" not in collects and collects.count(0) >= 3  # no collect ran with the mode on
