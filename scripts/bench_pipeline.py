@@ -1,7 +1,7 @@
 """The whole pipeline on one device: `omnitts synth` end to end on a Seed-TTS-like manifest, timed.
 
     python scripts/bench_device.py --pipeline --device cuda --json pipeline.json    # 0.6b and 1.7b, max batch 8..128
-    python scripts/bench_device.py --pipeline                                       # the CPU, tiny shapes, ~1 minute
+    python scripts/bench_device.py --pipeline                                       # the CPU, tiny shapes (minutes)
 
 (`scripts/bench_pipeline.py` takes the same options.) For each preset it builds a random CustomVoice
 checkpoint (`omnitts.testing.checkpoint`) and writes a manifest of `--lines` one-sentence lines. Random
@@ -23,7 +23,7 @@ reports:
   the engine's time holds its own wait for the frame in flight (`Engine._collect`, one frame behind),
   and the codec's holds the copy of its audio to the host, which waits for the codec's kernels; so
   device time lands where it is waited for, and work still queued when a timer stops is billed to
-  whichever timer waits for it next;
+  whichever timer waits for it next (one device synchronize closes the run, outside any step);
 - roofline: bytes a step must read = weight bytes per frame (`bench_lib.frame_bytes`: the talker's
   layers once, the code predictor once per pass, its heads) + talker K/V bytes per position x the mean
   K/V positions a step reads (sum over finished requests of F*P + F*(F-1)/2, F frames after P prompt
@@ -54,7 +54,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FRAME_SECONDS = 1920 / 24000
 SPEAKERS = ["ryan", "vivian", "serena", "aiden"]
 WORDS = ("the morning train left the station before the rain began to fall on the quiet town while "
          "children walked to school and the old baker opened his shop with a warm smile for every "
