@@ -105,14 +105,19 @@ def bandwidth_for(device: str, given: float | None) -> tuple[float, str]:
     return DEFAULT_BANDWIDTH, "nominal H100 SXM (default; pass --bandwidth for this device)"
 
 
-def run_one(spec: dict, work: Path, timeout: float) -> dict:
-    """One child process running `omnitts synth` on the spec; returns its report (or the failure)."""
+def run_one(spec: dict, work: Path, timeout: float, keep: bool = False) -> dict:
+    """One child process running `omnitts synth` on the spec; returns its report (or the failure). The
+    output directory is deleted once its files are counted unless `keep` (1,000 lines: ~250 MB of WAV)."""
     spec_path = work / f"spec-{spec['preset']}-{spec['max_batch']}.json"
     spec_path.write_text(json.dumps(spec))
     shutil.rmtree(spec["out"], ignore_errors=True)  # a kept --work: run afresh, not resume
     launched = time.time()
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(spec_path)],
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:  # this run is lost, the others go on
+        return {"preset": spec["preset"], "max_batch": spec["max_batch"], "failed": f"timed out after {timeout:g} s",
+                "stderr_tail": []}
     process_wall = time.time() - launched
     report_path = Path(spec["report"])
     if proc.returncode != 0 or not report_path.exists():
@@ -126,6 +131,8 @@ def run_one(spec: dict, work: Path, timeout: float) -> dict:
         report[f"{name}_s"] = None if at is None else round(at - launched, 3)
     out = Path(spec["out"])
     report["files"] = sum(1 for p in out.iterdir() if p.suffix == ".wav")
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
     return report
 
 
@@ -200,7 +207,7 @@ def main(argv=None) -> int:
                         "manifest": str(manifest), "ckpt": str(ckpt), "out": str(work / f"out-{preset}-{batch}"),
                         "report": str(work / f"report-{preset}-{batch}.json"), "sync_debug": args.sync_debug,
                         "attention": i == 0, "fake_graphs": args.fake_graphs and cpu}
-                row = run_one(spec, work, args.timeout)
+                row = run_one(spec, work, args.timeout, keep=args.work is not None)
                 if "failed" not in row:
                     row["roofline"] = roofline(row, bandwidth)
                 report["runs"].append(row)

@@ -156,3 +156,12 @@ def test_bench_device_checks_npu_syncs_with_its_debug_mode_when_torch_npu_has_on
     assert modes[0] == "error" and modes[-1] == 0
     assert modes.count("error") == 1 + 3 and modes.count(0) == 1 + 3  # on once, off/on around each collect
     assert "error" not in collects and collects.count(0) >= 3  # no collect ran with the mode on
+
+
+def test_a_run_that_times_out_is_reported_and_the_others_go_on(tmp_path, load_script):
+    bench = load_script("bench_pipeline")
+    spec = {"preset": "tiny-0.6b", "max_batch": 4, "out": str(tmp_path / "out"), "report": str(tmp_path / "r.json"),
+            "manifest": "-", "ckpt": "-", "device": "cpu", "dtype": "float32", "sync_debug": None,
+            "attention": False}
+    row = bench.run_one(spec, tmp_path, timeout=0.01)
+    assert row["failed"].startswith("timed out") and "FAILED (timed out" in bench.summary_line(row, 1)
