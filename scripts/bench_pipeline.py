@@ -14,7 +14,7 @@ reports:
   included); `steady_audio_s_per_s` counts from the first frame on;
 - first_audio_s: process start to the first file committed (imports and load included); first_frame_s:
   process start to the end of the first engine step that produced a frame;
-- capture_s: graph capture (warm-up frames included; `Backend.frame_steps`);
+- capture_s: graph capture (warm-up frames included; `GraphSteps._capture`, when a frame first needs a bucket);
 - peak_memory_gib: torch.<device>.max_memory_allocated(), or on the CPU the process's ru_maxrss;
 - split_s: the synth call's wall time by where it went, exclusive (a timer inside another is subtracted
   from it): load, capture, engine (Engine.step less capture), codec (CodecStreams.pump/close), prepare
@@ -368,7 +368,7 @@ def sync_debug_module(device: str):
 class SyncWatch:
     """Host syncs under the device's sync debug mode, on from the end of the load to the end of the run.
 
-    Off inside `Engine._collect` (the one allowed wait). Graph capture (`Backend.frame_steps`) is start-up
+    Off inside `Engine._collect` (the one allowed wait). Graph capture (`GraphSteps._capture`) is one-time
     work that synchronizes by design (torch.cuda.graph does, around its warm-ups): off there in "error"
     mode; in "warn" mode its syncs are listed under "capture: ". In "warn" mode each sync is counted by
     the innermost omnitts line on the Python stack when it happened."""
@@ -449,7 +449,7 @@ def child(spec: dict) -> int:
     from bench_lib import frame_bytes
     from omnitts import cli
     from omnitts.batch.outdir import Batch
-    from omnitts.device.base import Backend
+    from omnitts.device.base import GraphSteps
     from omnitts.engine.engine import Engine
     from omnitts.io.audio import AudioSink
     from omnitts.models.codec_streams import CodecStreams
@@ -483,7 +483,7 @@ def child(spec: dict) -> int:
             syncs.on()
 
     timers.wrap(api, "load", "load", after=loaded)
-    timers.wrap(Backend, "frame_steps", "capture")
+    timers.wrap(GraphSteps, "_capture", "capture")  # a bucket's warm-up and capture, when a frame first needs it
     timers.wrap(Engine, "step", "engine", after=stepped)
     timers.wrap(CodecStreams, "pump", "codec")
     timers.wrap(CodecStreams, "close", "codec")
@@ -497,7 +497,7 @@ def child(spec: dict) -> int:
         engine_module.get_backend = lambda name, eager=False: FakeGraphBackend(check_trace=False)
     if syncs is not None:
         syncs.allow(Engine, "_collect")  # the one allowed wait
-        syncs.allow(Backend, "frame_steps", "capture: ")
+        syncs.allow(GraphSteps, "_capture", "capture: ")
 
     argv = ["synth", spec["manifest"], "-m", spec["ckpt"], "-o", spec["out"], "--device", device,
             "--dtype", spec["dtype"], "--max-batch", str(spec["max_batch"]), "-q"]
