@@ -62,10 +62,14 @@ def next_base(end: int, window: int) -> int:
 class StreamingCodec:
     """Runs a `CodecDecoder`'s modules chunk by chunk with explicit per-row state (no parameters of its own)."""
 
-    def __init__(self, codec: CodecDecoder, max_window_frames: int = 400, tile_frames: int | None = TILE_FRAMES):
+    def __init__(self, codec: CodecDecoder, max_window_frames: int = 400, tile_frames: int | None = TILE_FRAMES,
+                 upload=None):
         """`max_window_frames` bounds the window positions (RoPE table size) a call may use;
-        `tile_frames`: frames (over all rows) per time slice of the late decoder layers (None: one slice)."""
+        `tile_frames`: frames (over all rows) per time slice of the late decoder layers (None: one slice);
+        `upload(host tensor) -> device tensor`: how a call's positions reach the codec's device (the
+        device layer's `copies.uploader`: pinned and non_blocking on accelerators; default a plain copy)."""
         self.codec = codec
+        self.upload = upload or (lambda tensor: tensor.to(self.device))
         self.tile_frames = tile_frames
         cfg = codec.cfg
         self.window = cfg.sliding_window
@@ -201,8 +205,17 @@ class StreamingCodec:
         tr, dev = self.codec.pre_transformer, x.device
         b, n, _ = x.shape
         x = tr.input_proj(x)
-        start_t = torch.tensor(start, device=dev)
-        base_t = torch.tensor(base, device=dev)
+        # Everything this call needs from the host in ONE upload (built on the host, copied without a
+        # wait): each row's start, base and K/V keep offset, then the rows of each attention group.
+        groups = [(length, [r for r in range(b) if kv_len[r] == length]) for length in sorted(set(kv_len))]
+        keep = [next_base(s + n, self.window) - o for s, o in zip(start, base)]
+        rows = [r for _, members in groups for r in members] if len(groups) > 1 else []
+        packed = self.upload(torch.tensor(list(start) + list(base) + keep + rows, dtype=torch.long))
+        start_t, base_t, keep_t = packed[:b], packed[b:2 * b], packed[2 * b:3 * b]
+        selections, at = [(groups[0][0], slice(None))] if len(groups) == 1 else [], 3 * b  # one group: all rows
+        for length, members in groups if len(groups) > 1 else ():
+            selections.append((length, packed[at:at + len(members)]))
+            at += len(members)
         pos = start_t[:, None] + torch.arange(n, device=dev)  # (B, n) window positions of the new frames
         cos, sin = self.cos.to(dev)[pos], self.sin.to(dev)[pos]
         assert all(k >= s + n - o for s, o, k in zip(start, base, kv_len)), "kv_len must span the new keys"
@@ -212,12 +225,11 @@ class StreamingCodec:
         mask = (key_pos[:, None, :] <= pos[:, :, None]) & (key_pos[:, None, :] > pos[:, :, None] - self.window)
         mask = mask[:, None]  # (B, 1, n, width)
         slot = (pos - base_t[:, None])  # (B, n) slot of each new key
-        keep = torch.tensor([next_base(s + n, self.window) - o for s, o in zip(start, base)], device=dev)
-        keep = (keep[:, None] + torch.arange(self.kv_slots, device=dev)).clamp(max=width - 1)  # (B, kv_slots)
+        keep = (keep_t[:, None] + torch.arange(self.kv_slots, device=dev)).clamp(max=width - 1)  # (B, kv_slots)
         new_keys, new_values = [], []
         for i, layer in enumerate(tr.layers):
             h, k, v = self._attention(layer.self_attn, layer.input_layernorm(x), cos, sin, st, i, slot, width,
-                                      mask, kv_len)
+                                      mask, selections)
             x = x + layer.self_attn_layer_scale(h)
             x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
             idx = keep[:, None, :, None].expand(b, k.shape[1], self.kv_slots, k.shape[-1])
@@ -226,8 +238,9 @@ class StreamingCodec:
         st["keys"], st["values"] = torch.stack(new_keys, 1), torch.stack(new_values, 1)
         return tr.output_proj(tr.norm(x))
 
-    def _attention(self, attn, x, cos, sin, st, layer, slot, width, mask, kv_len):
-        """Attention.forward's arithmetic, against the row's K/V slots; rows grouped by `kv_len`."""
+    def _attention(self, attn, x, cos, sin, st, layer, slot, width, mask, selections):
+        """Attention.forward's arithmetic, against the row's K/V slots; rows grouped by their attention
+        length: `selections` [(kv_len, rows: a slice or a device index tensor)]."""
         b, n, _ = x.shape
         q, k, v = attn.project(x, cos, sin)
         keys = F.pad(st["keys"][:, layer], (0, 0, 0, width - self.kv_slots))
@@ -235,9 +248,7 @@ class StreamingCodec:
         idx = slot[:, None, :, None].expand(b, attn.kv_heads, n, attn.head_dim)
         keys, values = keys.scatter(2, idx, k), values.scatter(2, idx, v)
         out = torch.empty_like(q)
-        for length in sorted(set(kv_len)):
-            rows = [r for r in range(b) if kv_len[r] == length]
-            sel = slice(None) if len(rows) == b else torch.tensor(rows, device=x.device)
+        for length, sel in selections:
             # Every query sees at least its own key (slot pos - base < kv_len): no fully masked row.
             out[sel] = sdpa_attention(q[sel], keys[sel, :, :length], values[sel, :, :length],
                                       mask[sel, :, :, :length], causal=False)

@@ -20,6 +20,11 @@ returns), so its rows are tried again one by one: a stream that fails alone is s
 (its owner discards it) and the others go on. Rows of a call take the same number of frames: `chunk_frames`, or a window's last few
 (those run with the rows of the same length, or alone). Memory per stream is fixed by its slot.
 See `codec_stream.py` for how close to bitwise the result is.
+
+Copies: a call's slots, frames and positions go to the device in pinned, non_blocking uploads, and its
+waveform comes back through `to_host` (the device backend's deferred copy), read only when asked:
+`pump_later` hands out `Samples` whose `result()` waits, so the engine's next frame can be queued
+before the host waits for this decode (`pump` reads them at once; `close` too, once per stream).
 """
 
 from __future__ import annotations
@@ -43,6 +48,43 @@ class StreamEnd:
     tail: np.ndarray
 
 
+class _HostCopy:
+    """One call's waveform on its way to the host: waited for once, by the first `Samples` that reads it."""
+
+    def __init__(self, transfer):
+        self.transfer, self.array = transfer, None
+
+    def result(self) -> np.ndarray:
+        if self.array is None:
+            self.array, self.transfer = self.transfer.result(), None
+        return self.array
+
+
+class Samples:
+    """A stream's new samples, possibly still on their way from the device: slices (copy, row, lo, hi)
+    of calls' waveforms, in order. `len` is known at once; `result()` waits for the copies."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return sum(hi - lo for _, _, lo, hi in self.parts)
+
+    def result(self) -> np.ndarray:
+        pieces = [copy.result()[row, lo:hi] for copy, row, lo, hi in self.parts]
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+
+class _Now:
+    """A device-to-host copy made at once (the default `to_host`: fine on the CPU, a wait elsewhere)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.array = tensor.detach().cpu().numpy()
+
+    def result(self) -> np.ndarray:
+        return self.array
+
+
 @dataclass
 class _Stream:
     slot: int
@@ -54,7 +96,7 @@ class _Stream:
     drop: int = 0  # samples still to discard (context frames, reference frames)
     ref_frames: int = 0
     generated: int = 0
-    lead: np.ndarray | None = None  # the last reference sample (ICL), once decoded
+    lead: Samples | None = None  # the last reference sample (ICL), once decoded
     finished: bool = False
 
 
@@ -70,11 +112,15 @@ class CodecStreams:
     """
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
-                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES):
-        """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`)."""
+                 window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES,
+                 upload=None, to_host=None):
+        """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`); `upload(host
+        tensor) -> device tensor` and `to_host(device tensor) -> handle with result()`: the device layer's
+        copies (`device.copies.uploader`, `Backend.to_host`); the defaults copy plainly, at once."""
         assert 0 < left_context <= window_frames
         # RoPE positions stay below the window length (context included): calls are never padded.
-        self.codec = StreamingCodec(codec, window_frames + left_context, tile_frames)
+        self.codec = StreamingCodec(codec, window_frames + left_context, tile_frames, upload)
+        self.to_host = to_host or _Now
         self.chunk, self.window_frames, self.left_context = chunk_frames, window_frames, left_context
         self.spf = self.codec.samples_per_frame
         self.state = self.codec.new_state(max_streams)
@@ -125,7 +171,7 @@ class CodecStreams:
             tail += self._run([(sid, s, *plan)])[sid]
         del self.streams[sid]
         self.free.append(s.slot)
-        tail = np.concatenate(tail) if tail else np.zeros(0, np.float32)
+        tail = Samples(tail).result()  # the stream's last wait (per finished stream, not per call)
         head = np.zeros(0, np.float32)
         if s.generated == 0:
             return StreamEnd(head, np.zeros(0, np.float32))
@@ -134,7 +180,7 @@ class CodecStreams:
             cut = int(s.ref_frames / total * (total * self.spf))
             assert s.ref_frames * self.spf - cut in (0, 1), cut
             if cut < s.ref_frames * self.spf:
-                head = s.lead
+                head = s.lead.result().copy()
         return StreamEnd(head, tail)
 
     def discard(self, sid: int) -> None:
@@ -147,7 +193,11 @@ class CodecStreams:
     # -- decoding ----------------------------------------------------------------------------------------
 
     def pump(self) -> dict[int, np.ndarray]:
-        """Decode every ready stream's chunks; returns the new samples per stream.
+        """Decode every ready stream's chunks; returns the new samples per stream (waits for them)."""
+        return {sid: samples.result() for sid, samples in self.pump_later().items()}
+
+    def pump_later(self) -> dict[int, Samples]:
+        """`pump` without the wait: the new samples per stream, read from the device by `result()`.
 
         Each round is one batched call per call size over all ready streams; rounds repeat while some
         stream is still ready (a backlog, or the 25 context frames re-fed after a window boundary).
@@ -158,7 +208,7 @@ class CodecStreams:
             for size in sorted({job[2] for job in jobs}):
                 for sid, pieces in self._run_isolated([j for j in jobs if j[2] == size]).items():
                     out.setdefault(sid, []).extend(pieces)
-        return {sid: np.concatenate(p) for sid, p in out.items() if p}
+        return {sid: Samples(p) for sid, p in out.items() if p}
 
     def _run_isolated(self, jobs) -> dict[int, list]:
         """`_run(jobs)`; if it raises, each job alone, and a job that still raises goes to `broken`."""
@@ -207,28 +257,30 @@ class CodecStreams:
             start.append(s.pos)
             base.append(s.base)
             kv_len.append(s.pos - s.base + size if ends else round_up(s.pos - s.base + size, KV_ALIGN))
-        dev = self.codec.device
-        slots = torch.tensor([s.slot for _, s, *_ in jobs], device=dev)
+        # One upload for the call: the rows' slots, then their frames (built on the host).
+        slots = np.array([s.slot for _, s, *_ in jobs], dtype=np.int64)
+        packed = self.codec.upload(torch.from_numpy(np.concatenate([slots, codes.reshape(-1)])))
+        slots, frames = packed[:len(jobs)], packed[len(jobs):].view(codes.shape)
         state = {k: v[slots] for k, v in self.state.items()}
-        wav, state = self.codec.step(torch.from_numpy(codes).to(dev).transpose(1, 2), state, start, base, kv_len)
+        wav, state = self.codec.step(frames.transpose(1, 2), state, start, base, kv_len)
         for k, v in state.items():
             self.state[k][slots] = v
-        wav = wav[:, 0].float().cpu().numpy()  # the one device->host copy of this call
+        copy = _HostCopy(self.to_host(wav[:, 0].float()))  # the one device->host copy of this call, read later
         out = {}
         for row, (sid, s, _, _) in enumerate(jobs):
-            samples = wav[row]
+            lo, hi = 0, size * self.spf  # this row's samples: [lo, hi) of its waveform
             fed, s.feed = s.feed[:size], s.feed[size:]
             s.history = np.concatenate([s.history, fed])[-self.left_context:]
             s.pos += size
             s.base = next_base(s.pos, self.codec.window)
             if s.drop:
-                cut = min(s.drop, len(samples))
-                samples, s.drop = samples[cut:], s.drop - cut
-                if s.drop == 0 and s.ref_frames and s.lead is None and len(samples):
-                    s.lead, samples = samples[:1].copy(), samples[1:]
-            elif s.ref_frames and s.lead is None and len(samples):
-                s.lead, samples = samples[:1].copy(), samples[1:]
-            out[sid] = [samples.copy()] if len(samples) else []
+                cut = min(s.drop, hi - lo)
+                lo, s.drop = lo + cut, s.drop - cut
+                if s.drop == 0 and s.ref_frames and s.lead is None and hi > lo:
+                    s.lead, lo = Samples([(copy, row, lo, lo + 1)]), lo + 1
+            elif s.ref_frames and s.lead is None and hi > lo:
+                s.lead, lo = Samples([(copy, row, lo, lo + 1)]), lo + 1
+            out[sid] = [(copy, row, lo, hi)] if hi > lo else []
         return out
 
 
