@@ -16,7 +16,10 @@ What it owns, between the caller's jobs and the engine:
   budget (`max_frames`, a line's `max_seconds`) is the whole job's, shared by its pieces in
   proportion to their text tokens (`params.share_frames`); the derived runaway budget is per piece;
 - audio: frames are decoded while generation continues, in chunks batched across requests
-  (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead), and
+  (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead); a step's
+  decoded audio is read from the device at the next step, once that step's frame is queued, so the
+  host never waits for the codec while the device could run a frame (a finished item's last audio is
+  read when it finishes); and
   with a `sink` (the CLI's: a temporary file per item) the joined audio leaves as soon as it is
   final, so memory does not grow with the audio length. Audio is held back only where it may still
   change: a piece after one still running, the last crossfade of a piece, an in-context clone's
@@ -49,6 +52,7 @@ import numpy as np
 import torch
 
 from ..device import get_backend
+from ..device.copies import uploader
 from ..errors import OmniTTSError
 from ..models.codec_streams import CodecStreams
 from ..errors import RequestError
@@ -144,10 +148,13 @@ class Pipeline:
         self.engine: Engine | None = None
         self.engines_built = 0
         self._graphs_before = {"captures": 0, "warmup_frames": 0, "capture_seconds": 0.0}  # of dropped engines
-        tile = get_backend(tts.ckpt.device.type).codec_tile_frames
-        self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch, tile_frames=tile)
+        backend = get_backend(tts.ckpt.device.type)
+        self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
+                                     tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
+                                     to_host=backend.to_host)
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
+        self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device
         self.starved = False  # the jobs source last said "nothing now" (None)
         self.in_engine: set = set()  # sequences added to the engine and not yet returned finished
         self.failures: deque = deque()  # outcomes of items that failed while running, not yet yielded
@@ -434,6 +441,7 @@ class Pipeline:
         """Feed every sequence's new frames to its codec stream; decode what is ready, batched."""
         if self.streams is None:
             return
+        self._read()  # the last step's audio: this step's frame is queued, the device has work meanwhile
         seqs = [seq for seq in list(engine.scheduler.running) + finished if not seq.tag[0].dropped]
         for seq in seqs:
             if len(seq.frames) == self.decoding.get(seq, _NOTHING).pushed:
@@ -447,7 +455,7 @@ class Pipeline:
             if seq in self.decoding and not seq.tag[0].dropped:
                 self.streams.finish(self.decoding[seq].sid)
         started = time.perf_counter()
-        decoded = self.streams.pump()
+        decoded = self.streams.pump_later()
         for seq in seqs:  # streams whose decode raised: their items fail, the others go on
             state = self.decoding.get(seq)
             if state is not None and state.sid in self.streams.broken:
@@ -460,12 +468,27 @@ class Pipeline:
         for seq in seqs:
             state = self.decoding.get(seq)
             if state is not None and state.sid in decoded and not seq.tag[0].dropped:
-                item, index = seq.tag
-                item.decode_s += share
-                if item.incremental and seq.prompt.ref_codes is None:
-                    item.joiner.add(index, decoded[state.sid])
-                else:  # ICL: a leading sample is only known at the end; retries: may be discarded
-                    state.held.append(decoded[state.sid])
+                seq.tag[0].decode_s += share
+                self.unread.append((seq, decoded[state.sid]))
+
+    def _read(self, only=None) -> None:
+        """Hand decoded audio to its items, in decoding order (all of it, or `only` that sequence's):
+        this is where the host waits for the codec's copies."""
+        unread, self.unread = self.unread, []
+        for seq, samples in unread:
+            if only is not None and seq is not only:
+                self.unread.append((seq, samples))
+                continue
+            state, (item, index) = self.decoding.get(seq), seq.tag
+            if state is None or item.dropped:
+                continue
+            started = time.perf_counter()
+            audio = samples.result()
+            item.decode_s += _since(started)
+            if item.incremental and seq.prompt.ref_codes is None:
+                item.joiner.add(index, audio)
+            else:  # ICL: a leading sample is only known at the end; retries: may be discarded
+                state.held.append(audio)
 
     def _last_audio(self, seq, codes: np.ndarray) -> bool:
         """Hand a finished sequence's remaining audio to its item's joiner; False if decoding it raised
@@ -477,6 +500,7 @@ class Pipeline:
 
                 audio = decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
             elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
+                self._read(seq)  # its audio still unread: the item's one wait for the codec
                 state = self.decoding[seq]
                 end = self.streams.close(state.sid)
                 del self.decoding[seq]
@@ -494,6 +518,7 @@ class Pipeline:
         """Forget `seq`'s codec stream, if it has one, without decoding the rest."""
         if self.streams is not None and seq in self.decoding:
             self.streams.discard(self.decoding.pop(seq).sid)
+            self.unread = [(s, samples) for s, samples in self.unread if s is not seq]
 
     def _complete(self, item: _Item) -> Outcome:
         from ..result import Audio

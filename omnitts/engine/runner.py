@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import sampling
+from ..device.copies import upload
 from ..models.layers import FrameKVCache, StaticKVCache
 from .reference import predict_residuals
 from .state import SlotCache, SlotState
@@ -48,8 +49,9 @@ class ModelRunner:
         """
         dev, dtype = self.ckpt.device, self.state.hidden.dtype
         n = len(prompts)
-        # non_blocking: a plain host-to-device copy would wait for the frame still running.
-        lengths = torch.tensor([p.shape[0] for p in prompts]).to(dev, non_blocking=True)
+        # Pinned and non_blocking (`copies.upload`): a plain host-to-device copy would wait for the frame
+        # still running, and so would a non_blocking one from unpinned memory (torch_npu syncs the stream).
+        lengths = upload(torch.tensor([p.shape[0] for p in prompts]), dev)
         last = []
         for i, p in enumerate(prompts):
             length = p.shape[0]

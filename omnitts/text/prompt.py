@@ -87,20 +87,30 @@ def resolve(cfg, req: Request) -> Resolved:
 
 
 class PromptBuilder:
-    """Turns requests into talker prompts for one loaded checkpoint."""
+    """Turns requests into talker prompts for one loaded checkpoint.
 
-    def __init__(self, ckpt):
+    Prompts are built between engine steps, while the device runs the frame launched last: token ids
+    are made on the host and reach the device through `upload` (the device layer's uploader: pinned and
+    non_blocking on accelerators), never by `torch.tensor(..., device=)` or `.to(device)`, which would
+    make the host wait for that frame.
+    """
+
+    def __init__(self, ckpt, upload=None):
         self.ckpt = ckpt
         self.cfg = ckpt.config
         self.talker = ckpt.model.talker
+        if upload is None:
+            from ..device.copies import uploader
+
+            upload = uploader(ckpt.device)
+        self.upload = upload
 
     @torch.inference_mode()
     def build(self, req: Request, voice: Voice | None = None) -> Prompt:
         """Embeddings for `req`; Base requests need their `voice` (already encoded)."""
         r = resolve(self.cfg, req)
         cfg, tcfg, talker, tok = self.cfg, self.cfg.talker, self.talker, self.ckpt.tokenizer
-        dev = self.ckpt.device
-        ids = lambda values: torch.tensor([values], dtype=torch.long, device=dev)  # noqa: E731 (1, n)
+        ids = lambda values: self.upload(torch.tensor([values], dtype=torch.long))  # noqa: E731 (1, n)
         text_ids = ids(tok.assistant_ids(req.text))
         if text_ids.shape[1] < 9:
             raise RequestError("text: tokenizer produced no tokens for the text")
@@ -115,7 +125,7 @@ class PromptBuilder:
         if r.speaker_id is not None:
             codec.append(talker.embed_codec(ids([r.speaker_id])))
         elif voice is not None:
-            codec.append(voice.x_vector.to(dev, tts_pad.dtype).view(1, 1, -1))
+            codec.append(self.upload(voice.x_vector).to(tts_pad.dtype).view(1, 1, -1))
         codec.append(talker.embed_codec(ids([tcfg.codec_pad_id, tcfg.codec_bos_id])))
         codec = torch.cat(codec, dim=1)  # (1, n, D): tags, [speaker], pad, bos
 
@@ -142,17 +152,17 @@ class PromptBuilder:
 
     def _icl(self, text_ids, voice: Voice, tts_eos, tts_pad, non_streaming: bool):
         """In-context cloning: reference text + target text against bos + reference codes."""
-        talker, tcfg, dev = self.talker, self.cfg.talker, self.ckpt.device
-        ref_ids = torch.tensor([self.ckpt.tokenizer.reference_ids(voice.ref_text or "")], device=dev)
+        talker, tcfg, upload = self.talker, self.cfg.talker, self.upload
+        ref_ids = upload(torch.tensor([self.ckpt.tokenizer.reference_ids(voice.ref_text or "")]))
         text = talker.embed_text(torch.cat([ref_ids[:, 3:-2], text_ids[:, 3:-5]], dim=-1))
         text = torch.cat([text, tts_eos], dim=1)  # (1, T1, D)
-        codes = voice.ref_codes.to(dev)
+        codes = upload(voice.ref_codes)
         codec = talker.embed_frame(codes).unsqueeze(0)  # (1, R, D)
-        bos = talker.embed_codec(torch.tensor([[tcfg.codec_bos_id]], device=dev))
+        bos = talker.embed_codec(upload(torch.tensor([[tcfg.codec_bos_id]])))
         codec = torch.cat([bos, codec], dim=1)  # (1, R + 1, D)
         n_text, n_codec = text.shape[1], codec.shape[1]
         if non_streaming:
-            pads = talker.embed_codec(torch.tensor([[tcfg.codec_pad_id] * n_text], device=dev))
+            pads = talker.embed_codec(upload(torch.tensor([[tcfg.codec_pad_id] * n_text])))
             return torch.cat([text + pads, codec + tts_pad], dim=1), tts_pad
         if n_text > n_codec:
             return text[:, :n_codec] + codec, text[:, n_codec:]
