@@ -84,15 +84,24 @@ def _caller() -> tuple[str, list[str]]:
     frame, where, stack = sys._getframe(1), None, []
     while frame is not None:
         path = Path(frame.f_code.co_filename)
-        stack.append(frame.f_code.co_qualname)
+        stack.append(_qualname(frame))
         if where is None and path.resolve() != _HERE and _TORCH not in path.resolve().parents:
             try:
                 shown = path.resolve().relative_to(Path.cwd())
             except ValueError:
                 shown = path
-            where = f"{shown}:{frame.f_lineno} ({frame.f_code.co_qualname})"
+            where = f"{shown}:{frame.f_lineno} ({_qualname(frame)})"
         frame = frame.f_back
     return where or "?", stack
+
+
+def _qualname(frame) -> str:
+    """The frame's function as `Class.method` (`co_qualname` from Python 3.11; before, from `self`)."""
+    code = frame.f_code
+    if hasattr(code, "co_qualname"):
+        return code.co_qualname
+    owner = frame.f_locals.get("self")
+    return f"{type(owner).__name__}.{code.co_name}" if owner is not None else code.co_name
 
 
 class _Provenance(TorchDispatchMode):
