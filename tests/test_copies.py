@@ -199,3 +199,27 @@ def test_codec_streams_read_their_audio_only_when_asked_and_give_the_same_sample
     later = run(CodecStreams(ckpt.codec, chunk_frames=8, max_streams=2, to_host=Later), True)
     assert now.shape == later.shape and np.array_equal(now, later)
     assert isinstance(Copy, type)
+
+
+def test_an_audio_copy_that_fails_when_read_fails_its_items_and_the_run_goes_on(tts_factory, monkeypatch):
+    """On a device a decode's error can surface only when its copy is read (a step later): that fails
+    the items whose audio it held, as a decode that raises at once does, and nothing else."""
+    tts = tts_factory("custom_voice")
+    real, broken = Backend.to_host, []
+
+    class Lost:
+        def result(self):
+            raise RuntimeError("the device lost the copy")
+
+    def to_host(self, tensor):
+        if tensor.dtype == torch.float32 and not broken:  # the first codec call's waveform (codes are int64)
+            broken.append(tensor.shape[0])
+            return Lost()
+        return real(self, tensor)
+
+    monkeypatch.setattr(Backend, "to_host", to_host)
+    outcomes = list(Pipeline(tts).run(_jobs(tts)))
+    failed = [o for o in outcomes if not o.ok]
+    assert len(outcomes) == 3 and broken and 1 <= len(failed) <= broken[0]
+    assert all(o.error == "RuntimeError while decoding: the device lost the copy" for o in failed)
+    assert all(o.samples > 0 for o in outcomes if o.ok)

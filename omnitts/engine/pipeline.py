@@ -473,7 +473,7 @@ class Pipeline:
 
     def _read(self, only=None) -> None:
         """Hand decoded audio to its items, in decoding order (all of it, or `only` that sequence's):
-        this is where the host waits for the codec's copies."""
+        this is where the host waits for the codec's copies. A sink's errors are the run's (they raise)."""
         unread, self.unread = self.unread, []
         for seq, samples in unread:
             if only is not None and seq is not only:
@@ -483,7 +483,12 @@ class Pipeline:
             if state is None or item.dropped:
                 continue
             started = time.perf_counter()
-            audio = samples.result()
+            try:
+                audio = samples.result()
+            except Exception as exc:  # noqa: BLE001 - a decode that fails when read fails its item only
+                self._discard_stream(seq)
+                self._fail(item, f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
+                continue
             item.decode_s += _since(started)
             if item.incremental and seq.prompt.ref_codes is None:
                 item.joiner.add(index, audio)
@@ -494,13 +499,16 @@ class Pipeline:
         """Hand a finished sequence's remaining audio to its item's joiner; False if decoding it raised
         (the item has failed)."""
         item, index = seq.tag
+        if seq in self.decoding:
+            self._read(seq)  # its audio still unread: the item's one wait for the codec (sink errors: the run's)
+            if item.dropped:
+                return False  # reading it failed the item
         try:
             if self.streams is None:
                 from .reference import decode_codes
 
                 audio = decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
             elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
-                self._read(seq)  # its audio still unread: the item's one wait for the codec
                 state = self.decoding[seq]
                 end = self.streams.close(state.sid)
                 del self.decoding[seq]
