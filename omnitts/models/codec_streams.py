@@ -53,11 +53,32 @@ class _HostCopy:
 
     def __init__(self, transfer):
         self.transfer, self.array = transfer, None
+        self.kept: list[_Kept] = []  # single samples to copy out when the waveform arrives
 
     def result(self) -> np.ndarray:
         if self.array is None:
             self.array, self.transfer = self.transfer.result(), None
+            for sample in self.kept:
+                sample.take(self.array)
+            self.kept = []
         return self.array
+
+
+class _Kept:
+    """One sample a stream keeps past its call (the ICL lead, needed at `close`): copied out as soon as
+    the call's waveform is read, so the stream does not hold on to the whole batch's waveform."""
+
+    def __init__(self, copy: _HostCopy, row: int, at: int):
+        self.copy, self.row, self.at, self.value = copy, row, at, None
+        copy.kept.append(self)
+
+    def take(self, array: np.ndarray) -> None:
+        self.value, self.copy = array[self.row, self.at:self.at + 1].copy(), None
+
+    def result(self) -> np.ndarray:
+        if self.value is None:
+            self.copy.result()  # calls `take`
+        return self.value
 
 
 class Samples:
@@ -96,7 +117,7 @@ class _Stream:
     drop: int = 0  # samples still to discard (context frames, reference frames)
     ref_frames: int = 0
     generated: int = 0
-    lead: Samples | None = None  # the last reference sample (ICL), once decoded
+    lead: _Kept | None = None  # the last reference sample (ICL), once decoded
     finished: bool = False
 
 
@@ -180,7 +201,7 @@ class CodecStreams:
             cut = int(s.ref_frames / total * (total * self.spf))
             assert s.ref_frames * self.spf - cut in (0, 1), cut
             if cut < s.ref_frames * self.spf:
-                head = s.lead.result().copy()
+                head = s.lead.result()
         return StreamEnd(head, tail)
 
     def discard(self, sid: int) -> None:
@@ -277,9 +298,9 @@ class CodecStreams:
                 cut = min(s.drop, hi - lo)
                 lo, s.drop = lo + cut, s.drop - cut
                 if s.drop == 0 and s.ref_frames and s.lead is None and hi > lo:
-                    s.lead, lo = Samples([(copy, row, lo, lo + 1)]), lo + 1
+                    s.lead, lo = _Kept(copy, row, lo), lo + 1
             elif s.ref_frames and s.lead is None and hi > lo:
-                s.lead, lo = Samples([(copy, row, lo, lo + 1)]), lo + 1
+                s.lead, lo = _Kept(copy, row, lo), lo + 1
             out[sid] = [(copy, row, lo, hi)] if hi > lo else []
         return out
 
