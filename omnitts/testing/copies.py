@@ -216,6 +216,14 @@ class CopyRecorder:
         handle.result = waited
 
     def __enter__(self) -> "CopyRecorder":
+        try:
+            self._install()
+        except BaseException:
+            self.__exit__(None, None, None)  # no patch outlives a failed start
+            raise
+        return self
+
+    def _install(self) -> None:
         rec = self
 
         def made_from_host(original, api):
@@ -324,7 +332,6 @@ class CopyRecorder:
 
         self._patch(torch.Tensor, "__setitem__", setitem)
         self._stack.enter_context(_Provenance(self))
-        return self
 
     def __exit__(self, *exc) -> None:
         self._stack.close()
