@@ -109,6 +109,13 @@ def gumbel(keys: torch.Tensor, group: int, index: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(uniforms(keys, group, index)))
 
 
+def gumbel_scores(values: torch.Tensor, keep: torch.Tensor, keys: torch.Tensor, group: int,
+                  index: torch.Tensor) -> torch.Tensor:
+    """The Gumbel-max race's scores: tempered `values` (B, N) plus each code's noise, -inf where `keep` is
+    False (the warpers' verdict). The contract of `choose`'s `scores` kernel (device/fused.py)."""
+    return (values + gumbel(keys, group, index)).masked_fill(~keep, float("-inf"))
+
+
 # -- logits processing ---------------------------------------------------------------------------
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
     """Penalise every code in `seen` (B, V bool) once: divide positive logits, multiply negative ones."""
@@ -203,11 +210,12 @@ def warp(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None) 
     return values >= torch.maximum(kth, cut)
 
 
-def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan: Plan) -> torch.Tensor:
+def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan: Plan, scores=None) -> torch.Tensor:
     """One code per row (B,): argmax where `do_sample` (B,) is False, else a Gumbel-max draw.
 
     temperature, top_p: (B, 1) float; top_k: (B, 1) int64; keys (B, 1) from `frame_keys` (None when
-    the plan does not sample); `group` the codebook (0 talker, 1..15 sub-talker).
+    the plan does not sample); `group` the codebook (0 talker, 1..15 sub-talker). `scores`: a kernel
+    computing `gumbel_scores` (device/fused.py's: one launch instead of ~25; None: `gumbel_scores`).
     """
     greedy = logits.argmax(-1)
     if not plan.samples:
@@ -218,8 +226,8 @@ def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan:
         values, index = torch.sort(logits, dim=-1, descending=True)
     values = values / temperature
     keep = warp(values, top_k, top_p if plan.top_p else None)
-    scores = (values + gumbel(keys, group, index)).masked_fill(~keep, float("-inf"))
-    sampled = index.gather(-1, scores.argmax(-1, keepdim=True))[:, 0]
+    race = (scores or gumbel_scores)(values, keep, keys, group, index)
+    sampled = index.gather(-1, race.argmax(-1, keepdim=True))[:, 0]
     return torch.where(do_sample, sampled, greedy)
 
 

@@ -45,20 +45,32 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
     Every device merges the q/k/v and gate/up projections (fewer, larger matrix products); the CPU also
     packs weights, swaps in its native kernels and rewrites the codec's convolutions (device/cpu.py);
     accelerators give the talker the decode attention their fused masked kernels take
-    (`layers.grouped_decode_attention`).
+    (`layers.grouped_decode_attention`); CUDA gets the fused ops of device/fused.py (one Triton kernel each
+    where torch runs several).
     """
     if device.type == "cpu":
         from .cpu import prepare_weights as prepare_cpu
 
         prepare_cpu(models, dtype, codec_dtype, max_batch)
         return
+    prepare_generic(models, fused=device.type == "cuda")
+    if dtype == torch.float32:
+        exact_float32(device)
+
+
+def prepare_generic(models: Models, fused: bool) -> None:
+    """The preparation of devices without a layout of their own: q/k/v and gate/up merged, and with
+    `fused` the talker's norms, residual adds, q/k norm + rotary and SwiGLU taken by device/fused.py's ops.
+    On CPU tensors this is the GPU path's stand-in that device/opcount.py counts."""
     fuse_projections(models.model.talker)
     fuse_projections(models.codec)
     # The talker's decode attends with a per-row mask over the slot cache: as plain multi-head attention the
     # fused masked kernel takes it (with enable_gqa, CUDA's sdpa falls back to its math kernel).
     models.model.talker.model.attend = grouped_decode_attention
-    if dtype == torch.float32:
-        exact_float32(device)
+    if fused:
+        from .fused import use_fused_ops
+
+        use_fused_ops(models.model.talker)
 
 
 def exact_float32(device: torch.device) -> None:

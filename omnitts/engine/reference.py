@@ -56,11 +56,11 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
     finish = "length"
     while True:
         generated = torch.tensor([len(frames)], device=dev)
-        keys = sampling.frame_keys(rows.seed, generated) if plan.samples else None
+        keys = (talker.frame_keys or sampling.frame_keys)(rows.seed, generated) if plan.samples else None
         logits = sampling.process_talker(logits, seen, rows.penalty, generated, suppress, eos)
         margins_t.append(sampling.margin(logits))
         c0 = sampling.choose(logits, rows.do_sample, rows.temperature, rows.top_k, rows.top_p, keys, 0,
-                             plan.talker)
+                             plan.talker, talker.gumbel_scores)
         if int(c0) == eos:
             finish = "eos"
             break
@@ -112,7 +112,7 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: samp
         if margins is not None:
             margins.append(sampling.margin(logits))
         code = sampling.choose(logits, rows.sub_do_sample, rows.sub_temperature, rows.sub_top_k, rows.sub_top_p,
-                               keys, group, plan)
+                               keys, group, plan, talker.gumbel_scores)
         codes.append(code)
         if group < groups - 1:
             hidden = forward(predictor.embed(group, code)[:, None], group + 1)

@@ -75,9 +75,9 @@ class ModelRunner:
         p = s.params
         logits = sampling.process_talker(s.logits[rows], s.seen[rows], p.penalty[rows], s.generated[rows],
                                          self.suppress, self.eos)
-        keys = sampling.frame_keys(p.seed[rows], s.generated[rows]) if plan.samples else None
+        keys = (talker.frame_keys or sampling.frame_keys)(p.seed[rows], s.generated[rows]) if plan.samples else None
         c0 = sampling.choose(logits, p.do_sample[rows], p.temperature[rows], p.top_k[rows], p.top_p[rows],
-                             keys, 0, plan.talker)
+                             keys, 0, plan.talker, talker.gumbel_scores)
         codes = predict_residuals(talker, s.hidden[rows], c0, p.select(rows), keys, plan.predictor,
                                   frame_cache=self.predictor_cache)  # (B, 16)
         s.codes[rows] = codes

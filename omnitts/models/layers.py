@@ -29,12 +29,36 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is not None and x.dtype == self.weight.dtype:
             return self.kernel(x, self.weight, self.eps)
-        dtype = x.dtype
-        x = x.float()
-        scale = x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
-        x = (x * scale).to(dtype)
-        # In place where the product keeps x's dtype: the same values as `weight * x`, one buffer fewer.
-        return x.mul_(self.weight) if self.weight.dtype == dtype else self.weight * x
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`RMSNorm`'s arithmetic as a function (the fused device ops' reference, device/fused.py)."""
+    dtype = x.dtype
+    x = x.float()
+    scale = x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+    x = (x * scale).to(dtype)
+    # In place where the product keeps x's dtype: the same values as `weight * x`, one buffer fewer.
+    return x.mul_(weight) if weight.dtype == dtype else weight * x
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """A residual add and the next norm: (x + residual, rms_norm(x + residual)), the `DecoderStack.add_norm`
+    hook's contract."""
+    x = x + residual
+    return x, rms_norm(x, weight, eps)
+
+
+def norm_rope(qk: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """q/k heads (B, T, H, D) normed per head (`weight` (H, D)) and rotated -> (B, H, T, D): the
+    `Attention.rope_kernel` hook's contract, computed as the unhooked path does."""
+    return apply_rope(rms_norm(qk, weight, eps).transpose(1, 2), cos, sin)
+
+
+def silu_mul(both: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for `both` = [gate | up] on the last dimension: the `GatedMLP.kernel` hook's contract."""
+    gate, up = both.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -367,12 +391,8 @@ class GatedMLP(nn.Module):
     def forward(self, x):
         if self.gate_up_proj is not None:
             both = self.gate_up_proj(x)
-            if self.kernel is not None:
-                return self.down_proj(self.kernel(both))
-            gate, up = both.chunk(2, dim=-1)
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate).mul_(up))
+            return self.down_proj(self.kernel(both) if self.kernel is not None else silu_mul(both))
+        return self.down_proj(F.silu(self.gate_proj(x)).mul_(self.up_proj(x)))
 
 
 def concat_linears(linears: list[nn.Linear]) -> nn.Linear:
@@ -430,6 +450,10 @@ class DecoderStack(nn.Module):
         # The dtype callers keep this stack's K/V history in, when wider than the model's (set together
         # with a widening kernel, see device/cpu_weights.use_cpu_attention); None: the model's.
         self.kv_dtype: torch.dtype | None = None
+        # `add_norm(x, residual, weight, eps) -> (x + residual, norm(x + residual))` (`add_rms_norm`'s
+        # contract): each residual add fused into the norm after it, where a device layer provides one
+        # (device/fused.py); used for inputs of the norms' dtype.
+        self.add_norm = None
         self._rope_table: RopeTable | None = None
 
     def rope_table(self, length: int, dtype: torch.dtype, device) -> RopeTable:
@@ -452,6 +476,20 @@ class DecoderStack(nn.Module):
         cos, sin = rope
         causal = mask is None and (cache is None or cache.length == 0)
         assert mask is not None or causal or x.shape[1] == 1, "several new positions after a cache need a mask"
+        if self.add_norm is not None and x.dtype == self.norm.weight.dtype:
+            return self._fused_residuals(x, cos, sin, cache, mask, causal, attend)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache, i, mask, causal, attend)
         return self.norm(x)
+
+    def _fused_residuals(self, x, cos, sin, cache, mask, causal, attend) -> torch.Tensor:
+        """The layers with each residual add taken by the norm that follows it (`add_norm`): the same
+        sums and norms as `DecoderLayer.forward`, in one call each instead of an add and a norm."""
+        norms = [norm for layer in self.layers for norm in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms.append(self.norm)
+        h = norms[0](x)
+        for i, layer in enumerate(self.layers):
+            out = layer.self_attn(h, cos, sin, cache, i, mask, causal, attend)
+            x, h = self.add_norm(x, out, norms[2 * i + 1].weight, norms[2 * i + 1].eps)
+            x, h = self.add_norm(x, layer.mlp(h), norms[2 * i + 2].weight, norms[2 * i + 2].eps)
+        return h

@@ -40,6 +40,12 @@ PRESETS = {
     "1.7b": dict(size="1b7", talker=(2048, 6144, 28, 16, 8, 128), predictor=(1024, 3072, 5, 16, 8, 128), text_hidden=2048,
                  codec=(512, 512, 1024, 1536, 8, 16, 64, 1024), mimi=(512, 64, 8, 8, 64, 2048, 256)),
 }
+# The real layer counts (28 talker, 5 predictor layers) at tiny widths, for counting a frame's ops
+# (device/opcount.py): how many ops a frame runs depends on layer counts, batch and sampling, not on widths.
+for _size in ("0.6b", "1.7b"):
+    PRESETS[f"layers-{_size}"] = dict(PRESETS[f"tiny-{_size}"],
+                                      talker=PRESETS[f"tiny-{_size}"]["talker"][:2] + (28,) + PRESETS[f"tiny-{_size}"]["talker"][3:],
+                                      predictor=PRESETS[f"tiny-{_size}"]["predictor"][:2] + (5,) + PRESETS[f"tiny-{_size}"]["predictor"][3:])
 HEAD_SCALE = 100.0  # makes greedy top-1/top-2 logit gaps decisive on random weights
 
 

@@ -1,0 +1,108 @@
+"""Fused device ops for the generic torch path: fewer kernels per frame on GPUs.
+
+On a GPU every non-view aten op of a captured frame is one kernel launch, and a 0.6B frame at batch 8
+ran ~5,400 of them (RMSNorm alone: six small kernels, ~325 times a frame). The ops registered here
+under `torch.ops.omnitts_fused` are each one kernel on CUDA (a Triton kernel, device/triton_kernels.py)
+and, everywhere else, exactly the torch code the models run without them (models/layers.py's
+`rms_norm`, `add_rms_norm`, `norm_rope`, `silu_mul`: the same values bit for bit):
+
+  - `rms_norm(x, weight, eps)`: `RMSNorm` (the `RMSNorm.kernel` hook);
+  - `add_rms_norm(x, residual, weight, eps) -> (x + residual, rms_norm(x + residual))`: a residual add
+    and the norm after it (the `DecoderStack.add_norm` hook);
+  - `norm_rope(qk, weight, eps, cos, sin)`: per-head q/k RMSNorm and rotary positions (the
+    `Attention.rope_kernel` hook);
+  - `silu_mul(both)`: SwiGLU's silu(gate) * up (the `GatedMLP.kernel` hook);
+  - `frame_keys(seed, frame)` and `gumbel_scores(values, keep, keys, group, index)`: sampling's
+    counter-based noise keys of a frame (~40 integer ops) and a codebook's Gumbel-max scores (noise,
+    sum and mask: ~25 ops, 16 times a frame) (the `Talker.frame_keys` / `Talker.gumbel_scores` hooks).
+
+The namespace is not `omnitts`: omnitts' native CPU library (native.py) registers `omnitts::rms_norm`
+and others from C++, and a second registration of a name aborts the process.
+
+`use_fused_ops(module)` wires them into a talker (the device layer calls it for CUDA; the CPU keeps
+its native kernels, and without them plain torch: there the ops would only add dispatcher overhead).
+Each op is registered for the CompositeExplicitAutograd key, so a TorchDispatchMode (the op counter,
+opcount.py; the CPU fake's trace) sees one op where a GPU launches one kernel. Triton is imported
+on the first CUDA call, never at `import omnitts`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from .. import sampling
+from ..models import layers
+
+_LIB = torch.library.Library("omnitts_fused", "DEF")  # kept alive: dropping it would unregister the ops
+_SCHEMAS = {
+    "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
+    "add_rms_norm": "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
+    "norm_rope": "norm_rope(Tensor qk, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor",
+    "silu_mul": "silu_mul(Tensor both) -> Tensor",
+    "frame_keys": "frame_keys(Tensor seed, Tensor frame) -> Tensor",
+    "gumbel_scores": "gumbel_scores(Tensor values, Tensor keep, Tensor keys, int group, Tensor index) -> Tensor",
+}
+
+
+_TORCH = {
+    "rms_norm": layers.rms_norm,
+    "add_rms_norm": lambda x, residual, weight, eps: tuple(layers.add_rms_norm(x, residual, weight, eps)),
+    "norm_rope": layers.norm_rope,
+    "silu_mul": layers.silu_mul,
+    "frame_keys": sampling.frame_keys,
+    "gumbel_scores": sampling.gumbel_scores,
+}
+
+
+@functools.cache
+def triton_available() -> str | None:
+    """None where Triton imports, else why not (one line)."""
+    try:
+        import triton  # noqa: F401
+    except Exception as error:  # ImportError, or a broken install raising at import
+        return f"triton is not importable ({type(error).__name__}: {error})"
+    return None
+
+
+def _cuda(name: str):
+    """The CUDA implementation of op `name`: the Triton kernel, or the torch code where Triton is missing."""
+    def run(*args):
+        if triton_available() is None:
+            from . import triton_kernels
+
+            return getattr(triton_kernels, name)(*args)
+        return _TORCH[name](*args)
+    return run
+
+
+for _name, _schema in _SCHEMAS.items():
+    _LIB.define(_schema)
+    _LIB.impl(_name, _TORCH[_name], "CompositeExplicitAutograd")
+    _LIB.impl(_name, _cuda(_name), "CUDA")
+
+OPS = torch.ops.omnitts_fused
+
+
+def use_fused_ops(module: nn.Module) -> int:
+    """Give every decoder stack under `module` the fused ops through the models' hooks (norms, residual
+    adds, q/k norm + rotary, SwiGLU) where no kernel is set yet (the CPU's native ones stay); returns how
+    many hooks were set."""
+    from ..models.talker import Talker
+
+    count = 0
+    for m in module.modules():
+        if isinstance(m, Talker) and m.gumbel_scores is None:
+            m.frame_keys, m.gumbel_scores, count = OPS.frame_keys, OPS.gumbel_scores, count + 2
+        elif isinstance(m, layers.RMSNorm) and m.kernel is None:
+            m.kernel, count = OPS.rms_norm, count + 1
+        elif isinstance(m, layers.Attention) and m.rope_kernel is None and m.qkv_proj is not None \
+                and m.qk_norm is not None:
+            m.rope_kernel, count = OPS.norm_rope, count + 1
+        elif isinstance(m, layers.GatedMLP) and m.kernel is None and m.gate_up_proj is not None:
+            m.kernel, count = OPS.silu_mul, count + 1
+        elif isinstance(m, layers.DecoderStack) and m.add_norm is None:
+            m.add_norm, count = OPS.add_rms_norm, count + 1
+    return count
