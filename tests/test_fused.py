@@ -1,0 +1,185 @@
+"""The fused device ops (device/fused.py): the torch reference they run off CUDA is the models' own code
+bit for bit, the Triton kernels they run on CUDA match it (checked here under TRITON_INTERPRET=1, skipped
+where triton is not installed), and a 0.6B-shaped frame at batch 8 launches at most 1,500 kernels on the
+GPU path's stand-in (device/opcount.py) with codes unchanged, graphs and eager, greedy and seeded."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from omnitts import sampling
+from omnitts.device import fused, opcount
+from omnitts.device.fake import FakeGraphBackend
+from omnitts.engine import Engine, EngineConfig
+from omnitts.engine.reference import generate_codes
+from omnitts.models import layers
+from omnitts.request import Request
+from omnitts.testing import checkpoint as checkpoints
+
+OPS = fused.OPS
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read once, when triton is first imported
+DEVICE = "cuda" if ON_GPU else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+# -- the reference implementation (every device but CUDA) -------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_ops_off_cuda_are_the_models_torch_code_bitwise(dtype):
+    x, r, w = torch.randn(3, 2, 100).to(dtype), torch.randn(3, 2, 100).to(dtype), torch.randn(100).to(dtype)
+    norm = layers.RMSNorm(100, 1e-6).to(dtype).requires_grad_(False)
+    norm.weight.copy_(w)
+    assert torch.equal(OPS.rms_norm(x, w, 1e-6), norm(x))
+    total, normed = OPS.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(total, x + r) and torch.equal(normed, layers.rms_norm(x + r, w, 1e-6))
+    qk, wh = torch.randn(2, 3, 6, 16).to(dtype), torch.randn(6, 16).to(dtype)
+    cos, sin = layers.rope_cos_sin(torch.arange(3)[None].expand(2, 3), 16, 1e6, dtype)
+    want = layers.apply_rope(layers.rms_norm(qk, wh, 1e-6).transpose(1, 2), cos, sin)
+    assert torch.equal(OPS.norm_rope(qk, wh, 1e-6, cos, sin), want)
+    both = torch.randn(4, 1, 60).to(dtype)
+    assert torch.equal(OPS.silu_mul(both), torch.nn.functional.silu(both[..., :30]) * both[..., 30:])
+
+
+def test_fused_sampling_ops_off_cuda_are_samplings_code_bitwise():
+    seed, frame = torch.tensor([[3], [-7], [2**62 + 1]]), torch.tensor([0, 5, 2**31 + 3])
+    keys = OPS.frame_keys(seed, frame)
+    assert torch.equal(keys, sampling.frame_keys(seed, frame))
+    values, index = torch.topk(torch.randn(3, 2048), 64)
+    keep = values >= values[:, 9:10]
+    scores = OPS.gumbel_scores(values, keep, keys, 4, index)
+    assert torch.equal(scores, (values + sampling.gumbel(keys, 4, index)).masked_fill(~keep, float("-inf")))
+
+
+# -- the Triton kernels, interpreted on the CPU ------------------------------------------------------
+@pytest.fixture(scope="module")
+def kernels():
+    """device/triton_kernels.py, compiled on a GPU, else interpreted on the CPU (TRITON_INTERPRET, set at
+    this module's import: the interpreter must be chosen before triton's first import)."""
+    reason = fused.triton_available()
+    if reason is not None:
+        pytest.skip(f"{reason}: the Triton kernels (CUDA's fused ops) are not checked here")
+    if not ON_GPU and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set: run tests/test_fused.py alone")
+    import omnitts.device.triton_kernels as module
+
+    return module
+
+
+def close(got, want, dtype):
+    """float32: within a few ulps (another summation order for the RMS); bfloat16: within one ulp."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=2 ** -7)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [16, 100, 1000])  # 100 and 1000: not powers of two (masked tails)
+def test_triton_norms_match_torch_and_rows_do_not_depend_on_the_batch(kernels, dtype, width):
+    x, r, w = ((torch.randn(6, width) * 3).to(DEVICE, dtype), torch.randn(6, width).to(DEVICE, dtype),
+               torch.randn(width).to(DEVICE, dtype))
+    close(kernels.rms_norm(x, w, 1e-6), layers.rms_norm(x, w, 1e-6), dtype)
+    total, normed = kernels.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(total, x + r)  # the sum is rounded once, as torch rounds it
+    close(normed, layers.rms_norm(x + r, w, 1e-6), dtype)
+    assert torch.equal(kernels.rms_norm(x[2:3], w, 1e-6), kernels.rms_norm(x, w, 1e-6)[2:3])
+    assert torch.equal(kernels.add_rms_norm(x[4:5], r[4:5], w, 1e-6)[1], normed[4:5])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 64, 128])
+def test_triton_norm_rope_matches_torch_and_rows_do_not_depend_on_the_batch(kernels, dtype, head_dim):
+    heads, kv = 4, 2
+    # The engine's layout: q/k heads a strided view of the merged projection's output, v after them.
+    qkv = (torch.randn(3, 2, heads + 2 * kv, head_dim) * 2).to(DEVICE, dtype)
+    qk = qkv[:, :, : heads + kv]
+    w = torch.randn(heads + kv, head_dim).to(DEVICE, dtype)
+    table = layers.RopeTable(8, head_dim, 1e6, dtype, DEVICE)
+    cos, sin = table.at(torch.tensor([[1, 2], [5, 6], [0, 1]], device=DEVICE))
+    got = kernels.norm_rope(qk, w, 1e-6, cos, sin)
+    close(got, layers.norm_rope(qk, w, 1e-6, cos, sin), dtype)
+    assert torch.equal(kernels.norm_rope(qk[1:2], w, 1e-6, cos[1:2], sin[1:2]), got[1:2])
+    span_cos, span_sin = table.span(0, 2, 3)  # expanded views (stride 0)
+    close(kernels.norm_rope(qk, w, 1e-6, span_cos, span_sin), layers.norm_rope(qk, w, 1e-6, span_cos, span_sin),
+          dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [16, 1500])  # 1500: more than one block per row, a masked tail
+def test_triton_silu_mul_matches_torch_and_rows_do_not_depend_on_the_batch(kernels, dtype, width):
+    both = (torch.randn(5, 1, 2 * width) * 3).to(DEVICE, dtype)
+    got = kernels.silu_mul(both)
+    close(got, layers.silu_mul(both), dtype)
+    assert torch.equal(kernels.silu_mul(both[3:4]), got[3:4])
+
+
+def test_triton_sampling_kernels_hash_bitwise_and_score_as_torch(kernels):
+    seed = torch.tensor([[0], [1], [-5], [2**62 + 7], [sampling.seed_word(2**64 - 1)]], device=DEVICE)
+    frame = torch.tensor([0, 3, 100, 2**31 + 5, 7], device=DEVICE)
+    keys = kernels.frame_keys(seed, frame)
+    assert torch.equal(keys, sampling.frame_keys(seed, frame))  # integer hashes: the same bits
+    values, index = torch.topk(torch.randn(5, 3072, device=DEVICE), 1100)  # more codes than one block
+    keep = values >= values[:, 40:41]
+    for group in (0, 1, 15):
+        got, want = kernels.gumbel_scores(values, keep, keys, group, index), sampling.gumbel_scores(values, keep, keys,
+                                                                                                    group, index)
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        torch.testing.assert_close(got[keep], want[keep], rtol=1e-6, atol=1e-6)  # `log`'s last ulp may differ
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        assert torch.equal(kernels.gumbel_scores(values[2:3], keep[2:3], keys[2:3], group, index[2:3]), got[2:3])
+
+
+# -- kernels per frame -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def layers_06b(tmp_path_factory):
+    return checkpoints.build_checkpoint(tmp_path_factory.mktemp("layers") / "ck", preset="layers-0.6b")
+
+
+def test_a_06b_frame_at_batch_8_launches_at_most_1500_kernels_on_the_gpu_path(layers_06b):
+    fused_count = opcount.count_frame(layers_06b, fused=True, sampled=True)
+    plain = opcount.count_frame(layers_06b, fused=False, sampled=True)
+    assert fused_count.batch == plain.batch == 8
+    assert fused_count.kernels <= 1500, fused_count.summary()
+    assert plain.kernels > 3500, plain.summary()  # the counter sees the unfused frame's ~4,200
+    # 28 talker layers + 5 predictor layers x 15 forwards: every norm is one fused op, none left in pieces.
+    assert fused_count.ops["omnitts_fused.norm_rope"] == 28 + 5 * 15
+    assert fused_count.ops["pow"] == fused_count.ops["rsqrt_"] == 0 and plain.ops["pow"] == 325
+
+
+def test_the_op_count_does_not_depend_on_widths(tmp_path, monkeypatch):
+    wide = dict(checkpoints.PRESETS["tiny-0.6b"], talker=(96, 192, 2, 8, 4, 32), predictor=(96, 192, 2, 8, 4, 32))
+    monkeypatch.setitem(checkpoints.PRESETS, "tiny-wide", wide)
+    counts = [opcount.count_frame(checkpoints.build_checkpoint(tmp_path / preset, preset=preset), batch=3)
+              for preset in ("tiny-0.6b", "tiny-wide")]
+    assert counts[0].ops == counts[1].ops and counts[0].views == counts[1].views
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_fused_ops_leave_codes_unchanged_graphs_and_eager(ckpt_dir, greedy):
+    path = ckpt_dir("custom_voice")
+    plain, with_ops = opcount.load_generic(path, fused=False), opcount.load_generic(path, fused=True)
+    assert with_ops.ckpt.model.talker.model.add_norm is not None and plain.ckpt.model.talker.model.add_norm is None
+    texts = ["Short one.", "A somewhat longer sentence for the batch.", "你好，今天怎么样？"]
+
+    def run(tts, backend):
+        engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=3, max_positions=96), backend=backend)
+        for i, text in enumerate(texts):
+            params = tts.default_params(greedy, max_frames=6 + 3 * i, seed=40 + i)
+            engine.add(tts.prompts.build(Request(text, speaker="ryan")), params, tag=i)
+        done = {}
+        while engine.has_work():
+            done.update({seq.tag: seq.codes() for seq in engine.step()})
+        return [done[i] for i in range(len(texts))]
+
+    want = run(plain, None)
+    for backend in (None, FakeGraphBackend()):
+        got = run(with_ops, backend)
+        assert all((a == b).all() for a, b in zip(got, want))
+    # The slow path takes the same hooks.
+    params = with_ops.default_params(greedy, max_frames=5, seed=9)
+    prompt = with_ops.prompts.build(Request(texts[1], speaker="ryan"))
+    assert torch.equal(generate_codes(with_ops.ckpt, prompt, params).codes, generate_codes(plain.ckpt, prompt, params).codes)
