@@ -4,6 +4,7 @@
     python scripts/bench_device.py --device cuda --preset 0.6b --json cuda.json
     python scripts/bench_device.py --device npu --preset 1.7b --official-python .cache/ref-venv/bin/python
     python scripts/bench_device.py --pipeline --device cuda --json pipeline.json   # whole synth: bench_pipeline.py
+    python scripts/bench_device.py --count-ops --preset 0.6b                 # kernels per frame, seconds
 
 Builds a random CustomVoice checkpoint (`omnitts.testing.checkpoint`; random weights never pick EOS,
 so every request runs its whole budget), then
@@ -17,6 +18,11 @@ so every request runs its whole budget), then
      (scripts/reference_runner.py inside that venv), one request at a time.
 On the CPU the "graphs" are the fake (omnitts/device/fake.py): the numbers check the bookkeeping,
 not speed.
+
+`--count-ops` does none of that: it counts the aten ops of one frame (batch `--concurrency`, default 8;
+half the rows sampling, then all greedy) on the GPU path's CPU stand-in, without and with the fused ops
+(omnitts/device/opcount.py says what is counted and what is left out), at the preset's real layer
+counts and tiny widths (`0.6b` counts `layers-0.6b`: the count does not depend on widths).
 """
 
 from __future__ import annotations
@@ -167,6 +173,26 @@ def official(python: Path, ckpt: Path, device: str, dtype: str, frames: int, wor
             "audio_s_per_s": round(produced * FRAME_SECONDS / wall, 3), "note": "includes codec decode"}
 
 
+def count_ops(preset: str, batch: int, out: Path | None) -> int:
+    """Print (and with `out`, write as JSON) one frame's op counts, unfused and fused, sampled and greedy."""
+    from omnitts.device.opcount import count_frame
+
+    preset = {"0.6b": "layers-0.6b", "1.7b": "layers-1.7b"}.get(preset, preset)
+    report = {"preset": preset, "batch": batch, "counts": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = build_checkpoint(Path(tmp) / "ckpt", kind="custom_voice", preset=preset)
+        for fused in (False, True):
+            for sampled in (True, False):
+                count = count_frame(ckpt, batch=batch, fused=fused, sampled=sampled)
+                label = f"{'fused' if fused else 'unfused'}, {'half sampled' if sampled else 'greedy'}"
+                print(f"{preset} {label}: {count.summary(12)}")
+                report["counts"].append({"fused": fused, "sampled": sampled, "total": count.total,
+                                         "non_view": count.kernels, "ops": dict(count.ops.most_common())})
+    if out:
+        out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--pipeline" in argv:  # the whole `omnitts synth` pipeline: scripts/bench_pipeline.py
@@ -184,7 +210,11 @@ def main(argv=None) -> int:
     parser.add_argument("--official-python", type=Path, help="python of a venv with qwen-tts (scripts/reference_env.py)")
     parser.add_argument("--official-frames", type=int, default=32, help="frames per official request (default 32)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count one frame's aten ops (kernels on a GPU), unfused and fused, and stop")
     args = parser.parse_args(argv)
+    if args.count_ops:
+        return count_ops(args.preset, int((args.concurrency or "8").split(",")[0]), args.json)
     cpu = args.device == "cpu"
     dtype = args.dtype or ("float32" if cpu else "bfloat16")
     concurrency = [int(c) for c in (args.concurrency or ("1,4" if cpu else "1,8,32,64")).split(",")]
