@@ -173,9 +173,12 @@ def official(python: Path, ckpt: Path, device: str, dtype: str, frames: int, wor
             "audio_s_per_s": round(produced * FRAME_SECONDS / wall, 3), "note": "includes codec decode"}
 
 
-def count_ops(preset: str, batch: int, out: Path | None) -> int:
-    """Print (and with `out`, write as JSON) one frame's op counts, unfused and fused, sampled and greedy."""
-    from omnitts.device.opcount import count_frame
+def count_ops(preset: str, batch: int, out: Path | None, device: str, dtype: str | None) -> int:
+    """Print (and with `out`, write as JSON) one frame's op counts, unfused and fused, sampled and greedy;
+    with `device` cuda also the kernels the profiler sees (`dtype`, default bfloat16; OMNITTS_FUSED 0 and 1)."""
+    import os
+
+    from omnitts.device.opcount import count_cuda_kernels, count_frame
 
     preset = {"0.6b": "layers-0.6b", "1.7b": "layers-1.7b"}.get(preset, preset)
     report = {"preset": preset, "batch": batch, "counts": []}
@@ -188,6 +191,16 @@ def count_ops(preset: str, batch: int, out: Path | None) -> int:
                 print(f"{preset} {label}: {count.summary(12)}")
                 report["counts"].append({"fused": fused, "sampled": sampled, "total": count.total,
                                          "non_view": count.kernels, "ops": dict(count.ops.most_common())})
+        if device == "cuda":
+            for fused in (False, True):
+                with mock.patch.dict(os.environ, {"OMNITTS_FUSED": str(int(fused))}):
+                    tts = omnitts.load(ckpt, device="cuda", dtype=dtype or "bfloat16", max_batch=batch)
+                for sampled in (True, False):
+                    count = count_cuda_kernels(tts, batch, sampled)
+                    label = f"{'fused' if fused else 'unfused'}, {'half sampled' if sampled else 'greedy'}"
+                    print(f"{preset} CUDA kernels, {label}: {count.summary(8)}")
+                    report["counts"].append({"device": "cuda", "fused": fused, "sampled": sampled,
+                                             "kernels": count.kernels, "by_name": dict(count.ops.most_common())})
     if out:
         out.write_text(json.dumps(report, indent=1))
     return 0
@@ -214,7 +227,7 @@ def main(argv=None) -> int:
                         help="count one frame's aten ops (kernels on a GPU), unfused and fused, and stop")
     args = parser.parse_args(argv)
     if args.count_ops:
-        return count_ops(args.preset, int((args.concurrency or "8").split(",")[0]), args.json)
+        return count_ops(args.preset, int((args.concurrency or "8").split(",")[0]), args.json, args.device, args.dtype)
     cpu = args.device == "cpu"
     dtype = args.dtype or ("float32" if cpu else "bfloat16")
     concurrency = [int(c) for c in (args.concurrency or ("1,4" if cpu else "1,8,32,64")).split(",")]

@@ -183,3 +183,12 @@ def test_fused_ops_leave_codes_unchanged_graphs_and_eager(ckpt_dir, greedy):
     params = with_ops.default_params(greedy, max_frames=5, seed=9)
     prompt = with_ops.prompts.build(Request(texts[1], speaker="ryan"))
     assert torch.equal(generate_codes(with_ops.ckpt, prompt, params).codes, generate_codes(plain.ckpt, prompt, params).codes)
+
+
+def test_cuda_gets_the_fused_ops_except_in_float32_unless_told(monkeypatch):
+    monkeypatch.delenv("OMNITTS_FUSED", raising=False)
+    assert fused.wanted(torch.bfloat16) and fused.wanted(torch.float16) and not fused.wanted(torch.float32)
+    monkeypatch.setenv("OMNITTS_FUSED", "0")
+    assert not fused.wanted(torch.bfloat16)
+    monkeypatch.setenv("OMNITTS_FUSED", "1")
+    assert fused.wanted(torch.float32)

@@ -46,14 +46,17 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
     packs weights, swaps in its native kernels and rewrites the codec's convolutions (device/cpu.py);
     accelerators give the talker the decode attention their fused masked kernels take
     (`layers.grouped_decode_attention`); CUDA gets the fused ops of device/fused.py (one Triton kernel each
-    where torch runs several).
+    where torch runs several) unless `fused.wanted` says no (float32, the parity runs, keeps torch's
+    arithmetic; `OMNITTS_FUSED` decides).
     """
     if device.type == "cpu":
         from .cpu import prepare_weights as prepare_cpu
 
         prepare_cpu(models, dtype, codec_dtype, max_batch)
         return
-    prepare_generic(models, fused=device.type == "cuda")
+    from .fused import wanted
+
+    prepare_generic(models, fused=device.type == "cuda" and wanted(dtype))
     if dtype == torch.float32:
         exact_float32(device)
 

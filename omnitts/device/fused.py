@@ -19,8 +19,10 @@ and, everywhere else, exactly the torch code the models run without them (models
 The namespace is not `omnitts`: omnitts' native CPU library (native.py) registers `omnitts::rms_norm`
 and others from C++, and a second registration of a name aborts the process.
 
-`use_fused_ops(module)` wires them into a talker (the device layer calls it for CUDA; the CPU keeps
-its native kernels, and without them plain torch: there the ops would only add dispatcher overhead).
+`use_fused_ops(module)` wires them into a talker: the device layer calls it for CUDA where `wanted`
+(bfloat16 and float16 runs; float32 runs are the parity runs and keep torch's arithmetic, as they keep
+TF32 off: the Triton norms sum in another order, ~1 ulp apart). The CPU keeps its native kernels, and
+without them plain torch: there the ops would only add dispatcher overhead (docs/performance.md).
 Each op is registered for the CompositeExplicitAutograd key, so a TorchDispatchMode (the op counter,
 opcount.py; the CPU fake's trace) sees one op where a GPU launches one kernel. Triton is imported
 on the first CUDA call, never at `import omnitts`.
@@ -29,6 +31,7 @@ on the first CUDA call, never at `import omnitts`.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 from torch import nn
@@ -84,6 +87,15 @@ for _name, _schema in _SCHEMAS.items():
     _LIB.impl(_name, _cuda(_name), "CUDA")
 
 OPS = torch.ops.omnitts_fused
+
+
+def wanted(dtype: torch.dtype) -> bool:
+    """Whether a CUDA model computing in `dtype` gets the fused ops: `OMNITTS_FUSED=1` / `0` forces the
+    choice (0: the kill switch while the Triton kernels await their first GPU run), else all but float32."""
+    switch = os.environ.get("OMNITTS_FUSED")
+    if switch in ("0", "1"):
+        return switch == "1"
+    return dtype != torch.float32
 
 
 def use_fused_ops(module: nn.Module) -> int:

@@ -83,9 +83,6 @@ def count_frame(checkpoint=None, preset: str = "layers-0.6b", batch: int = 8, fu
     """The ops of one engine frame for `batch` rows of `preset` (a checkpoint built in a temporary
     folder unless `checkpoint` or a loaded `tts` is given), float32. `sampled`: half the rows sample
     (seeded; the frame then computes noise, top-k and the rest), else every row is greedy."""
-    from omnitts.engine import Engine, EngineConfig
-    from omnitts.request import Request
-
     with tempfile.TemporaryDirectory() as tmp:
         if tts is None:
             if checkpoint is None:
@@ -93,17 +90,47 @@ def count_frame(checkpoint=None, preset: str = "layers-0.6b", batch: int = 8, fu
 
                 checkpoint = build_checkpoint(Path(tmp) / "ck", preset=preset)
             tts = load_generic(checkpoint, fused, max_batch=batch)
-        eng = Engine(tts.ckpt, EngineConfig(max_num_seqs=batch, max_positions=512))
-        for i in range(batch):
-            params = tts.default_params(not (sampled and i % 2 == 0), max_frames=20, seed=i)
-            eng.add(tts.prompts.build(Request(f"Request number {i} reads.", speaker="ryan")), params, tag=i)
-        eng.step()
-        eng.step()  # prefill, then a frame: every row runs
-        running = eng.scheduler.running
-        steps = eng.steps_for([s.params for s in running])
-        count = FrameCount(len(running))
+        frame, rows = _running_frame(tts, batch, sampled)
+        count = FrameCount(rows)
         counter = OpCounter()
         with counter, torch.inference_mode():
-            steps.run(len(running), 256)
+            frame()
         count.ops, count.views = counter.ops, counter.views
         return count
+
+
+def _running_frame(tts, batch: int, sampled: bool):
+    """An eager engine with `batch` rows past prefill: (a call running one frame for them, the rows)."""
+    from omnitts.device import get_backend
+    from omnitts.engine import Engine, EngineConfig
+    from omnitts.request import Request
+
+    device = tts.ckpt.device.type
+    eng = Engine(tts.ckpt, EngineConfig(max_num_seqs=batch, max_positions=512, device=device),
+                 backend=get_backend(device, eager=True))
+    for i in range(batch):
+        params = tts.default_params(not (sampled and i % 2 == 0), max_frames=20, seed=i)
+        eng.add(tts.prompts.build(Request(f"Request number {i} reads.", speaker="ryan")), params, tag=i)
+    eng.step()
+    eng.step()  # prefill, then a frame: every row runs
+    rows = len(eng.scheduler.running)
+    steps = eng.steps_for([s.params for s in eng.scheduler.running])
+    return (lambda: steps.run(rows, 256)), rows
+
+
+def count_cuda_kernels(tts, batch: int = 8, sampled: bool = True) -> FrameCount:
+    """The kernels (and copies) one eager frame of a CUDA-loaded `tts` launches, by name, from the profiler:
+    what a captured frame graph replays. `ops` holds them (names cut to 80 characters); `views` is empty."""
+    from torch.profiler import ProfilerActivity, profile
+
+    frame, rows = _running_frame(tts, batch, sampled)
+    with torch.inference_mode():
+        frame()  # first calls: Triton compiles, sdpa picks its kernels
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            frame()
+            torch.cuda.synchronize()
+    count = FrameCount(rows)
+    count.ops = collections.Counter(event.name[:80] for event in prof.events()
+                                    if event.device_type == torch.autograd.DeviceType.CUDA)
+    return count
