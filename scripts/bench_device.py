@@ -21,7 +21,7 @@ not speed.
 
 `--count-ops` does none of that: it counts the aten ops of one frame (batch `--concurrency`, default 8;
 half the rows sampling, then all greedy) on the GPU path's CPU stand-in, without and with the fused ops
-(omnitts/device/opcount.py says what is counted and what is left out), at the preset's real layer
+(omnitts/testing/opcount.py says what is counted and what is left out), at the preset's real layer
 counts and tiny widths (`0.6b` counts `layers-0.6b`: the count does not depend on widths).
 """
 
@@ -178,7 +178,7 @@ def count_ops(preset: str, batch: int, out: Path | None, device: str, dtype: str
     with `device` cuda also the kernels the profiler sees (`dtype`, default bfloat16; OMNITTS_FUSED 0 and 1)."""
     import os
 
-    from omnitts.device.opcount import count_cuda_kernels, count_frame
+    from omnitts.testing.opcount import count_cuda_kernels, count_frame
 
     preset = {"0.6b": "layers-0.6b", "1.7b": "layers-1.7b"}.get(preset, preset)
     report = {"preset": preset, "batch": batch, "counts": []}

@@ -1,7 +1,7 @@
 """The fused device ops (device/fused.py): the torch reference they run off CUDA is the models' own code
 bit for bit, the Triton kernels they run on CUDA match it (checked here under TRITON_INTERPRET=1, skipped
 where triton is not installed), and a 0.6B-shaped frame at batch 8 launches at most 1,500 kernels on the
-GPU path's stand-in (device/opcount.py) with codes unchanged, graphs and eager, greedy and seeded."""
+GPU path's stand-in (testing/opcount.py) with codes unchanged, graphs and eager, greedy and seeded."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from omnitts import sampling
-from omnitts.device import fused, opcount
+from omnitts.device import fused
+from omnitts.testing import opcount
 from omnitts.device.fake import FakeGraphBackend
 from omnitts.engine import Engine, EngineConfig
 from omnitts.engine.reference import generate_codes

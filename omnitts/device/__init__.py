@@ -64,7 +64,7 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
 def prepare_generic(models: Models, fused: bool) -> None:
     """The preparation of devices without a layout of their own: q/k/v and gate/up merged, and with
     `fused` the talker's norms, residual adds, q/k norm + rotary and SwiGLU taken by device/fused.py's ops.
-    On CPU tensors this is the GPU path's stand-in that device/opcount.py counts."""
+    On CPU tensors this is the GPU path's stand-in that testing/opcount.py counts."""
     fuse_projections(models.model.talker)
     fuse_projections(models.codec)
     # The talker's decode attends with a per-row mask over the slot cache: as plain multi-head attention the

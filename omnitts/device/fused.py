@@ -24,7 +24,7 @@ and others from C++, and a second registration of a name aborts the process.
 TF32 off: the Triton norms sum in another order, ~1 ulp apart). The CPU keeps its native kernels, and
 without them plain torch: there the ops would only add dispatcher overhead (docs/performance.md).
 Each op is registered for the CompositeExplicitAutograd key, so a TorchDispatchMode (the op counter,
-opcount.py; the CPU fake's trace) sees one op where a GPU launches one kernel. Triton is imported
+testing/opcount.py; the CPU fake's trace) sees one op where a GPU launches one kernel. Triton is imported
 on the first CUDA call, never at `import omnitts`.
 """
 

@@ -5,7 +5,8 @@ module writes: config.json, generation_config.json, model.safetensors, the text 
 speech_tokenizer/{config.json, preprocessor_config.json, model.safetensors}. Shapes come from a
 preset: `tiny-0.6b` / `tiny-1.7b` (seconds to build; the talker/predictor relation of the real sizes:
 equal hidden sizes with an identity projection, or a wider talker with a real
-`small_to_mtp_projection`) and `0.6b` / `1.7b` (the real shapes, for benchmarks).
+`small_to_mtp_projection`), `layers-0.6b` / `layers-1.7b` (tiny widths, the real layer counts: for
+counting a frame's ops) and `0.6b` / `1.7b` (the real shapes, for benchmarks).
 
 Random weights give near-uniform logits, so greedy argmax would hinge on 1e-6 differences. The output
 heads are scaled up so the top-1/top-2 margins are decisive; parity reports the smallest margin seen.
@@ -40,12 +41,20 @@ PRESETS = {
     "1.7b": dict(size="1b7", talker=(2048, 6144, 28, 16, 8, 128), predictor=(1024, 3072, 5, 16, 8, 128), text_hidden=2048,
                  codec=(512, 512, 1024, 1536, 8, 16, 64, 1024), mimi=(512, 64, 8, 8, 64, 2048, 256)),
 }
-# The real layer counts (28 talker, 5 predictor layers) at tiny widths, for counting a frame's ops
-# (device/opcount.py): how many ops a frame runs depends on layer counts, batch and sampling, not on widths.
+
+
+def _layer_counts(shape: tuple, layers: int) -> tuple:
+    """A decoder's (hidden, intermediate, layers, heads, kv heads, head dim) with another layer count."""
+    return shape[:2] + (layers,) + shape[3:]
+
+
+# `layers-0.6b` / `layers-1.7b`: the real layer counts (28 talker, 5 predictor layers) at the tiny widths,
+# for counting a frame's ops (testing/opcount.py): how many ops a frame runs depends on layer counts,
+# batch and sampling, not on widths.
 for _size in ("0.6b", "1.7b"):
-    PRESETS[f"layers-{_size}"] = dict(PRESETS[f"tiny-{_size}"],
-                                      talker=PRESETS[f"tiny-{_size}"]["talker"][:2] + (28,) + PRESETS[f"tiny-{_size}"]["talker"][3:],
-                                      predictor=PRESETS[f"tiny-{_size}"]["predictor"][:2] + (5,) + PRESETS[f"tiny-{_size}"]["predictor"][3:])
+    _tiny = PRESETS[f"tiny-{_size}"]
+    PRESETS[f"layers-{_size}"] = dict(_tiny, talker=_layer_counts(_tiny["talker"], 28),
+                                      predictor=_layer_counts(_tiny["predictor"], 5))
 HEAD_SCALE = 100.0  # makes greedy top-1/top-2 logit gaps decisive on random weights
 
 
