@@ -1,7 +1,7 @@
 """Fused device ops for the generic torch path: fewer kernels per frame on GPUs.
 
 On a GPU every non-view aten op of a captured frame is one kernel launch, and a 0.6B frame at batch 8
-ran ~5,400 of them (RMSNorm alone: six small kernels, ~325 times a frame). The ops registered here
+ran ~4,200 of them (RMSNorm alone: six small kernels, 325 times a frame; docs/performance.md). The ops registered here
 under `torch.ops.omnitts_fused` are each one kernel on CUDA (a Triton kernel, device/triton_kernels.py)
 and, everywhere else, exactly the torch code the models run without them (models/layers.py's
 `rms_norm`, `add_rms_norm`, `norm_rope`, `silu_mul`: the same values bit for bit):
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 from torch import nn
@@ -70,14 +71,24 @@ def triton_available() -> str | None:
     return None
 
 
+@functools.cache
+def _cuda_kernels():
+    """device/triton_kernels.py, or None (with one warning) where Triton is missing."""
+    reason = triton_available()
+    if reason is not None:
+        warnings.warn(f"omnitts: {reason}; the fused CUDA ops run torch's kernels (more launches per frame)",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    from . import triton_kernels
+
+    return triton_kernels
+
+
 def _cuda(name: str):
     """The CUDA implementation of op `name`: the Triton kernel, or the torch code where Triton is missing."""
     def run(*args):
-        if triton_available() is None:
-            from . import triton_kernels
-
-            return getattr(triton_kernels, name)(*args)
-        return _TORCH[name](*args)
+        kernels = _cuda_kernels()
+        return getattr(kernels, name)(*args) if kernels is not None else _TORCH[name](*args)
     return run
 
 
