@@ -160,10 +160,17 @@ def test_the_op_count_does_not_depend_on_widths(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_fused_ops_leave_codes_unchanged_graphs_and_eager(ckpt_dir, greedy):
+def test_fused_ops_leave_values_and_codes_unchanged_graphs_and_eager(ckpt_dir, greedy):
     path = ckpt_dir("custom_voice")
     plain, with_ops = opcount.load_generic(path, fused=False), opcount.load_generic(path, fused=True)
     assert with_ops.ckpt.model.talker.model.add_norm is not None and plain.ckpt.model.talker.model.add_norm is None
+    # Bitwise, not only codes (random weights give decisive margins): the talker's and the predictor's stacks.
+    talkers = [tts.ckpt.model.talker for tts in (with_ops, plain)]
+    for stacks in ([t.model for t in talkers], [t.code_predictor.model for t in talkers]):
+        x = torch.randn(2, 5, stacks[0].cfg.hidden_size)
+        positions = torch.arange(5)[None].expand(2, 5)
+        with torch.inference_mode():
+            assert torch.equal(stacks[0](x, positions), stacks[1](x, positions))
     texts = ["Short one.", "A somewhat longer sentence for the batch.", "你好，今天怎么样？"]
 
     def run(tts, backend):
