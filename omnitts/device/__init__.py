@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..errors import OmniTTSError
@@ -68,12 +70,26 @@ def prepare_generic(models: Models, fused: bool) -> None:
     fuse_projections(models.model.talker)
     fuse_projections(models.codec)
     # The talker's decode attends with a per-row mask over the slot cache: as plain multi-head attention the
-    # fused masked kernel takes it (with enable_gqa, CUDA's sdpa falls back to its math kernel).
-    models.model.talker.model.attend = grouped_decode_attention
+    # fused masked kernel takes it (with enable_gqa, CUDA's sdpa falls back to its math kernel). The code
+    # predictor's one-query steps too (no mask there, but torch 2.4 has no enable_gqa: K/V would be repeated).
+    talker = models.model.talker
+    talker.model.attend = talker.code_predictor.model.attend = grouped_decode_attention
     if fused:
-        from .fused import use_fused_ops
+        _use_checked_fused_ops(models.model.talker)
 
-        use_fused_ops(models.model.talker)
+
+def _use_checked_fused_ops(talker) -> None:
+    """device/fused.py's ops into `talker`; on a GPU only once `fused.self_check` passed there (the Triton
+    kernels' first compile and run): a failure is one warning and torch's kernels, never a failed run."""
+    from .fused import self_check, use_fused_ops
+
+    device = talker.model.codec_embedding.weight.device
+    failed = self_check(device, talker.dtype) if device.type == "cuda" else None
+    if failed is not None:
+        warnings.warn(f"omnitts: the fused CUDA ops failed their check at load ({failed}); frames run torch's "
+                      "kernels (more launches per frame; OMNITTS_FUSED=0 skips them)", RuntimeWarning, stacklevel=3)
+        return
+    use_fused_ops(talker)
 
 
 def exact_float32(device: torch.device) -> None:

@@ -109,6 +109,52 @@ def wanted(dtype: torch.dtype) -> bool:
     return dtype != torch.float32
 
 
+def self_check(device, dtype: torch.dtype, kernels=None) -> str | None:
+    """Run each Triton kernel once on small inputs on `device` against the torch code it replaces: None where
+    all agree (integer hashes bitwise, values within a few ulps of `dtype`), else what failed, in one line.
+
+    The kernels are checked on the CPU under Triton's interpreter only; on a GPU they are compiled for the
+    first time here, at load, so a kernel that does not compile or computes something else costs a warning
+    and torch's kernels (`prepare_generic`), never a run. `kernels`: the module to check (a test's stand-in).
+    """
+    if kernels is None:
+        if triton_available() is not None:
+            return None  # the ops run torch's code there: nothing to check (`_cuda_kernels` warns once)
+        from . import triton_kernels as kernels
+    try:
+        g = torch.Generator().manual_seed(0)
+
+        def rand(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=g) * scale).to(device, dtype)
+
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -6)
+        x, r, w = rand(4, 1, 100, scale=3), rand(4, 1, 100), rand(100)
+        qk, wh = rand(4, 1, 6, 32, scale=2), rand(6, 32)
+        table = layers.RopeTable(8, 32, 1e6, dtype, device)
+        cos, sin = table.at(torch.arange(4, device=device)[:, None])
+        both = rand(4, 1, 300, scale=3)
+        pairs = [("rms_norm", kernels.rms_norm(x, w, 1e-6), layers.rms_norm(x, w, 1e-6)),
+                 ("add_rms_norm", kernels.add_rms_norm(x, r, w, 1e-6)[1], layers.add_rms_norm(x, r, w, 1e-6)[1]),
+                 ("norm_rope", kernels.norm_rope(qk, wh, 1e-6, cos, sin), layers.norm_rope(qk, wh, 1e-6, cos, sin)),
+                 ("silu_mul", kernels.silu_mul(both), layers.silu_mul(both))]
+        for name, got, want in pairs:
+            torch.testing.assert_close(got.float(), want.float(), **tol, msg=lambda m, name=name: f"{name}: {m}")
+        seed = torch.tensor([[1], [-5], [2**62 + 7]], device=device)
+        frame = torch.tensor([0, 3, 2**31 + 5], device=device)
+        keys = kernels.frame_keys(seed, frame)
+        if not torch.equal(keys, sampling.frame_keys(seed, frame)):
+            return "frame_keys: the noise keys differ from torch's"
+        values, index = torch.topk(torch.randn(3, 600, generator=g).to(device), 100)
+        keep = values >= values[:, 20:21]
+        got, want = kernels.gumbel_scores(values, keep, keys, 3, index), sampling.gumbel_scores(values, keep, keys, 3,
+                                                                                                index)
+        if not torch.equal(got.argmax(-1), want.argmax(-1)):
+            return "gumbel_scores: the sampled codes differ from torch's"
+    except Exception as error:  # noqa: BLE001 - any failure (compile, launch, values) means: do not use them
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
 def use_fused_ops(module: nn.Module) -> int:
     """Give every decoder stack under `module` the fused ops through the models' hooks (norms, residual
     adds, q/k norm + rotary, SwiGLU) where no kernel is set yet (the CPU's native ones stay); returns how
