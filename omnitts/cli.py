@@ -350,7 +350,7 @@ def _synth_run(batch, manifest, model, cfg, columns, split_chars, good, bad, eng
 
             plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
                         batch.shard, since=batch.ledger.offset)
-            stopped = _run_workers(batch, workers_on, plan, good, bad, quiet)
+            stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose)
             batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except OmniTTSError as exc:
         _fail(str(exc))
@@ -629,8 +629,10 @@ def _graph_line(stats: dict) -> str:
             f"{_plural(stats['warmup_frames'], 'eager warm-up frame')} ({engines} built)")
 
 
-def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool) -> int | None:
-    """Run one worker process per device on `batch`'s directory: one progress bar, one summary.
+def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool,
+                 verbose: bool = False) -> int | None:
+    """Run one worker process per device on `batch`'s directory: one progress bar, one summary (`verbose`:
+    with what graph capture cost, all workers together).
 
     The workers report their records here; a worker that dies is named (the others take over its
     items). Returns the exit code of a signal that stopped the run early, as `_run` does.
@@ -678,6 +680,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
         # what no worker ran and no earlier run finished.
         tally.others = max(0, good - tally.skipped - tally.done - (tally.failed - bad))
     _summary(console, batch)
+    if verbose and pool.graphs:
+        console.print(_graph_line(pool.graphs))
     kinds = {kind for _, kind in pool.errors.values()}
     if "disk" in kinds:
         _fail(f"no space left on {batch.out}: {_plural(tally.done, 'item')} done in this run "

@@ -164,8 +164,11 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
 
         from .batch.run import run_items
 
-        run_items(batch, items, load, stop.requested, report)
+        stats = {}
+        run_items(batch, items, load, stop.requested, report, stats)
         send("tally", index, _snapshot(tally))
+        if stats:
+            send("graphs", index, stats)
         code = stop.exit_code if stop.count else 0
     except KeyboardInterrupt:
         code = stop.exit_code or 130
@@ -255,6 +258,7 @@ class Pool:
         self.base = (tally.skipped, tally.earlier_failed, tally.changed)
         self.errors: dict[int, tuple[str, str]] = {}  # index -> (message, kind)
         self.stopping = 0  # signal number we stopped with (0: none)
+        self.graphs: dict = {}  # the workers' graph capture costs added up (`Pipeline.graph_stats`)
 
     def start(self) -> None:
         import multiprocessing
@@ -315,6 +319,9 @@ class Pool:
         elif kind == "error":
             self.errors[index] = (event[2], event[3])
             yield event
+        elif kind == "graphs":
+            for key, value in event[2].items():
+                self.graphs[key] = self.graphs.get(key, 0) + value
 
     def _count(self, index: int, snapshot: tuple) -> None:
         self.snapshots[index] = snapshot

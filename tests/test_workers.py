@@ -7,6 +7,7 @@ does; each worker loads the tiny checkpoint once. CPU workers only (`cpu,cpu`).
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -76,9 +77,11 @@ def test_two_workers_finish_the_manifest_once_with_the_codes_of_one_process(ckpt
     ckpt = ckpt_dir("custom_voice")
     code, err = _synth(manifest, ckpt, tmp_path / "one", *decoding)
     assert code == 0, err
-    code, err = _synth(manifest, ckpt, tmp_path / "two", *decoding, "--workers", "2")
+    code, err = _synth(manifest, ckpt, tmp_path / "two", *decoding, "--workers", "2", "--verbose")
     assert code == 0, err
     assert "started 2 workers: cpu, cpu" in err
+    # --verbose: the workers' graph capture added up (CPU frames run eagerly: nothing captured)
+    assert re.search(r"graph capture: none \(frames ran eagerly; [1-9]\d* engines? built\)", err), err
     assert err.count("omnitts synth ->") == 1, err  # one summary for the whole run
     _check_directory(tmp_path / "two", ids)
     one, two = _codes(tmp_path / "one", ids), _codes(tmp_path / "two", ids)
