@@ -367,6 +367,7 @@ class Pipeline:
         if idle is not None and _covers(idle.config, config):
             for key, value in idle.graph_stats().items():  # count only what this run captures
                 self._graphs_before[key] -= value
+            idle.scheduler.longest_first = False  # the last run's end game; this run's jobs are still coming
             return idle
         idle = None  # freed before the new engine allocates
         self.engines_built += 1
