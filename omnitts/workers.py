@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -258,7 +259,7 @@ class Pool:
         self.base = (tally.skipped, tally.earlier_failed, tally.changed)
         self.errors: dict[int, tuple[str, str]] = {}  # index -> (message, kind)
         self.stopping = 0  # signal number we stopped with (0: none)
-        self.graphs: dict = {}  # the workers' graph capture costs added up (`Pipeline.graph_stats`)
+        self.graphs = Counter()  # the workers' graph capture costs added up (`Pipeline.graph_stats`)
 
     def start(self) -> None:
         import multiprocessing
@@ -320,8 +321,7 @@ class Pool:
             self.errors[index] = (event[2], event[3])
             yield event
         elif kind == "graphs":
-            for key, value in event[2].items():
-                self.graphs[key] = self.graphs.get(key, 0) + value
+            self.graphs.update(event[2])
 
     def _count(self, index: int, snapshot: tuple) -> None:
         self.snapshots[index] = snapshot

@@ -119,15 +119,12 @@ class GraphSteps:
     def run(self, batch: int, span: int) -> None:
         key = self.bucket(batch, span)
         graph = self.graphs.get(key)
-        if graph is None:
-            if self.backend.eager:  # an earlier capture failed (this plan's or another's)
-                self.runner.frame(batch, span)
-                return
+        if graph is None and not self.backend.eager:  # eager: an earlier capture failed (this plan's or another's)
             graph = self._capture(*key)
-            if graph is None:
-                self.runner.frame(batch, span)
-                return
-        graph.replay()
+        if graph is None:  # refused, now or earlier: this frame runs eagerly
+            self.runner.frame(batch, span)
+        else:
+            graph.replay()
 
     def _capture(self, size: int, span: int):
         """The graph of bucket (size, span), captured now; None if the device refused (frames go eager)."""

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
@@ -147,7 +147,8 @@ class Pipeline:
         self.stop = stop or (lambda: False)
         self.engine: Engine | None = None
         self.engines_built = 0
-        self._graphs_before = {"captures": 0, "warmup_frames": 0, "capture_seconds": 0.0}  # of dropped engines
+        # What graph capture cost the engines this run dropped (`Engine.graph_stats`, added up).
+        self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0)
         backend = get_backend(tts.ckpt.device.type)
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                      tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
@@ -365,8 +366,7 @@ class Pipeline:
         self._drop_engine()  # free the old engine's cache before allocating the new one
         idle, tts.idle_engine = tts.idle_engine, None
         if idle is not None and _covers(idle.config, config):
-            for key, value in idle.graph_stats().items():  # count only what this run captures
-                self._graphs_before[key] -= value
+            self._graphs_before.subtract(idle.graph_stats())  # count only what this run captures
             idle.scheduler.longest_first = False  # the last run's end game; this run's jobs are still coming
             return idle
         idle = None  # freed before the new engine allocates
@@ -388,17 +388,15 @@ class Pipeline:
     def _drop_engine(self) -> None:
         """Forget the engine (its cache and graphs are freed), keeping what its graph captures cost."""
         if self.engine is not None:
-            for key, value in self.engine.graph_stats().items():
-                self._graphs_before[key] += value
+            self._graphs_before.update(self.engine.graph_stats())
         self.engine = None
 
     def graph_stats(self) -> dict:
         """Graph capture over the whole run (every engine built): graphs captured, the eager warm-up frames
         they cost, seconds spent capturing, and engines built."""
-        stats = dict(self._graphs_before)
+        stats = Counter(self._graphs_before)
         if self.engine is not None:
-            for key, value in self.engine.graph_stats().items():
-                stats[key] += value
+            stats.update(self.engine.graph_stats())
         return {**stats, "engines": self.engines_built}
 
     def _drop(self, ready: deque) -> None:

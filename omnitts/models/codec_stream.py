@@ -212,10 +212,13 @@ class StreamingCodec:
         rows = [r for _, members in groups for r in members] if len(groups) > 1 else []
         packed = self.upload(torch.tensor(list(start) + list(base) + keep + rows, dtype=torch.long))
         start_t, base_t, keep_t = packed[:b], packed[b:2 * b], packed[2 * b:3 * b]
-        selections, at = [(groups[0][0], slice(None))] if len(groups) == 1 else [], 3 * b  # one group: all rows
-        for length, members in groups if len(groups) > 1 else ():
-            selections.append((length, packed[at:at + len(members)]))
-            at += len(members)
+        if len(groups) == 1:  # one group: all rows, no index
+            selections = [(groups[0][0], slice(None))]
+        else:
+            selections, at = [], 3 * b
+            for length, members in groups:
+                selections.append((length, packed[at:at + len(members)]))
+                at += len(members)
         pos = start_t[:, None] + torch.arange(n, device=dev)  # (B, n) window positions of the new frames
         cos, sin = self.cos.to(dev)[pos], self.sin.to(dev)[pos]
         assert all(k >= s + n - o for s, o, k in zip(start, base, kv_len)), "kv_len must span the new keys"
