@@ -139,6 +139,16 @@ class SamplingParams:
         return replace(self, do_sample=False, subtalker_dosample=False)
 
 
+def put(tensor: torch.Tensor, row: int, value) -> None:
+    """`tensor[row] = value` for a host number, without a host sync on a device.
+
+    `t[row] = 3` on a 1-D CUDA tensor (a single element) copies the number to the device from pageable
+    memory and waits for the stream (torch 2.11 on an H200, under `set_sync_debug_mode`); `fill_` on the
+    row's slice passes it as a kernel argument instead.
+    """
+    tensor[row:row + 1].fill_(value)
+
+
 @dataclass
 class RowParams:
     """Per-row sampling parameters as tensors, so one batch mixes requests without host syncs.
@@ -173,17 +183,14 @@ class RowParams:
         return rows
 
     def set(self, row: int, p: SamplingParams) -> None:
-        """Write request parameters `p` into `row` (host -> device copies, no sync)."""
-        self.do_sample[row] = p.do_sample
-        self.temperature[row] = p.temperature
-        self.top_k[row] = p.top_k
-        self.top_p[row] = p.top_p
-        self.penalty[row] = p.repetition_penalty
-        self.sub_do_sample[row] = p.subtalker_dosample
-        self.sub_temperature[row] = p.subtalker_temperature
-        self.sub_top_k[row] = p.subtalker_top_k
-        self.sub_top_p[row] = p.subtalker_top_p
-        self.seed[row] = seed_word(p.seed)
+        """Write request parameters `p` into `row` (fills with the values as kernel arguments: no copy, no sync)."""
+        for tensor, value in ((self.do_sample, p.do_sample), (self.temperature, p.temperature),
+                              (self.top_k, p.top_k), (self.top_p, p.top_p), (self.penalty, p.repetition_penalty),
+                              (self.sub_do_sample, p.subtalker_dosample),
+                              (self.sub_temperature, p.subtalker_temperature),
+                              (self.sub_top_k, p.subtalker_top_k), (self.sub_top_p, p.subtalker_top_p),
+                              (self.seed, seed_word(p.seed))):
+            put(tensor, row, value)
 
     def tensors(self) -> list[torch.Tensor]:
         return [getattr(self, f.name) for f in fields(self)]

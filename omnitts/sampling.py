@@ -123,9 +123,13 @@ def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.
     return torch.where(seen, penalised, logits)
 
 
-def talker_mask(vocab: int, eos: int, device=None) -> torch.Tensor:
-    """Boolean (V,) of codes the talker may never emit: the top 1024 ids (control codes) except EOS."""
-    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+def talker_mask(vocab: int, eos: int) -> torch.Tensor:
+    """Boolean (V,) of codes the talker may never emit: the top 1024 ids (control codes) except EOS.
+
+    On the host: callers upload it (`device.copies.upload`); a scalar stored into a device tensor is a
+    blocking copy of the scalar.
+    """
+    mask = torch.zeros(vocab, dtype=torch.bool)
     mask[vocab - 1024:] = True
     mask[eos] = False
     return mask

@@ -42,7 +42,7 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
         params = replace(params, seed=fresh_seed())
     rows = RowParams.of([params], dev)
     plan = sampling.FramePlan.of([params], tcfg.vocab_size, pcfg.vocab_size)
-    suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, dev)
+    suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id).to(dev)
     eos = tcfg.codec_eos_token_id
 
     cache = KVCache(tcfg.num_hidden_layers)

@@ -30,7 +30,7 @@ class ModelRunner:
         self.cache = cache
         tcfg = ckpt.config.talker
         self.eos = tcfg.codec_eos_token_id
-        self.suppress = sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id, ckpt.device)
+        self.suppress = upload(sampling.talker_mask(tcfg.vocab_size, tcfg.codec_eos_token_id), ckpt.device)
         # Rotary tables made now, outside any graph capture: the talker's for every cache position
         # (gathered per frame), the code predictor's for its G positions (views per step).
         dtype = state.hidden.dtype

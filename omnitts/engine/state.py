@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..params import RowParams
+from ..params import RowParams, put
 
 
 class SlotCache:
@@ -92,15 +92,15 @@ class SlotState:
         return [self.logits, self.hidden, self.seen, self.generated, self.lengths, self.codes]
 
     def reset(self, row: int) -> None:
-        self.seen[row] = False
-        self.generated[row] = 0
+        put(self.seen, row, False)
+        put(self.generated, row, 0)
 
     def load_text(self, row: int, trailing: torch.Tensor, pad: torch.Tensor) -> None:
         """Trailing text of the request in `row`, followed by tts_pad (used once the text runs out)."""
         n = trailing.shape[0]
         self.trailing[row, :n] = trailing
         self.trailing[row, n] = pad
-        self.trailing_len[row] = n
+        put(self.trailing_len, row, n)
 
 
 def move_row(tensors: list[torch.Tensor], src: int, dst: int) -> None:

@@ -2,7 +2,8 @@
 
 On a CPU-only machine the CPU plays the device, so a copy cannot be told by the devices of its
 tensors; the recorder tells it by provenance. A tensor is *host* when it was made from host data
-without a device (`torch.tensor`, `torch.as_tensor`, `torch.from_numpy` with no `device=`), by
+without a device (`torch.tensor`, `torch.as_tensor`, `torch.from_numpy`, and `torch.zeros`, `ones`,
+`empty`, `full`, `arange` with no `device=`), by
 `Tensor.cpu()` or `Tensor.pin_memory()`, or by an op whose tensor inputs are all host (views
 included); every other tensor (parameters, activations, the engine's state) is on the *device*.
 Then, while the recorder is active:
@@ -14,6 +15,9 @@ Then, while the recorder is active:
   upload from unpinned memory is an error (`Copy.error`): torch_npu synchronises the stream for it,
   CUDA stages it synchronously;
 - `device.copy_(host)`, `device[index] = host`: a blocking upload; `host.copy_(device)`: a download;
+- `device[index] = number` where `device[index]` is one element (0-dim): a blocking upload (CUDA copies
+  the number from pageable memory and waits: seen under `set_sync_debug_mode` on an H200, torch 2.11;
+  a number stored into a larger slice is a fill with the number as a kernel argument, no copy);
 - `device.cpu()`, `device.to("cpu")` (the CPU named by a string), `.numpy()`, `.tolist()`, `.item()`,
   `int()`, `float()`, `bool()`, `operator.index`: a blocking download (a host sync).
 
@@ -249,6 +253,17 @@ class CopyRecorder:
 
         self._patch(torch, "from_numpy", from_numpy)
 
+        def factory(original):  # torch.zeros(n) with no device= is made on the host
+            def make(*args, **kwargs):
+                out = original(*args, **kwargs)
+                if kwargs.get("device") is None and isinstance(out, torch.Tensor):
+                    rec.host[out] = True
+                return out
+            return make
+
+        for name in ("zeros", "ones", "empty", "full", "arange"):
+            self._patch(torch, name, factory)
+
         def new_tensor(original):
             def make(self, data, *args, **kwargs):
                 out = original(self, data, *args, **kwargs)
@@ -327,6 +342,8 @@ class CopyRecorder:
             def put(self, index, value):
                 if isinstance(value, torch.Tensor) and rec.is_host(value) and not rec.is_host(self):
                     rec._record("upload", "Tensor.__setitem__", True, rec.is_pinned(value))
+                elif isinstance(value, (bool, int, float)) and not rec.is_host(self) and self[index].dim() == 0:
+                    rec._record("upload", "Tensor.__setitem__ (a number into one element)", True, False)
                 return original(self, index, value)
             return put
 
