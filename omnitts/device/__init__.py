@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -59,8 +60,24 @@ def prepare_weights(models: Models, device: torch.device, dtype: torch.dtype, co
     from .fused import wanted
 
     prepare_generic(models, fused=device.type == "cuda" and wanted(dtype))
+    if device.type == "cuda":
+        no_cudnn_attention()
     if dtype == torch.float32:
         exact_float32(device)
+
+
+def no_cudnn_attention() -> None:
+    """CUDA's sdpa stops choosing cuDNN attention, process-wide (`OMNITTS_CUDNN_ATTENTION=1` keeps it).
+
+    cuDNN attention builds an execution plan for each new shape on the host, and omnitts' shapes keep
+    changing where frames run eagerly: each prompt's prefill (its own length), each graph bucket's
+    warm-up and capture (batch x span), the codec's windows. On an H200 (torch 2.11, 1.7B at max batch
+    64, 192 lines) the first 8,422 sdpa calls of a run, nearly all eager, took 10.6 s on the host (1.3 ms
+    each), most of graph capture's 9.3 s. Without it a masked call takes the memory-efficient kernel
+    (the grouped decode attention is arranged for it), an unmasked one flash.
+    """
+    if os.environ.get("OMNITTS_CUDNN_ATTENTION", "0") != "1" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def prepare_generic(models: Models, fused: bool) -> None:
