@@ -17,13 +17,16 @@ reports:
 - capture_s: graph capture (warm-up frames included; `GraphSteps._capture`, when a frame first needs a bucket);
 - peak_memory_gib: torch.<device>.max_memory_allocated(), or on the CPU the process's ru_maxrss;
 - split_s: the synth call's wall time by where it went, exclusive (a timer inside another is subtracted
-  from it): load, capture, engine (Engine.step less capture), codec (CodecStreams.pump/close), prepare
-  (TTS.prepare: tokenizing, prompts), write (AudioSink.write, Batch.save), host (the rest: manifest,
-  scheduling, Python). The timers are perf_counter pairs around whole calls; no device sync is added:
-  the engine's time holds its own wait for the frame in flight (`Engine._collect`, one frame behind),
-  and the codec's holds the copy of its audio to the host, which waits for the codec's kernels; so
-  device time lands where it is waited for, and work still queued when a timer stops is billed to
-  whichever timer waits for it next (one device synchronize closes the run, outside any step);
+  from it): load, capture, engine (Engine.step less capture), codec (CodecStreams.pump_later, the wait for
+  its audio in Samples.result, CodecStreams.close), prepare (TTS.prepare: tokenizing, prompts), write
+  (AudioSink.write, Batch.save), host (the rest: manifest, scheduling, Python). The timers are
+  perf_counter pairs around whole calls; no device sync is added: the engine's time holds its own wait
+  for the frame in flight (`Engine._collect`, one frame behind), and the codec's its wait for its audio;
+  so device time lands where it is waited for, and work still queued when a timer stops is billed to
+  whichever timer waits for it next (one device synchronize closes the run, outside any step). With
+  `--profile DIR` the timers synchronize the device at each start and stop, so each part owns its device
+  time (a diagnosis: the syncs and the profilers slow the run), and DIR gets per run cProfile's top
+  functions (cprofile-PRESET-BATCH.txt) and torch.profiler's table of steps 60..70 (kernels-...txt);
 - roofline: bytes a step must read = weight bytes per frame (`bench_lib.frame_bytes`: the talker's
   layers once, the code predictor once per pass, its heads) + talker K/V bytes per position x the mean
   K/V positions a step reads (sum over finished requests of F*P + F*(F-1)/2, F frames after P prompt
@@ -175,6 +178,9 @@ def main(argv=None) -> int:
                         "CPU fake of device graphs (omnitts/device/fake.py), so the capture path runs as on a GPU")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per synth process (default 1800)")
     parser.add_argument("--work", type=Path, help="keep checkpoints, manifests and outputs here")
+    parser.add_argument("--profile", type=Path, help="diagnose, not time: the timers synchronize the device (each "
+                        "part owns its device time), and per run DIR gets cProfile's top functions and the device "
+                        "kernels of 10 steady steps (torch.profiler)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -206,7 +212,8 @@ def main(argv=None) -> int:
                 spec = {"preset": preset, "max_batch": batch, "device": args.device, "dtype": dtype,
                         "manifest": str(manifest), "ckpt": str(ckpt), "out": str(work / f"out-{preset}-{batch}"),
                         "report": str(work / f"report-{preset}-{batch}.json"), "sync_debug": args.sync_debug,
-                        "attention": i == 0, "fake_graphs": args.fake_graphs and cpu}
+                        "attention": i == 0, "fake_graphs": args.fake_graphs and cpu,
+                        "profile": str(args.profile) if args.profile else None}
                 row = run_one(spec, work, args.timeout, keep=args.work is not None)
                 if "failed" not in row:
                     row["roofline"] = roofline(row, bandwidth)
@@ -267,9 +274,10 @@ class Timers:
     """Exclusive wall time per name: time spent in a timed call nested inside another is billed to the
     inner name only, so the names' sum never exceeds the wall time."""
 
-    def __init__(self):
+    def __init__(self, sync=None):
         self.totals: dict[str, float] = {}
         self.stack: list[list] = []  # [name, start, time of nested timed calls]
+        self.sync = sync or (lambda: None)  # --profile: the device's synchronize, so each part owns its device time
 
     def wrap(self, owner, attribute: str, name: str, after=None) -> None:
         """Replace `owner.attribute` with a timed call; `after(result, args, end)` runs after it, untimed."""
@@ -277,11 +285,13 @@ class Timers:
         timers = self
 
         def timed(*args, **kwargs):
+            timers.sync()
             frame = [name, time.perf_counter(), 0.0]
             timers.stack.append(frame)
             try:
                 result = original(*args, **kwargs)
             finally:
+                timers.sync()
                 end = time.perf_counter()
                 timers.stack.pop()
                 spent = end - frame[1]
@@ -293,6 +303,57 @@ class Timers:
             return result
 
         setattr(owner, attribute, timed)
+
+
+class KernelWindow:
+    """torch.profiler over engine steps FIRST..LAST (steady state, after the first waves' captures): the
+    device kernels by total time, and each op's CPU time, written to `path` when the window closes."""
+
+    FIRST, LAST = 60, 70
+
+    def __init__(self, device: str, path: Path):
+        self.device, self.path, self.profiler = device, path, None
+
+    def step(self, done: int) -> None:
+        if done == self.FIRST:
+            import torch
+
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.__enter__()
+        elif done == self.LAST:
+            self.close()
+
+    def close(self) -> None:
+        if self.profiler is None:
+            if not self.path.exists():
+                self.path.write_text(f"the run ended before step {self.FIRST}: no steady steps profiled\n")
+            return
+        profiler, self.profiler = self.profiler, None
+        profiler.__exit__(None, None, None)
+        averages = profiler.key_averages()
+        steps = self.LAST - self.FIRST
+        tables = [f"steps {self.FIRST}..{self.LAST} ({steps} steps) of one synth run"]
+        for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
+            try:
+                tables.append(f"by {key}:\n" + averages.table(sort_by=key, row_limit=40, max_name_column_width=90))
+            except (AttributeError, KeyError, ValueError) as exc:
+                tables.append(f"by {key}: not available ({exc})")
+        self.path.write_text("\n\n".join(tables))
+
+
+def write_cprofile(profiler, path: Path) -> None:
+    """cProfile's top functions, by own time and by cumulative time, to `path`."""
+    import io
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(40)
+    stats.sort_stats("cumulative").print_stats(60)
+    path.write_text(text.getvalue())
 
 
 def attention_kernel(tts, device: str) -> str:
@@ -452,10 +513,20 @@ def child(spec: dict) -> int:
     from omnitts.device.base import GraphSteps
     from omnitts.engine.engine import Engine
     from omnitts.io.audio import AudioSink
-    from omnitts.models.codec_streams import CodecStreams
+    from omnitts.models.codec_streams import CodecStreams, Samples
 
     device = spec["device"]
-    timers = Timers()
+    accelerator = device in ("cuda", "npu")
+    profile = Path(spec["profile"]) if spec.get("profile") else None
+    if profile is not None:
+        import torch
+
+        import cProfile
+
+        profile.mkdir(parents=True, exist_ok=True)
+        profiler = cProfile.Profile()
+        kernels = KernelWindow(device, profile / f"kernels-{spec['preset']}-{spec['max_batch']}.txt")
+    timers = Timers(sync=getattr(torch, device).synchronize if profile is not None and accelerator else None)
     seen = {"first_frame_at": None, "first_audio_at": None, "loaded_at": None, "steps": 0, "frames": 0,
             "kv_positions_read": 0, "audio_s": 0.0, "errors": [], "tts": None}
     module = sync_debug_module(device) if spec["sync_debug"] else None
@@ -463,6 +534,10 @@ def child(spec: dict) -> int:
 
     def stepped(finished, args):
         seen["steps"] += 1
+        if profile is not None:
+            profiler.disable()  # the torch profiler's own work is not the run's
+            kernels.step(seen["steps"])
+            profiler.enable()
         if seen["first_frame_at"] is None and (finished or any(s.frames for s in args[0].scheduler.running)):
             seen["first_frame_at"] = time.time()
         for seq in finished:  # K/V positions read: a frame at position P + t attends over P + t positions
@@ -485,7 +560,8 @@ def child(spec: dict) -> int:
     timers.wrap(api, "load", "load", after=loaded)
     timers.wrap(GraphSteps, "_capture", "capture")  # a bucket's warm-up and capture, when a frame first needs it
     timers.wrap(Engine, "step", "engine", after=stepped)
-    timers.wrap(CodecStreams, "pump", "codec")
+    timers.wrap(CodecStreams, "pump_later", "codec")  # the pipeline's call: queues a chunk's decode
+    timers.wrap(Samples, "result", "codec")  # ... and waits for its audio, a step later
     timers.wrap(CodecStreams, "close", "codec")
     timers.wrap(api.TTS, "prepare", "prepare")
     timers.wrap(AudioSink, "write", "write")
@@ -501,6 +577,8 @@ def child(spec: dict) -> int:
 
     argv = ["synth", spec["manifest"], "-m", spec["ckpt"], "-o", spec["out"], "--device", device,
             "--dtype", spec["dtype"], "--max-batch", str(spec["max_batch"]), "-q"]
+    if profile is not None:
+        profiler.enable()
     started = time.perf_counter()
     try:
         code = cli.app(argv, standalone_mode=False)
@@ -509,6 +587,10 @@ def child(spec: dict) -> int:
     finally:
         if syncs is not None:
             syncs.stop()
+        if profile is not None:
+            profiler.disable()
+            write_cprofile(profiler, profile / f"cprofile-{spec['preset']}-{spec['max_batch']}.txt")
+            kernels.close()
     if device in ("cuda", "npu"):
         import torch
 
