@@ -264,3 +264,24 @@ def test_channels_last_units_stream_like_their_whole_decode(ckpt_dir):
         want = decode_codes(ckpt, codes)
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= 1e-4
+
+
+def test_snake_coefficients_are_made_once_and_follow_the_parameters():
+    """SnakeBeta keeps exp(alpha) and 1 / (exp(beta) + 1e-9) between calls (fewer small kernels per codec
+    step), made again when a parameter changes in place or is replaced (a load, `.to`)."""
+    from omnitts.models.codec import SnakeBeta
+
+    snake = SnakeBeta(6)
+    with torch.no_grad():
+        snake.alpha.copy_(torch.linspace(-1, 1, 6))
+    first = snake.coefficients()
+    assert all(a is b for a, b in zip(first, snake.coefficients()))
+    x = torch.randn(2, 6, 5)
+    want = x + 1 / (snake.beta.exp() + 1e-9)[None, :, None] * torch.sin(x * snake.alpha.exp()[None, :, None]) ** 2
+    torch.testing.assert_close(snake(x), want)
+    with torch.no_grad():
+        snake.beta.add_(0.5)
+    alpha, inv_beta = snake.coefficients()
+    assert torch.equal(inv_beta, 1.0 / (snake.beta.exp() + 1e-9)) and not torch.equal(inv_beta, first[1])
+    snake.to(torch.float64)
+    assert snake.coefficients()[0].dtype == torch.float64
