@@ -277,7 +277,8 @@ def test_snake_coefficients_are_made_once_and_follow_the_parameters():
     first = snake.coefficients()
     assert all(a is b for a, b in zip(first, snake.coefficients()))
     x = torch.randn(2, 6, 5)
-    want = x + 1 / (snake.beta.exp() + 1e-9)[None, :, None] * torch.sin(x * snake.alpha.exp()[None, :, None]) ** 2
+    inv_beta = 1 / (snake.beta.exp() + 1e-9)
+    want = x + inv_beta[None, :, None] * torch.sin(x * snake.alpha.exp()[None, :, None]) ** 2
     torch.testing.assert_close(snake(x), want)
     with torch.no_grad():
         snake.beta.add_(0.5)
