@@ -99,6 +99,9 @@ def test_sync_watch_counts_warned_syncs_by_phase(load_script):
 
         watch.allow(Backend, "frame_steps", "capture: ")
         watch.on()
+        # The notice CUDA prints when the mode is first set (seen on an H200) is not a sync.
+        warnings.warn("Synchronization debug mode is a prototype feature and does not yet detect all "
+                      "synchronizing operations", UserWarning)
         assert Backend().frame_steps() == "warn"  # warn mode: capture's syncs are listed, not hidden
         warnings.warn("called a synchronizing CUDA operation")
         watch.stop()
