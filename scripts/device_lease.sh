@@ -1,0 +1,49 @@
+#!/bin/bash
+# The GPU checks that fit one short lease (about 8 minutes on an H200), most telling first; each step is
+# time-boxed, so a slow one cannot starve the rest. Logs, JSON and profiles land in $OUT.
+#
+#   OUT=device-out bash scripts/device_lease.sh [cuda]
+#   QUICK=1 OUT=/tmp/lease bash scripts/device_lease.sh cpu    # the script itself, tiny shapes (~2 min)
+#
+# 1. graphs vs eager codes and host syncs, tiny checkpoint in float32;
+# 2. the pipeline under the sync debug mode ("warn": every host sync outside Engine._collect, by line);
+# 3. one bfloat16 frame's kernels with and without the fused ops (the fused ops' load check included);
+# 4. the whole pipeline, 1.7B at max batch 64 and 128 (issue 33's figure);
+# 5. the same under --profile: where the wall time goes (synchronizing timers, cProfile, kernel table);
+# 6. the engine alone, 0.6B, with the fused ops and with OMNITTS_FUSED=0.
+# scripts/device_check.sh is the long list (parity with the official package among it).
+set -u
+DEVICE=${1:-cuda}
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+started=$(date +%s)
+step() { echo "=== [$(( $(date +%s) - started )) s] $*"; }
+if [ -n "${QUICK:-}" ]; then
+    BIG=tiny-0.6b; SMALL=tiny-0.6b; LINES=12; PLINES=12; FRAMES=8; CONC=1,4
+else
+    BIG=1.7b; SMALL=0.6b; LINES=384; PLINES=192; FRAMES=128; CONC=1,8,64
+fi
+step "1. graphs vs eager, tiny float32"
+timeout 120 python3 scripts/bench_device.py --device "$DEVICE" --preset tiny-0.6b --dtype float32 --frames 40 \
+    --concurrency 1,8 --json "$OUT/tiny.json" 2>&1 | grep -E "graph vs|host syncs|concurrency"
+step "2. host syncs in the pipeline (warn)"
+timeout 90 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets tiny-0.6b --lines 16 \
+    --seconds 1,2 --max-batch 8 --sync-debug warn --json "$OUT/sync.json" 2>&1 | tail -n +3
+step "3. kernels per frame"
+timeout 90 python3 scripts/bench_device.py --count-ops --preset "$SMALL" --device "$DEVICE" 2>&1 \
+    | grep -E "kernels|aten ops|warn" | cut -c1-300
+step "4. whole pipeline, $BIG"
+timeout 240 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$LINES" \
+    --max-batch 64,128 --json "$OUT/pipeline.json" 2>&1 | tail -n +3
+step "5. the same, profiled"
+timeout 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
+    --max-batch 64 --profile "$OUT/profile" --json "$OUT/profiled.json" 2>&1 | tail -n +3
+head -30 "$OUT"/profile/kernels-*.txt 2>/dev/null | cut -c1-160
+step "6. engine alone, fused ops on and off"
+for fused in 1 0; do
+    OMNITTS_FUSED=$fused timeout 150 python3 scripts/bench_device.py --device "$DEVICE" --preset "$SMALL" \
+        --frames "$FRAMES" --concurrency "$CONC" --json "$OUT/engine-fused$fused.json" 2>&1 \
+        | grep -E "graph vs|concurrency" | sed "s/^/OMNITTS_FUSED=$fused  /"
+done
+step done
