@@ -244,6 +244,10 @@ def summary_line(row: dict, lines: int) -> str:
             f"{s(row['wall_s'])} s = {split}; attention: {row['attention']}")
     if row.get("sdp_enabled") is not None:
         text += f" (sdpa backends allowed: {row['sdp_enabled']})"
+    if row.get("shapes"):
+        n = row["shapes"]
+        text += (f"; eager shapes: {n['codec_calls']} codec calls in {n['codec_call_shapes']} (rows, frames) shapes, "
+                 f"{n['prefills']} prefills of {n['prefill_lengths']} lengths")
     if row.get("sync_debug"):
         text += f"; host syncs: {row['sync_debug']}"
         text += "".join(f"\n    {n:6d} x {site}" for site, n in list(row.get("sync_sites", {}).items())[:12])
@@ -342,6 +346,39 @@ class KernelWindow:
             except (AttributeError, KeyError, ValueError) as exc:
                 tables.append(f"by {key}: not available ({exc})")
         self.path.write_text("\n\n".join(tables))
+
+
+def count_shapes() -> dict:
+    """Counts of the eager calls whose shapes change during a run, filled in as it goes: codec calls and
+    their distinct (rows, frames), prefills and their distinct prompt lengths. On CUDA each new shape
+    can cost cuDNN a plan built on the host (convolutions; attention, where it is on)."""
+    from omnitts.engine.runner import ModelRunner
+    from omnitts.models.codec_stream import StreamingCodec
+
+    counts = {"codec_calls": 0, "codec_call_shapes": 0, "prefills": 0, "prefill_lengths": 0}
+    codec_seen, prompt_seen = set(), set()
+
+    def wrap(owner, name, note):
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            note(*args, **kwargs)
+            return original(*args, **kwargs)
+        setattr(owner, name, counted)
+
+    def codec(self, codes, *args, **kwargs):  # codes (rows, 16, frames)
+        counts["codec_calls"] += 1
+        codec_seen.add((codes.shape[0], codes.shape[-1]))
+        counts["codec_call_shapes"] = len(codec_seen)
+
+    def prefill(self, start, prompts):
+        counts["prefills"] += len(prompts)
+        prompt_seen.update(p.shape[0] for p in prompts)
+        counts["prefill_lengths"] = len(prompt_seen)
+
+    wrap(StreamingCodec, "step", codec)
+    wrap(ModelRunner, "prefill", prefill)
+    return counts
 
 
 def write_cprofile(profiler, path: Path) -> None:
@@ -567,6 +604,7 @@ def child(spec: dict) -> int:
     timers.wrap(api.TTS, "prepare", "prepare")
     timers.wrap(AudioSink, "write", "write")
     timers.wrap(Batch, "save", "write", after=saved)
+    shapes = count_shapes()
     if spec.get("fake_graphs"):
         import omnitts.engine.engine as engine_module
         from omnitts.device.fake import FakeGraphBackend
@@ -607,7 +645,7 @@ def child(spec: dict) -> int:
               "capture_s": round(split["capture"], 3), "split_s": {k: round(v, 4) for k, v in split.items()},
               "peak_memory_gib": round(peak, 3), "peak_memory_kind": kind, "errors": seen["errors"],
               "first_frame_at": seen["first_frame_at"], "first_audio_at": seen["first_audio_at"],
-              "loaded_at": seen["loaded_at"], "kv_positions_read": seen["kv_positions_read"]}
+              "loaded_at": seen["loaded_at"], "kv_positions_read": seen["kv_positions_read"], "shapes": shapes}
     steady = (ended_at - seen["first_frame_at"]) if seen["first_frame_at"] else None
     report["steady_audio_s_per_s"] = round(seen["audio_s"] / steady, 3) if steady else 0.0
     if spec["sync_debug"]:
