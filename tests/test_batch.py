@@ -497,3 +497,48 @@ def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatc
     outcomes = list(Pipeline(tts, lookahead=2).run(jobs()))
     assert len(outcomes) == 5 and len(built) >= 2
     assert alive_at_build == [0] * len(built), alive_at_build
+
+
+def test_items_are_saved_on_a_thread_of_their_own_while_frames_go_on(ckpt_dir, tmp_path, monkeypatch):
+    """A finished item's file work (close, fsync, rename, result line) runs on the saver thread, in the order
+    items finish, and the engine keeps stepping meanwhile: a commit that waits for the next engine step
+    would never see one if saving blocked the loop. Every record still has its file."""
+    import threading
+    import time
+
+    from omnitts.batch import run
+    from omnitts.engine.engine import Engine
+    from omnitts.io import audio
+
+    steps, seen, closing = [], [], threading.Event()
+    step, commit, close = Engine.step, audio.AudioSink.commit, run._Saver.close
+
+    def counted_step(self, *args, **kwargs):
+        steps.append(None)
+        return step(self, *args, **kwargs)
+
+    def waiting_commit(sink):
+        start, deadline = len(steps), time.monotonic() + 30
+        while len(steps) == start and not closing.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen.append((sink.path.stem, threading.current_thread().name, len(steps) > start))
+        return commit(sink)
+
+    def noted_close(self):
+        closing.set()  # the loop has ended: no more steps will come
+        return close(self)
+
+    monkeypatch.setattr(Engine, "step", counted_step)
+    monkeypatch.setattr(audio.AudioSink, "commit", waiting_commit)
+    monkeypatch.setattr(run._Saver, "close", noted_close)
+    rows = [{"id": f"i{n}", "text": "Saved apart.", "speaker": "ryan", "max_seconds": n * 0.08} for n in (2, 4, 6, 8)]
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(_manifest(tmp_path / "m.jsonl", rows)), "-m",
+                                 str(ckpt_dir("custom_voice")), "-o", str(out), "--max-batch", "4", "-q"])
+    assert result.exit_code == 0, result.output
+    assert [name for _, name, _ in seen] == ["omnitts-saver"] * 4
+    assert [item for item, _, _ in seen] == ["i2", "i4", "i6", "i8"]  # the order items finished
+    assert all(stepped for _, _, stepped in seen[:3])  # frames went on while the first three were saved
+    records = _records(out)
+    assert [r["id"] for r in records] == ["i2", "i4", "i6", "i8"]
+    assert all((out / r["path"]).exists() for r in records)

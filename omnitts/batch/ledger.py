@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -76,6 +77,7 @@ class Ledger:
         self.failed_prints: dict[str, str | None] = {}  # id -> that failed record's fingerprint
         self.arrived: set[str] = set()  # ids another writer recorded after this Ledger opened
         self.offset = 0  # bytes of the log read so far (whole lines only)
+        self._lock = threading.RLock()  # reads and writes of this object's state, between threads
         self._track = False  # what is there at the start is the earlier runs' work, not `arrived`
         self._read(upto=since)
         self._track = True
@@ -89,10 +91,17 @@ class Ledger:
 
     def refresh(self) -> None:
         """Read the records other writers appended since the last read."""
-        self._read()
+        with self._lock:
+            self._read()
 
     def write(self, record: dict) -> None:
         """Append `record` as one line, fsynced, under the log's lock (other writers wait for one line).
+        Thread-safe: a run's saver thread writes while its main thread refreshes (batch/run.py)."""
+        with self._lock:
+            self._write(record)
+
+    def _write(self, record: dict) -> None:
+        """`write`, with this Ledger's thread lock held.
 
         The log is never followed through a symbolic link (it would write outside the output directory),
         and a last line torn by a killed writer is closed first, so the new record is never glued to it.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -114,11 +115,15 @@ class Tally:
     seconds: float = 0.0  # audio written in this run
     errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
     started: float = field(default_factory=time.time)
+    # done, seconds and failures are counted on the run's saver thread (batch/run.py), the rest on its main
+    # thread; failures on both (bad lines are recorded as the manifest is read).
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def fail(self, item_id: str, message: str) -> None:
-        self.failed += 1
-        if len(self.errors) < SHOWN_ERRORS:  # the rest are in results.jsonl; memory stays flat
-            self.errors.append((item_id, message))
+        with self.lock:
+            self.failed += 1
+            if len(self.errors) < SHOWN_ERRORS:  # the rest are in results.jsonl; memory stays flat
+                self.errors.append((item_id, message))
 
     @property
     def wall(self) -> float:
