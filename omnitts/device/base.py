@@ -158,6 +158,9 @@ class Backend:
     # (models/codec_stream.TILE_FRAMES, sized for a CPU's caches); None = one slice per call (devices
     # run a whole chunk in parallel).
     codec_tile_frames: int | None = TILE_FRAMES
+    # Pumps a ready codec chunk may wait for other streams to share its call (CodecStreams' `gather`):
+    # 0 on the CPU, where a call costs about what its rows do.
+    codec_gather = 0
 
     def __init__(self, eager: bool = False):
         self.eager = eager or os.environ.get("OMNITTS_EAGER") == "1" or not self.supports_graphs

@@ -152,7 +152,7 @@ class Pipeline:
         backend = get_backend(tts.ckpt.device.type)
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                      tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
-                                     to_host=backend.to_host)
+                                     to_host=backend.to_host, gather=backend.codec_gather)
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
         self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device

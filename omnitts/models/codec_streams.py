@@ -119,6 +119,7 @@ class _Stream:
     generated: int = 0
     lead: _Kept | None = None  # the last reference sample (ICL), once decoded
     finished: bool = False
+    waited: int = 0  # pumps its ready chunk has been held back for other streams (`gather`)
 
 
 class CodecStreams:
@@ -134,15 +135,23 @@ class CodecStreams:
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
                  window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES,
-                 upload=None, to_host=None):
+                 upload=None, to_host=None, gather: int = 0):
         """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`); `upload(host
         tensor) -> device tensor` and `to_host(device tensor) -> handle with result()`: the device layer's
-        copies (`device.copies.uploader`, `Backend.to_host`); the defaults copy plainly, at once."""
+        copies (`device.copies.uploader`, `Backend.to_host`); the defaults copy plainly, at once.
+
+        `gather` (the backend's `codec_gather`; 0: off): pumps a stream's ready mid-window chunk may be
+        held back so that more streams share its call, until half the live streams are ready or one has
+        waited that long. Where a call's cost is mostly fixed (a GPU: launches and host work per call,
+        whatever its rows), fewer, fuller calls win; and streams decoded together stay in step, so their
+        next chunks are ready together. Window ends and finished streams are never held; the samples
+        do not change (a chunk's frames and its place in the window stay the same; only its batch mates do)."""
         assert 0 < left_context <= window_frames
         # RoPE positions stay below the window length (context included): calls are never padded.
         self.codec = StreamingCodec(codec, window_frames + left_context, tile_frames, upload)
         self.to_host = to_host or _Now
         self.chunk, self.window_frames, self.left_context = chunk_frames, window_frames, left_context
+        self.gather = gather
         self.spf = self.codec.samples_per_frame
         self.state = self.codec.new_state(max_streams)
         self.free = list(range(max_streams))[::-1]
@@ -224,12 +233,30 @@ class CodecStreams:
         stream is still ready (a backlog, or the 25 context frames re-fed after a window boundary).
         """
         out: dict[int, list] = {}
+        held = self._held()
         while jobs := [(sid, s, *plan) for sid, s in self.streams.items()
-                       if sid not in self.broken and (plan := self._plan(s)) is not None]:
+                       if sid not in self.broken and sid not in held and (plan := self._plan(s)) is not None]:
             for size in sorted({job[2] for job in jobs}):
                 for sid, pieces in self._run_isolated([j for j in jobs if j[2] == size]).items():
                     out.setdefault(sid, []).extend(pieces)
         return {sid: Samples(p) for sid, p in out.items() if p}
+
+    def _held(self) -> set[int]:
+        """The streams whose ready chunks wait for others this pump (`gather`); counts their wait."""
+        if not self.gather:
+            return set()
+        live = [s for sid, s in self.streams.items() if sid not in self.broken and not s.finished]
+        # Only a full chunk inside a window waits (`_plan` returns (chunk, False) for those and nothing
+        # else): a window's end and a finished stream's rest run at once.
+        ready = {sid: s for sid, s in self.streams.items()
+                 if sid not in self.broken and not s.finished and self._plan(s, peek=True) == (self.chunk, False)}
+        if not ready or 2 * len(ready) >= len(live) or max(s.waited for s in ready.values()) >= self.gather:
+            for s in ready.values():
+                s.waited = 0
+            return set()
+        for s in ready.values():
+            s.waited += 1
+        return set(ready)
 
     def _run_isolated(self, jobs) -> dict[int, list]:
         """`_run(jobs)`; if it raises, each job alone, and a job that still raises goes to `broken`."""
@@ -244,12 +271,15 @@ class CodecStreams:
             out.update(self._run_isolated([job]))
         return out
 
-    def _plan(self, s: _Stream):
+    def _plan(self, s: _Stream, peek: bool = False):
         """(frames, window ends here) for the next call of `s`, or None if not ready.
 
-        At an official window boundary this also resets the stream's state rows and re-feeds the context.
+        At an official window boundary this also resets the stream's state rows and re-feeds the context
+        (not with `peek`, which only asks: then a boundary's stream counts as not ready).
         """
         if s.pos == s.window_len and len(s.feed):  # official window boundary: start fresh, re-prime
+            if peek:
+                return None
             for t in self.state.values():
                 t[s.slot] = 0
             s.feed = np.concatenate([s.history[-self.left_context:], s.feed])
