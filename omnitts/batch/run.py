@@ -96,13 +96,18 @@ class _Saver:
 
     def _loop(self) -> None:
         while (outcome := self.queue.get()) is not _STOP:
-            if self.error is None:
-                try:
-                    self.report(self.batch.save(outcome))
-                    continue
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                    self.error = exc
-            self._drop(outcome)
+            if self.error is not None:
+                self._drop(outcome)
+                continue
+            try:
+                record = self.batch.save(outcome)  # on an error it has undone its own files and claim
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                self.error = exc
+                continue
+            try:
+                self.report(record)
+            except BaseException as exc:  # noqa: BLE001 - the record is written; the run stops
+                self.error = exc
 
     def _drop(self, outcome) -> None:
         """An item not saved after an error: its temporary file deleted, its claim released (save had not run)."""
