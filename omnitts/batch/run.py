@@ -97,7 +97,10 @@ class _Saver:
     def _loop(self) -> None:
         while (outcome := self.queue.get()) is not _STOP:
             if self.error is not None:
-                self._drop(outcome)
+                try:
+                    self._drop(outcome)
+                except BaseException:  # noqa: BLE001 - the first error stands; the loop must go on draining
+                    pass
                 continue
             try:
                 record = self.batch.save(outcome)  # on an error it has undone its own files and claim
