@@ -542,3 +542,21 @@ def test_items_are_saved_on_a_thread_of_their_own_while_frames_go_on(ckpt_dir, t
     records = _records(out)
     assert [r["id"] for r in records] == ["i2", "i4", "i6", "i8"]
     assert all((out / r["path"]).exists() for r in records)
+
+
+def test_a_pipeline_that_cannot_be_built_leaves_no_saver_thread_behind(ckpt_dir, tmp_path, monkeypatch):
+    """The saver thread is not a daemon (queued items are saved before the interpreter exits), so one left
+    waiting would keep the process alive: a failure before the loop starts must not leave one."""
+    import threading
+
+    from omnitts.engine import pipeline
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no pipeline here")
+
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", broken)
+    rows = [{"id": "a", "text": "Never run.", "speaker": "ryan"}]
+    result = runner.invoke(app, ["synth", str(_manifest(tmp_path / "m.jsonl", rows)), "-m",
+                                 str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"), "--max-frames", "3", "-q"])
+    assert result.exit_code != 0
+    assert not [t for t in threading.enumerate() if t.name == "omnitts-saver"]

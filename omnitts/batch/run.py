@@ -38,9 +38,9 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
         return False
     tts = load()
     batch.sample_rate = tts.sample_rate
-    saver = _Saver(batch, report)
     pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=lambda: stop() or saver.failed,
                         split=batch.settings.splitter(), sink=batch.sink)
+    saver = _Saver(batch, report)  # started last: nothing that can raise stands between it and `close`
     try:
         with closing(pipeline.run(_chain(first, pending))) as outcomes:
             for outcome in outcomes:
