@@ -340,12 +340,20 @@ class KernelWindow:
         averages = profiler.key_averages()
         steps = self.LAST - self.FIRST
         tables = [f"steps {self.FIRST}..{self.LAST} ({steps} steps) of one synth run"]
-        for key in ("self_device_time_total", "self_cuda_time_total", "self_cpu_time_total"):
-            try:
-                tables.append(f"by {key}:\n" + averages.table(sort_by=key, row_limit=40, max_name_column_width=90))
-            except (AttributeError, KeyError, ValueError) as exc:
-                tables.append(f"by {key}: not available ({exc})")
+        # Device time under its current name, or the older torch's (one table, not the same one twice).
+        for keys in (("self_device_time_total", "self_cuda_time_total"), ("self_cpu_time_total",)):
+            tables.append(_table(averages, keys))
         self.path.write_text("\n\n".join(tables))
+
+
+def _table(averages, keys) -> str:
+    """The profiler's table sorted by the first of `keys` this torch knows."""
+    for key in keys:
+        try:
+            return f"by {key}:\n" + averages.table(sort_by=key, row_limit=40, max_name_column_width=90)
+        except (AttributeError, KeyError, ValueError) as exc:
+            missing = exc
+    return f"by {keys[-1]}: not available ({missing})"
 
 
 def count_shapes() -> dict:
