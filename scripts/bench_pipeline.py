@@ -246,7 +246,7 @@ def summary_line(row: dict, lines: int) -> str:
         text += f" (sdpa backends allowed: {row['sdp_enabled']})"
     if row.get("shapes"):
         n = row["shapes"]
-        text += (f"; eager shapes: {n['codec_calls']} codec calls in {n['codec_call_shapes']} (rows, frames) shapes, "
+        text += (f"; call shapes: {n['codec_calls']} codec calls in {n['codec_call_shapes']} (rows, frames) shapes, "
                  f"{n['prefills']} prefills of {n['prefill_lengths']} lengths")
     if row.get("sync_debug"):
         text += f"; host syncs: {row['sync_debug']}"
@@ -357,11 +357,13 @@ def _table(averages, keys) -> str:
 
 
 def count_shapes() -> dict:
-    """Counts of the eager calls whose shapes change during a run, filled in as it goes: codec calls and
-    their distinct (rows, frames), prefills and their distinct prompt lengths. On CUDA each new shape
+    """Counts of the calls whose shapes may change during a run, filled in as it goes: codec calls and
+    their distinct (rows, frames) (the padded shapes where the backend fixes them), prefills and their
+    distinct prompt lengths. On CUDA each new shape
     can cost cuDNN a plan built on the host (convolutions; attention, where it is on)."""
     from omnitts.engine.runner import ModelRunner
     from omnitts.models.codec_stream import StreamingCodec
+    from omnitts.models.codec_streams import _Call
 
     counts = {"codec_calls": 0, "codec_call_shapes": 0, "prefills": 0, "prefill_lengths": 0}
     codec_seen, prompt_seen = set(), set()
@@ -379,12 +381,18 @@ def count_shapes() -> dict:
         codec_seen.add((codes.shape[0], codes.shape[-1]))
         counts["codec_call_shapes"] = len(codec_seen)
 
+    def fixed_codec(self):  # a fixed-shape call (accelerators; replayed when graphed): (rows bucket, frames)
+        counts["codec_calls"] += 1
+        codec_seen.add((self.rows, self.frames))
+        counts["codec_call_shapes"] = len(codec_seen)
+
     def prefill(self, start, prompts):
         counts["prefills"] += len(prompts)
         prompt_seen.update(p.shape[0] for p in prompts)
         counts["prefill_lengths"] = len(prompt_seen)
 
     wrap(StreamingCodec, "step", codec)
+    wrap(_Call, "run", fixed_codec)
     wrap(ModelRunner, "prefill", prefill)
     return counts
 
@@ -556,7 +564,7 @@ def child(spec: dict) -> int:
     from bench_lib import frame_bytes
     from omnitts import cli
     from omnitts.batch.outdir import Batch
-    from omnitts.device.base import GraphSteps
+    from omnitts.device.base import CallGraphs, GraphSteps
     from omnitts.engine.engine import Engine
     from omnitts.io.audio import AudioSink
     from omnitts.models.codec_streams import CodecStreams, Samples
@@ -605,6 +613,7 @@ def child(spec: dict) -> int:
 
     timers.wrap(api, "load", "load", after=loaded)
     timers.wrap(GraphSteps, "_capture", "capture")  # a bucket's warm-up and capture, when a frame first needs it
+    timers.wrap(CallGraphs, "capture", "capture")  # a codec call shape's warm-up and capture (inside "codec")
     timers.wrap(Engine, "step", "engine", after=stepped)
     timers.wrap(CodecStreams, "pump_later", "codec")  # the pipeline's call: queues a chunk's decode
     timers.wrap(Samples, "result", "codec")  # ... and waits for its audio, a step later
@@ -617,10 +626,14 @@ def child(spec: dict) -> int:
         import omnitts.engine.engine as engine_module
         from omnitts.device.fake import FakeGraphBackend
 
+        import omnitts.engine.pipeline as pipeline_module
+
         engine_module.get_backend = lambda name, eager=False: FakeGraphBackend(check_trace=False)
+        pipeline_module.get_backend = engine_module.get_backend  # the codec's calls too
     if syncs is not None:
         syncs.allow(Engine, "_collect")  # the one allowed wait
         syncs.allow(GraphSteps, "_capture", "capture: ")
+        syncs.allow(CallGraphs, "capture", "capture: ")
 
     argv = ["synth", spec["manifest"], "-m", spec["ckpt"], "-o", spec["out"], "--device", device,
             "--dtype", spec["dtype"], "--max-batch", str(spec["max_batch"]), "-q"]

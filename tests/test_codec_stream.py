@@ -333,3 +333,82 @@ def test_gathered_chunks_share_calls_and_decode_the_same(ckpt):
         assert got.shape == alone.shape
         assert float(np.abs(got - alone).max()) <= ATOL
         _check(ckpt, got, c)
+
+
+def _phased(streams: CodecStreams, data) -> list[np.ndarray]:
+    """`data` [(codes, ref, feed, delay)]: streams opened `delay` pumps in, fed `feed` frames per pump,
+    finished and closed when fed; each stream's audio (head + pumped + tail)."""
+    sids, outs, fed, ends, step = {}, {}, {}, {}, 0
+    while len(ends) < len(data):
+        for i, (codes, ref, feed, delay) in enumerate(data):
+            if step == delay:
+                sids[i], outs[i], fed[i] = streams.open(ref), [], 0
+            if i not in sids or i in ends:
+                continue
+            if fed[i] < len(codes):
+                streams.push(sids[i], codes[fed[i]:fed[i] + feed])
+                fed[i] += feed
+            else:
+                streams.finish(sids[i])
+        got = streams.pump()
+        for i, sid in sids.items():
+            if i not in ends:
+                outs[i].append(got.get(sid, np.zeros(0, np.float32)))
+                s = streams.streams[sid]
+                if s.finished and len(s.feed) == 0:
+                    ends[i] = streams.close(sid)
+        step += 1
+    return [np.concatenate([ends[i].head, *outs[i], ends[i].tail]) for i in range(len(data))]
+
+
+def test_fixed_shape_calls_decode_like_the_whole_decode_eager_and_in_fake_graphs(ckpt):
+    """Accelerators (`fixed`): calls of a few shapes only (rows padded to a bucket on the spare slot, a window's
+    last frames padded to chunk + HOLD - 1), captured once per shape under the fake's graph rules and replayed;
+    the audio is the whole decode's (ICL, window boundaries, streams joining and leaving at any phase), and
+    the graphs' is the eager fixed calls' to the bit."""
+    from omnitts.device.fake import FakeGraphBackend
+
+    specs = [(330, 0, 5, 0), (64, 0, 25, 3), (7, 0, 7, 1), (40, 30, 3, 0), (100, 301, 50, 6), (26, 0, 2, 2)]
+    data = [(_codes(n, n), _codes(r, r + 1), feed, delay) for n, r, feed, delay in specs]
+    eager = CodecStreams(ckpt.codec, max_streams=6, fixed=True, gather=3)
+    backend = FakeGraphBackend()
+    graphed = CodecStreams(ckpt.codec, max_streams=6, fixed=True, gather=3, graphs=backend.call_graphs())
+    plain_audio, graphed_audio = _phased(eager, data), _phased(graphed, data)
+    assert eager.row_buckets == [1, 2, 4, 6]
+    for streams in (eager, graphed):
+        assert streams.calls and {frames for _, frames in streams.calls} <= {25, 25 + HOLD - 1}
+        assert {rows for rows, _ in streams.calls} <= {1, 2, 4, 6}
+    assert len(streams.calls) >= 3  # several shapes really ran
+    assert all(call.graph is None for call in eager.calls.values())
+    graphs = [call.graph for call in graphed.calls.values()]
+    assert len(backend.captured) == len(graphs) == graphed.graphs.captures and all(g.replays for g in graphs)
+    for (codes, ref, _, _), got, plain in zip(data, graphed_audio, plain_audio):
+        np.testing.assert_array_equal(got, plain)
+        _check(ckpt, got, codes, ref)
+    assert not graphed.streams and sorted(graphed.free) == list(range(6))
+
+
+def test_a_refused_codec_capture_runs_its_calls_eagerly_with_one_warning(ckpt):
+    """A device that refuses to capture a codec call: one warning, that call and every later one eager, the
+    same audio; the CPU fake (capture_fallback off) raises instead."""
+    from omnitts.device.fake import FakeGraphBackend
+
+    class Refusing(FakeGraphBackend):
+        capture_fallback = True
+
+        def new_graph(self, *args):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    codes = _codes(70, 3)
+    want = _stream(CodecStreams(ckpt.codec, max_streams=2, fixed=True), codes)
+    graphs = Refusing().call_graphs()
+    with pytest.warns(RuntimeWarning, match="codec call failed"):
+        got = _stream(CodecStreams(ckpt.codec, max_streams=2, fixed=True, graphs=graphs), codes)
+    np.testing.assert_array_equal(got, want)
+    assert graphs.refused and graphs.captures == 0
+
+    class Raising(Refusing):
+        capture_fallback = False
+
+    with pytest.raises(RuntimeError, match="not permitted"):
+        _stream(CodecStreams(ckpt.codec, max_streams=2, fixed=True, graphs=Raising().call_graphs()), codes)

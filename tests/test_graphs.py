@@ -417,7 +417,8 @@ def test_captures_are_lazy_one_per_step_into_one_pool_and_clone_only_the_small_s
 
 def test_synth_through_fake_graphs_equals_eager_and_reports_the_capture_cost(ckpt_dir, tmp_path, monkeypatch):
     """The whole `omnitts synth` loop (prefill, admission, compaction, codec, files) on the CPU fake's graphs
-    gives the eager run's codes, greedy and seeded; `--verbose` says what capture cost."""
+    (the frames', and the codec's fixed-shape calls') gives the eager run's codes, greedy and seeded, and its
+    audio within a PCM step; `--verbose` says what capture cost."""
     import json
 
     rows = [{"id": f"l{i}", "text": TEXTS[i % len(TEXTS)], "language": "english", "speaker": "ryan",
@@ -431,8 +432,11 @@ def test_synth_through_fake_graphs_equals_eager_and_reports_the_capture_cost(ckp
 def _synth_graphed_vs_eager(ckpt_dir, tmp_path, manifest, rows, greedy, monkeypatch):
     from typer.testing import CliRunner
 
+    import soundfile as sf
+
     from omnitts.cli import app
     from omnitts.engine import engine as engine_module
+    from omnitts.engine import pipeline as pipeline_module
 
     args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "--dtype", "float32", "--max-batch", "3",
             greedy, "--save-codes", "-q", "--verbose"]
@@ -445,7 +449,14 @@ def _synth_graphed_vs_eager(ckpt_dir, tmp_path, manifest, rows, greedy, monkeypa
         made.append(FakeGraphBackend(eager=eager))
         return made[-1]
 
+    codec_made = []
+
+    def codec_fake(name, eager=False):
+        codec_made.append(FakeGraphBackend(eager=eager))
+        return codec_made[-1]
+
     monkeypatch.setattr(engine_module, "get_backend", fake)
+    monkeypatch.setattr(pipeline_module, "get_backend", codec_fake)  # the codec's calls, in fixed shapes
     graphed = CliRunner().invoke(app, [*args, "-o", str(tmp_path / "graphs")])
     monkeypatch.undo()
     assert graphed.exit_code == 0, graphed.output
@@ -453,9 +464,15 @@ def _synth_graphed_vs_eager(ckpt_dir, tmp_path, manifest, rows, greedy, monkeypa
     assert captured and all(graph.replays for graph in captured)
     assert f"graph capture: {len(captured)} graphs in " in graphed.output
     assert f"{len(captured)} eager warm-up frames" in graphed.output
+    codec = [graph for backend in codec_made for graph in backend.captured]
+    assert codec and all(graph.replays for graph in codec)
+    assert f"\ncodec graph capture: {len(codec)} graph{'s' if len(codec) > 1 else ''} in " in graphed.output
     for row in rows:
         np.testing.assert_array_equal(np.load(tmp_path / "graphs" / f"{row['id']}.codes.npy"),
                                       np.load(tmp_path / "eager" / f"{row['id']}.codes.npy"), err_msg=row["id"])
+        got, _ = sf.read(tmp_path / "graphs" / f"{row['id']}.wav", dtype="float32")
+        want, _ = sf.read(tmp_path / "eager" / f"{row['id']}.wav", dtype="float32")
+        assert got.shape == want.shape and np.abs(got - want).max() <= 2 / 32768, row["id"]  # 16-bit PCM: +-1 step
 
 
 def test_the_next_call_reuses_the_last_engine_and_its_graphs_on_graph_devices(tts_factory, monkeypatch):

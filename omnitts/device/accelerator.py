@@ -58,6 +58,7 @@ class AcceleratorBackend(Backend):
     # A GPU's codec call costs mostly its launches and host work (an H200 run: 224 calls for 192 items, ~53 ms
     # a call, ~6 ms of it on the GPU): ready chunks wait up to 12 pumps (steps) for other streams.
     codec_gather = 12
+    codec_fixed_shapes = True
 
     @property
     def api(self):

@@ -146,6 +146,44 @@ class GraphSteps:
         return graph
 
 
+class CallGraphs:
+    """Graphs of fixed-shape calls other than frames (the streamed codec's, one per (rows, frames)), captured
+    when a call shape is first needed, into one memory pool of their own (they never run concurrently).
+
+    A device that refuses a capture makes that call and every later one run eagerly, with one warning (the
+    frames keep their own graphs); the CPU fake raises instead. `captures` and `capture_seconds` say what
+    capturing cost.
+    """
+
+    def __init__(self, backend: "Backend", what: str = "codec"):
+        self.backend, self.what = backend, what
+        self.pool = backend.graph_pool()
+        self.refused = False
+        self.captures = 0
+        self.capture_seconds = 0.0
+
+    def capture(self, fn, inputs: list[torch.Tensor], output: torch.Tensor):
+        """`fn`'s graph (after one warm-up run), or None: run `fn` eagerly. `fn` must leave the state it reads
+        as the real call would find it when run on the inputs as they are now (a warm-up really runs)."""
+        if self.refused:
+            return None
+        started = time.perf_counter()
+        try:
+            graph = self.backend.capture(fn, self.pool, [], output, inputs)
+        except RuntimeError as error:
+            if not self.backend.capture_fallback:
+                raise
+            warnings.warn(f"omnitts: {self.backend.name} graph capture of a {self.what} call failed "
+                          f"({type(error).__name__}: {error}); {self.what} calls run eagerly from here on",
+                          RuntimeWarning, stacklevel=3)
+            self.refused = True
+            return None
+        finally:
+            self.capture_seconds += time.perf_counter() - started
+        self.captures += 1
+        return graph
+
+
 class Backend:
     """Eager CPU behaviour; graph backends override `capture` and `graph_pool`, copies override `to_host`."""
 
@@ -161,6 +199,9 @@ class Backend:
     # Pumps a ready codec chunk may wait for other streams to share its call (CodecStreams' `gather`):
     # 0 on the CPU, where a call costs about what its rows do.
     codec_gather = 0
+    # Streamed codec calls of a few fixed shapes (CodecStreams' `fixed`): what graphs need. Off on the CPU,
+    # where every call keeps the reference decode's own shape (bitwise the whole-utterance decode).
+    codec_fixed_shapes = False
 
     def __init__(self, eager: bool = False):
         self.eager = eager or os.environ.get("OMNITTS_EAGER") == "1" or not self.supports_graphs
@@ -185,6 +226,10 @@ class Backend:
             return EagerSteps(runner)
         return GraphSteps(self, runner, max_batch, max_positions, restore, output, graph_buckets, span_buckets,
                           pool, inputs)
+
+    def call_graphs(self, what: str = "codec") -> CallGraphs | None:
+        """Graphs for fixed-shape calls outside the frames (`CallGraphs`), or None where calls run eagerly."""
+        return None if self.eager else CallGraphs(self, what)
 
     def refused(self, error: Exception) -> None:
         """A capture failed on the device: warn once, and run every later frame eagerly."""

@@ -149,10 +149,12 @@ class Pipeline:
         self.engines_built = 0
         # What graph capture cost the engines this run dropped (`Engine.graph_stats`, added up).
         self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0)
-        backend = get_backend(tts.ckpt.device.type)
+        backend = get_backend(tts.ckpt.device.type, eager=tts.eager)
+        fixed = backend.codec_fixed_shapes
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                      tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
-                                     to_host=backend.to_host, gather=backend.codec_gather)
+                                     to_host=backend.to_host, gather=backend.codec_gather, fixed=fixed,
+                                     graphs=backend.call_graphs("codec") if fixed else None)
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
         self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device
@@ -393,11 +395,14 @@ class Pipeline:
 
     def graph_stats(self) -> dict:
         """Graph capture over the whole run (every engine built): graphs captured, the eager warm-up frames
-        they cost, seconds spent capturing, and engines built."""
+        they cost, seconds spent capturing, and engines built; the codec's graphs apart (`codec_captures`,
+        `codec_capture_seconds`, where the codec's calls are captured)."""
         stats = Counter(self._graphs_before)
         if self.engine is not None:
             stats.update(self.engine.graph_stats())
-        return {**stats, "engines": self.engines_built}
+        graphs = self.streams.graphs if self.streams is not None else None
+        codec = {"codec_captures": graphs.captures, "codec_capture_seconds": graphs.capture_seconds} if graphs else {}
+        return {**stats, **codec, "engines": self.engines_built}
 
     def _drop(self, ready: deque) -> None:
         """Stop: forget everything not yet running; items with a dropped piece never complete."""

@@ -125,6 +125,30 @@ class StreamingCodec:
         c = self.codec
         x = self._conv(c.pre_conv, c.quantizer.decode(codes), st)
         x = self._transformer(x.transpose(1, 2), st, start, base, kv_len).transpose(1, 2)
+        return self._upsample(x, codes, st)
+
+    @torch.no_grad()
+    def step_fixed(self, codes: torch.Tensor, state: dict, start: torch.Tensor, base: torch.Tensor,
+                   keep: torch.Tensor):
+        """`step` for a call whose shapes depend only on (B, n): what a device graph can capture.
+
+        `start`, `base` (B,) are device tensors (as in `step`); `keep[b]`: the K/V slot, counted from
+        `base[b]`, that becomes the row's slot 0 after the call (`next_base(start + n) - base`). Attention
+        runs once over a fixed width (`kv_slots` + n, aligned) for all rows, the mask hiding what a row
+        must not see, instead of one call per attention length: the same keys and weights, summed in
+        another order than the CPU reference's (float rounding, not a different result). No host reads:
+        nothing here depends on the values of the inputs.
+        """
+        st = dict(state)
+        c = self.codec
+        x = self._conv(c.pre_conv, c.quantizer.decode(codes), st)
+        width = round_up(self.kv_slots + codes.shape[-1], KV_ALIGN)
+        x = self._layers_of_transformer(x.transpose(1, 2), st, start, base, keep, width,
+                                        [(width, slice(None))]).transpose(1, 2)
+        return self._upsample(x, codes, st)
+
+    def _upsample(self, x, codes, st):
+        c = self.codec
         for transposed, convnext in c.upsample:
             x = self._convnext(convnext, self._trans_conv(transposed, x, st), st)
         for layer in c.decoder[:TILED_FROM]:
@@ -202,9 +226,7 @@ class StreamingCodec:
         return x + (block.gamma * h).transpose(1, 2)
 
     def _transformer(self, x, st, start, base, kv_len):  # (B, n, latent)
-        tr, dev = self.codec.pre_transformer, x.device
         b, n, _ = x.shape
-        x = tr.input_proj(x)
         # Everything this call needs from the host in ONE upload (built on the host, copied without a
         # wait): each row's start, base and K/V keep offset, then the rows of each attention group.
         groups = [(length, [r for r in range(b) if kv_len[r] == length]) for length in sorted(set(kv_len))]
@@ -219,11 +241,19 @@ class StreamingCodec:
             for length, members in groups:
                 selections.append((length, packed[at:at + len(members)]))
                 at += len(members)
-        pos = start_t[:, None] + torch.arange(n, device=dev)  # (B, n) window positions of the new frames
-        cos, sin = self.cos.to(dev)[pos], self.sin.to(dev)[pos]
         assert all(k >= s + n - o for s, o, k in zip(start, base, kv_len)), "kv_len must span the new keys"
         width = max(self.kv_slots, round_up(max(s - o for s, o in zip(start, base)) + n, KV_ALIGN),
                     max(kv_len))
+        return self._layers_of_transformer(x, st, start_t, base_t, keep_t, width, selections)
+
+    def _layers_of_transformer(self, x, st, start_t, base_t, keep_t, width, selections):
+        """The transformer over `x` (B, n, latent), the rows' K/V padded to `width` slots;
+        `selections` [(kv_len, rows)]: one attention call per group of rows (see `_attention`)."""
+        tr, dev = self.codec.pre_transformer, x.device
+        x = tr.input_proj(x)
+        b, n, _ = x.shape
+        pos = start_t[:, None] + torch.arange(n, device=dev)  # (B, n) window positions of the new frames
+        cos, sin = self.cos.to(dev)[pos], self.sin.to(dev)[pos]
         key_pos = base_t[:, None] + torch.arange(width, device=dev)  # (B, width)
         mask = (key_pos[:, None, :] <= pos[:, :, None]) & (key_pos[:, None, :] > pos[:, :, None] - self.window)
         mask = mask[:, None]  # (B, 1, n, width)

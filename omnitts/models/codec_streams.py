@@ -38,6 +38,10 @@ from .codec import CodecDecoder
 from .codec_stream import KV_ALIGN, TILE_FRAMES, StreamingCodec, next_base, round_up
 
 HOLD = KV_ALIGN - 1  # frames that must follow a chunk whose window length is not yet known
+# Rows of the largest fixed-shape call (`fixed`): more ready streams take several calls. On an H200 a 0.6B
+# codec call of 32 rows x 39 frames holds ~1 GB per activation of its last layers (96 channels x 1920 samples
+# per frame, float32); every shape's graph keeps its activations.
+MAX_FIXED_ROWS = 32
 
 
 @dataclass
@@ -97,10 +101,11 @@ class Samples:
 
 
 class _Now:
-    """A device-to-host copy made at once (the default `to_host`: fine on the CPU, a wait elsewhere)."""
+    """A device-to-host copy made at once (the default `to_host`: fine on the CPU, a wait elsewhere). A copy
+    on the CPU too: a fixed-shape call's output buffer is rewritten by the next call of its shape."""
 
     def __init__(self, tensor: torch.Tensor):
-        self.array = tensor.detach().cpu().numpy()
+        self.array = tensor.detach().cpu().numpy().copy()
 
     def result(self) -> np.ndarray:
         return self.array
@@ -135,7 +140,8 @@ class CodecStreams:
 
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
                  window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES,
-                 upload=None, to_host=None, gather: int = 0):
+                 upload=None, to_host=None, gather: int = 0, fixed: bool = False, graphs=None,
+                 max_rows: int = MAX_FIXED_ROWS):
         """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`); `upload(host
         tensor) -> device tensor` and `to_host(device tensor) -> handle with result()`: the device layer's
         copies (`device.copies.uploader`, `Backend.to_host`); the defaults copy plainly, at once.
@@ -145,15 +151,29 @@ class CodecStreams:
         waited that long. Where a call's cost is mostly fixed (a GPU: launches and host work per call,
         whatever its rows), fewer, fuller calls win; and streams decoded together stay in step, so their
         next chunks are ready together. Window ends and finished streams are never held; the samples
-        do not change (a chunk's frames and its place in the window stay the same; only its batch mates do)."""
+        do not change (a chunk's frames and its place in the window stay the same; only its batch mates do).
+
+        `fixed` (the backend's `codec_fixed_shapes`: accelerators): every call has one of a few shapes, the
+        rows padded to a bucket (1, 2, 4, ... `max_rows`; padding rows compute on a spare state slot) and a
+        window's last frames padded to `chunk_frames + HOLD - 1` (the codec is causal: frames after a row's
+        last real one change none of its samples, and its state is dropped after a window's end). That is
+        what a device graph needs, and on a GPU it keeps cuDNN's and attention's per-shape plans few.
+        `graphs` (`device.base.CallGraphs`, or None: eager): captures each shape's call once and replays it.
+        Not bitwise the unpadded decode (other call shapes round differently), within float rounding of it."""
         assert 0 < left_context <= window_frames
-        # RoPE positions stay below the window length (context included): calls are never padded.
-        self.codec = StreamingCodec(codec, window_frames + left_context, tile_frames, upload)
+        self.fixed, self.graphs = fixed, graphs
+        self.final_frames = chunk_frames + HOLD - 1 if fixed else 0  # a window's last call, padded to this
+        self.row_buckets = _row_buckets(min(max_rows, max_streams)) if fixed else []
+        # RoPE positions stay below the window length (context included) plus a padded call's extra frames.
+        self.codec = StreamingCodec(codec, window_frames + left_context + self.final_frames, tile_frames, upload)
         self.to_host = to_host or _Now
         self.chunk, self.window_frames, self.left_context = chunk_frames, window_frames, left_context
         self.gather = gather
         self.spf = self.codec.samples_per_frame
-        self.state = self.codec.new_state(max_streams)
+        # fixed: one more slot, the padding rows' (never handed out)
+        self.state = self.codec.new_state(max_streams + 1 if fixed else max_streams)
+        self.spare = max_streams
+        self.calls: dict[tuple[int, int], _Call] = {}  # (rows, frames) -> its buffers and graph (fixed)
         self.free = list(range(max_streams))[::-1]
         self.streams: dict[int, _Stream] = {}
         self.broken: dict[int, Exception] = {}  # sid -> what its decode raised (pump skips it; see `discard`)
@@ -164,7 +184,7 @@ class CodecStreams:
     def open(self, ref_codes=None) -> int:
         """Start a stream; `ref_codes` (R, 16) are the ICL reference frames decoded in front (then cut)."""
         if not self.free:
-            raise RuntimeError(f"all {len(self.state['keys'])} codec stream slots are in use; close one first")
+            raise RuntimeError(f"all {self.spare} codec stream slots are in use; close one first")
         slot = self.free.pop()
         for t in self.state.values():
             t[slot] = 0
@@ -236,10 +256,19 @@ class CodecStreams:
         held = self._held()
         while jobs := [(sid, s, *plan) for sid, s in self.streams.items()
                        if sid not in self.broken and sid not in held and (plan := self._plan(s)) is not None]:
-            for size in sorted({job[2] for job in jobs}):
-                for sid, pieces in self._run_isolated([j for j in jobs if j[2] == size]).items():
-                    out.setdefault(sid, []).extend(pieces)
+            for size in sorted({self._call_frames(job) for job in jobs}):
+                group = [j for j in jobs if self._call_frames(j) == size]
+                step = self.row_buckets[-1] if self.fixed else len(group)
+                for at in range(0, len(group), step):
+                    for sid, pieces in self._run_isolated(group[at:at + step]).items():
+                        out.setdefault(sid, []).extend(pieces)
         return {sid: Samples(p) for sid, p in out.items() if p}
+
+    def _call_frames(self, job) -> int:
+        """Frames of the call that runs `job` (sid, stream, frames, ends_window): its own, or padded (fixed)."""
+        if not self.fixed:
+            return job[2]
+        return self.final_frames if job[3] else self.chunk
 
     def _held(self) -> set[int]:
         """The streams whose ready chunks wait for others this pump (`gather`); counts their wait."""
@@ -300,7 +329,10 @@ class CodecStreams:
         return None
 
     def _run(self, jobs) -> dict[int, list]:
-        """One batched step for `jobs` [(sid, stream, frames, ends_window)], all of the same frames."""
+        """One batched step for `jobs` [(sid, stream, frames, ends_window)], all of the same frames (of the same
+        padded call, `fixed`)."""
+        if self.fixed:
+            return self._run_fixed(jobs)
         size = jobs[0][2]
         codes = np.stack([s.feed[:size] for _, s, _, _ in jobs])
         start, base, kv_len = [], [], []
@@ -317,8 +349,30 @@ class CodecStreams:
         for k, v in state.items():
             self.state[k][slots] = v
         copy = _HostCopy(self.to_host(wav[:, 0].float()))  # the one device->host copy of this call, read later
+        return self._advance(jobs, copy)
+
+    def _run_fixed(self, jobs) -> dict[int, list]:
+        """`_run` as a call of a fixed shape: rows padded to their bucket on the spare slot, frames to the call's
+        (zeros after a row's own), inputs in the call's buffers (one upload), then its graph or eager step."""
+        frames = self._call_frames(jobs[0])
+        rows = next(b for b in self.row_buckets if b >= len(jobs))
+        call = self.calls.get((rows, frames))
+        if call is None:
+            call = self.calls[rows, frames] = _Call(self, rows, frames)
+        host = call.host_inputs(self.spare)
+        for row, (_, s, size, _) in enumerate(jobs):
+            host[row, :4] = s.slot, s.pos, s.base, next_base(s.pos + frames, self.codec.window) - s.base
+            host[row, 4:].reshape(frames, 16)[:size] = s.feed[:size]
+        call.inputs.copy_(self.codec.upload(torch.from_numpy(host)))
+        call.run()
+        # Read before the next replay rewrites the buffer: the copy is queued first, on the same stream.
+        copy = _HostCopy(self.to_host(call.output[:len(jobs)]))
+        return self._advance(jobs, copy)
+
+    def _advance(self, jobs, copy: _HostCopy) -> dict[int, list]:
+        """Move each job's stream past the frames it ran; its samples are `copy`'s row of the same index."""
         out = {}
-        for row, (sid, s, _, _) in enumerate(jobs):
+        for row, (sid, s, size, _) in enumerate(jobs):
             lo, hi = 0, size * self.spf  # this row's samples: [lo, hi) of its waveform
             fed, s.feed = s.feed[:size], s.feed[size:]
             s.history = np.concatenate([s.history, fed])[-self.left_context:]
@@ -333,6 +387,55 @@ class CodecStreams:
                 s.lead, lo = _Kept(copy, row, lo), lo + 1
             out[sid] = [(copy, row, lo, hi)] if hi > lo else []
         return out
+
+
+class _Call:
+    """One fixed call shape (rows, frames) of `CodecStreams`: its inputs on the device in one buffer (slot,
+    start, base, keep, then the frames, per row: filled by one upload per call), its output buffer, and
+    its graph (captured on the padding slot, so capture and warm-up touch no stream's state) or None."""
+
+    def __init__(self, streams: CodecStreams, rows: int, frames: int):
+        codec = streams.codec
+        self.streams, self.rows, self.frames = streams, rows, frames
+        self.inputs = torch.zeros(rows, 4 + 16 * frames, dtype=torch.long, device=codec.device)
+        self.inputs[:, 0] = streams.spare
+        self.output = torch.zeros(rows, frames * streams.spf, dtype=torch.float32, device=codec.device)
+        self.graph = None
+        if streams.graphs is not None:
+            self.graph = streams.graphs.capture(self._step, [self.inputs, self.output, *streams.state.values()],
+                                                self.output)
+
+    def host_inputs(self, spare: int) -> np.ndarray:
+        """A host array shaped like `inputs`, every row on the padding slot at position 0 with zero frames."""
+        host = np.zeros(tuple(self.inputs.shape), dtype=np.int64)
+        host[:, 0] = spare
+        return host
+
+    def run(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+
+    def _step(self) -> None:
+        """The call itself: gather the rows' state, step, scatter it back, write the waveform; the same
+        operations on every run (a graph's rule), whatever the buffers hold."""
+        streams, state = self.streams, self.streams.state
+        slots, start, base, keep = self.inputs[:, :4].T
+        codes = self.inputs[:, 4:].reshape(self.rows, self.frames, 16).transpose(1, 2)  # (rows, 16, frames)
+        wav, new = streams.codec.step_fixed(codes, {k: v[slots] for k, v in state.items()}, start, base, keep)
+        for k, v in new.items():
+            state[k][slots] = v
+        self.output.copy_(wav[:, 0])
+
+
+def _row_buckets(limit: int) -> list[int]:
+    """Rows of the fixed-shape calls: 1, 2, 4, ... below `limit`, then `limit`."""
+    sizes, size = [], 1
+    while size < limit:
+        sizes.append(size)
+        size *= 2
+    return sizes + [limit]
 
 
 def _frames(codes) -> np.ndarray:
