@@ -19,7 +19,8 @@ reports:
 - split_s: the synth call's wall time by where it went, exclusive (a timer inside another is subtracted
   from it): load, capture, engine (Engine.step less capture), codec (CodecStreams.pump_later, the wait for
   its audio in Samples.result, CodecStreams.close), prepare (TTS.prepare: tokenizing, prompts), write
-  (AudioSink.write, Batch.save), host (the rest: manifest, scheduling, Python). The timers are
+  (AudioSink.write, Batch.save, where the main thread runs them), host (the rest: manifest, scheduling,
+  Python); background_s: the same timers on other threads (the saver's writes), beside the wall. The timers are
   perf_counter pairs around whole calls; no device sync is added: the engine's time holds its own wait
   for the frame in flight (`Engine._collect`, one frame behind), and the codec's its wait for its audio;
   so device time lands where it is waited for, and work still queued when a timer stops is billed to
@@ -53,6 +54,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -241,7 +243,10 @@ def summary_line(row: dict, lines: int) -> str:
             f"{s(row['first_frame_s'])} s, capture {s(row['capture_s'])} s, peak {s(row['peak_memory_gib'])} GiB "
             f"({row['peak_memory_kind']}), {s(100 * roof['of_roofline']) if roof else '-'}% of the roofline "
             f"({roof.get('audio_s_per_s', '-')} audio-s/s at {roof.get('step_ms', '-')} ms/step); wall "
-            f"{s(row['wall_s'])} s = {split}; attention: {row['attention']}")
+            f"{s(row['wall_s'])} s = {split}")
+    if row.get("background_s"):
+        text += " (beside it, on other threads: " + ", ".join(f"{k} {v:.2f}" for k, v in row["background_s"].items()) + ")"
+    text += f"; attention: {row['attention']}"
     if row.get("sdp_enabled") is not None:
         text += f" (sdpa backends allowed: {row['sdp_enabled']})"
     if row.get("shapes"):
@@ -276,12 +281,24 @@ def machine(device: str) -> str:
 # -- the child: one synth run with timers ------------------------------------------------------------
 class Timers:
     """Exclusive wall time per name: time spent in a timed call nested inside another is billed to the
-    inner name only, so the names' sum never exceeds the wall time."""
+    inner name only, so the names' sum never exceeds the wall time.
+
+    Calls on other threads (the batch saver's `Batch.save`, `AudioSink.write`) run beside the main thread's:
+    they are billed to `background` (per name), not to the wall's split, and never synchronize the device
+    (a synchronize from another thread while the main thread captures a graph would break the capture).
+    """
 
     def __init__(self, sync=None):
         self.totals: dict[str, float] = {}
-        self.stack: list[list] = []  # [name, start, time of nested timed calls]
+        self.background: dict[str, float] = {}
+        self.local = threading.local()  # .stack per thread: [name, start, time of nested timed calls]
         self.sync = sync or (lambda: None)  # --profile: the device's synchronize, so each part owns its device time
+
+    @property
+    def stack(self) -> list[list]:
+        if not hasattr(self.local, "stack"):
+            self.local.stack = []
+        return self.local.stack
 
     def wrap(self, owner, attribute: str, name: str, after=None) -> None:
         """Replace `owner.attribute` with a timed call; `after(result, args, end)` runs after it, untimed."""
@@ -289,19 +306,23 @@ class Timers:
         timers = self
 
         def timed(*args, **kwargs):
-            timers.sync()
+            main = threading.current_thread() is threading.main_thread()
+            totals, stack = (timers.totals if main else timers.background), timers.stack
+            if main:
+                timers.sync()
             frame = [name, time.perf_counter(), 0.0]
-            timers.stack.append(frame)
+            stack.append(frame)
             try:
                 result = original(*args, **kwargs)
             finally:
-                timers.sync()
+                if main:
+                    timers.sync()
                 end = time.perf_counter()
-                timers.stack.pop()
+                stack.pop()
                 spent = end - frame[1]
-                timers.totals[name] = timers.totals.get(name, 0.0) + spent - frame[2]
-                if timers.stack:
-                    timers.stack[-1][2] += spent
+                totals[name] = totals.get(name, 0.0) + spent - frame[2]
+                if stack:
+                    stack[-1][2] += spent
             if after is not None:
                 after(result, args)
             return result
@@ -664,6 +685,7 @@ def child(spec: dict) -> int:
               "wall_s": round(wall, 3), "audio_s": round(seen["audio_s"], 3),
               "audio_s_per_s": round(seen["audio_s"] / wall, 3), "steps": seen["steps"], "frames": seen["frames"],
               "capture_s": round(split["capture"], 3), "split_s": {k: round(v, 4) for k, v in split.items()},
+              "background_s": {k: round(v, 4) for k, v in timers.background.items()},
               "peak_memory_gib": round(peak, 3), "peak_memory_kind": kind, "errors": seen["errors"],
               "first_frame_at": seen["first_frame_at"], "first_audio_at": seen["first_audio_at"],
               "loaded_at": seen["loaded_at"], "kv_positions_read": seen["kv_positions_read"], "shapes": shapes}

@@ -412,3 +412,57 @@ def test_a_refused_codec_capture_runs_its_calls_eagerly_with_one_warning(ckpt):
 
     with pytest.raises(RuntimeError, match="not permitted"):
         _stream(CodecStreams(ckpt.codec, max_streams=2, fixed=True, graphs=Raising().call_graphs()), codes)
+
+
+def test_the_codec_state_is_only_touched_on_the_codec_calls_own_stream(ckpt):
+    """With graphs on a stream of their own (accelerators), every device op that reads or writes the streams'
+    state (a call, a new stream's reset, a window boundary's reset) runs inside `on_stream()`: one stream
+    orders them, so no reset can overtake a call still in flight (or the reverse)."""
+    import contextlib
+    import types
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from omnitts.device.fake import FakeGraphBackend
+
+    inside = []
+
+    class Tracking(FakeGraphBackend):
+        def __init__(self):
+            super().__init__()
+            api = self._api
+
+            @contextlib.contextmanager
+            def stream(s):
+                inside.append(s)
+                try:
+                    yield
+                finally:
+                    inside.pop()
+            self._api = types.SimpleNamespace(**{**vars(api), "stream": stream})
+
+    streams = CodecStreams(ckpt.codec, max_streams=4, fixed=True, graphs=Tracking().call_graphs())
+    assert streams.graphs.stream is not None
+    storages = {t.untyped_storage().data_ptr() for t in streams.state.values()}
+    outside = []
+
+    class Check(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            touched = [a for a in torch.utils._pytree.tree_leaves((args, kwargs or {}))
+                       if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() in storages]
+            if touched and not inside:
+                outside.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    data = [(_codes(n, n), _codes(r, r + 1), feed, delay) for n, r, feed, delay in
+            [(330, 0, 9, 0), (40, 30, 3, 0), (26, 0, 2, 2), (60, 0, 20, 5)]]
+    with Check():
+        audio = _phased(streams, data)
+        sid = streams.open(None)  # a stream abandoned mid-way; its slot is reset when handed out again
+        streams.push(sid, _codes(50, 9))
+        streams.pump()
+        streams.discard(sid)
+        streams.open(None)
+    assert not outside, outside
+    for (codes, ref, _, _), got in zip(data, audio):
+        _check(ckpt, got, codes, ref)

@@ -12,6 +12,7 @@ when first needed, one memory pool) lives here; a backend only says how to make,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -153,14 +154,24 @@ class CallGraphs:
     A device that refuses a capture makes that call and every later one run eagerly, with one warning (the
     frames keep their own graphs); the CPU fake raises instead. `captures` and `capture_seconds` say what
     capturing cost.
+
+    `own_stream`: the calls' device work (`on_stream()`) goes to a stream of its own, beside the frames'
+    (whose small kernels leave most of the device idle), instead of queueing behind them. The caller then
+    does ALL its work on the state these calls read and write inside `on_stream()` (one stream orders it);
+    what comes back to the host does so through copies made there (their events are that stream's).
     """
 
-    def __init__(self, backend: "Backend", what: str = "codec"):
+    def __init__(self, backend: "Backend", what: str = "codec", own_stream: bool = False):
         self.backend, self.what = backend, what
         self.pool = backend.graph_pool()
+        self.stream = backend.api.Stream() if own_stream else None
         self.refused = False
         self.captures = 0
         self.capture_seconds = 0.0
+
+    def on_stream(self):
+        """A context in which device work goes to the calls' own stream (or stays where it is)."""
+        return self.backend.api.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     def capture(self, fn, inputs: list[torch.Tensor], output: torch.Tensor):
         """`fn`'s graph (after one warm-up run), or None: run `fn` eagerly. `fn` must leave the state it reads
@@ -228,8 +239,11 @@ class Backend:
                           pool, inputs)
 
     def call_graphs(self, what: str = "codec") -> CallGraphs | None:
-        """Graphs for fixed-shape calls outside the frames (`CallGraphs`), or None where calls run eagerly."""
-        return None if self.eager else CallGraphs(self, what)
+        """Graphs for fixed-shape calls outside the frames (`CallGraphs`), or None where calls run eagerly;
+        on a stream of their own unless OMNITTS_CODEC_STREAM=0 (then behind the frames, on theirs)."""
+        if self.eager:
+            return None
+        return CallGraphs(self, what, own_stream=os.environ.get("OMNITTS_CODEC_STREAM", "1") != "0")
 
     def refused(self, error: Exception) -> None:
         """A capture failed on the device: warn once, and run every later frame eagerly."""

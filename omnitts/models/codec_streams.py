@@ -29,6 +29,7 @@ before the host waits for this decode (`pump` reads them at once; `close` too, o
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,8 +187,9 @@ class CodecStreams:
         if not self.free:
             raise RuntimeError(f"all {self.spare} codec stream slots are in use; close one first")
         slot = self.free.pop()
-        for t in self.state.values():
-            t[slot] = 0
+        with self._on_stream():
+            for t in self.state.values():
+                t[slot] = 0
         ref = _frames(ref_codes)
         r = len(ref)
         # Start at the official window holding the last reference frame (earlier windows cannot matter).
@@ -309,8 +311,9 @@ class CodecStreams:
         if s.pos == s.window_len and len(s.feed):  # official window boundary: start fresh, re-prime
             if peek:
                 return None
-            for t in self.state.values():
-                t[s.slot] = 0
+            with self._on_stream():
+                for t in self.state.values():
+                    t[s.slot] = 0
             s.feed = np.concatenate([s.history[-self.left_context:], s.feed])
             s.drop += len(s.history[-self.left_context:]) * self.spf
             s.window_len, s.pos, s.base = self.left_context + self.window_frames, 0, 0
@@ -356,18 +359,24 @@ class CodecStreams:
         (zeros after a row's own), inputs in the call's buffers (one upload), then its graph or eager step."""
         frames = self._call_frames(jobs[0])
         rows = next(b for b in self.row_buckets if b >= len(jobs))
-        call = self.calls.get((rows, frames))
-        if call is None:
-            call = self.calls[rows, frames] = _Call(self, rows, frames)
-        host = call.host_inputs(self.spare)
+        host = np.zeros((rows, 4 + 16 * frames), dtype=np.int64)  # `_Call.inputs`: padding rows on the spare slot
+        host[:, 0] = self.spare
         for row, (_, s, size, _) in enumerate(jobs):
             host[row, :4] = s.slot, s.pos, s.base, next_base(s.pos + frames, self.codec.window) - s.base
             host[row, 4:].reshape(frames, 16)[:size] = s.feed[:size]
-        call.inputs.copy_(self.codec.upload(torch.from_numpy(host)))
-        call.run()
-        # Read before the next replay rewrites the buffer: the copy is queued first, on the same stream.
-        copy = _HostCopy(self.to_host(call.output[:len(jobs)]))
+        with self._on_stream():
+            call = self.calls.get((rows, frames))
+            if call is None:
+                call = self.calls[rows, frames] = _Call(self, rows, frames)
+            call.inputs.copy_(self.codec.upload(torch.from_numpy(host)))
+            call.run()
+            # Read before the next replay rewrites the buffer: the copy is queued first, on the same stream.
+            copy = _HostCopy(self.to_host(call.output[:len(jobs)]))
         return self._advance(jobs, copy)
+
+    def _on_stream(self):
+        """Where the state's device work goes: the graphs' own stream, if they have one (see `CallGraphs`)."""
+        return self.graphs.on_stream() if self.graphs is not None else contextlib.nullcontext()
 
     def _advance(self, jobs, copy: _HostCopy) -> dict[int, list]:
         """Move each job's stream past the frames it ran; its samples are `copy`'s row of the same index."""
@@ -404,12 +413,6 @@ class _Call:
         if streams.graphs is not None:
             self.graph = streams.graphs.capture(self._step, [self.inputs, self.output, *streams.state.values()],
                                                 self.output)
-
-    def host_inputs(self, spare: int) -> np.ndarray:
-        """A host array shaped like `inputs`, every row on the padding slot at position 0 with zero frames."""
-        host = np.zeros(tuple(self.inputs.shape), dtype=np.int64)
-        host[:, 0] = spare
-        return host
 
     def run(self) -> None:
         if self.graph is not None:
