@@ -14,6 +14,7 @@ tested against. The library never prints.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator, Union
@@ -21,6 +22,7 @@ from typing import Iterable, Iterator, Union
 import torch
 
 from .checkpoint import Checkpoint, load_checkpoint
+from .device import make_deterministic
 from .engine import EngineConfig
 from .engine.pipeline import Job, Pipeline
 from .engine.reference import decode_codes, generate_codes
@@ -51,13 +53,20 @@ class TTS:
         graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ...; max_batch always).
         span_buckets: attention spans that get a graph per batch size (None: 256, 512, ...).
         max_prefill_tokens: prompt positions admitted per engine step at most (None: no limit).
+        deterministic: every frame at the engine's full batch and the codec one stream per call, so on
+            CUDA a line's codes do not depend on its batch mates (see `omnitts.load`; the device side is
+            `device.make_deterministic`, which `load` applies). Excludes `graph_buckets`.
     """
 
     def __init__(self, ckpt: Checkpoint, max_batch: int = 8, eager: bool = False,
                  kv_budget_bytes: int = KV_BUDGET_BYTES, graph_buckets: list[int] | None = None,
                  codec_chunk_frames: int = 25, span_buckets: list[int] | None = None,
-                 max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens):
+                 max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, deterministic: bool = False):
+        if deterministic and graph_buckets is not None:
+            raise OmniTTSError("deterministic: every frame runs at the full batch, so graph_buckets do not apply; "
+                               "leave them out")
         self.ckpt = ckpt
+        self.deterministic = deterministic
         self.span_buckets = span_buckets
         self.max_prefill_tokens = max_prefill_tokens
         self.codec_chunk_frames = codec_chunk_frames
@@ -67,7 +76,7 @@ class TTS:
         self.kv_budget_bytes = kv_budget_bytes
         self._identity: str | None = None
         self._voices: dict[Path, Voice] = {}  # saved voices by resolved path (a manifest loads each once)
-        self.graph_buckets = graph_buckets
+        self.graph_buckets = [] if deterministic else graph_buckets  # []: the full batch's graph only
         # The last run's engine on a graph device, idle, for the next call to reuse with its captured graphs
         # (see engine.pipeline); `release_engine()` frees its memory.
         self.idle_engine = None
@@ -309,7 +318,8 @@ class TTS:
 def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
          max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None,
          codec_chunk_frames: int = 25, span_buckets: list[int] | None = None,
-         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, codec_dtype: str = "float32") -> TTS:
+         max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, codec_dtype: str = "float32",
+         deterministic: bool = False) -> TTS:
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
 
     Args:
@@ -332,6 +342,10 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
             official package does in bfloat16; it costs audio quality (about 20 dB SNR against
             float32) and on the CPU is no faster than the float32 codec of a bfloat16 run
             (docs/performance.md).
+        deterministic: on cuda, a line's codes do not depend on the lines decoded beside it (their number,
+            lengths, order), so shards, workers, retries and re-runs with the same settings and engine size
+            give the same codes; costs some speed (docs/determinism.md). The cpu is deterministic anyway;
+            npu: OmniTTSError.
 
     Returns:
         A `TTS` ready to `synthesize`, `stream` and describe itself with `info`.
@@ -339,6 +353,14 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     Raises:
         CheckpointError: a file is missing or does not match (the message names it).
     """
+    if deterministic:
+        if graph_buckets is not None:
+            raise OmniTTSError("deterministic: every frame runs at the full batch, so graph_buckets do not apply; "
+                               "leave them out")
+        if device == "npu":
+            raise OmniTTSError("deterministic: not available on npu (cuda has it; the cpu is always deterministic)")
+        if device == "cuda":  # cuBLAS's reproducibility setting, read when its first handle is made
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     if device == "npu":
         from .device.npu import import_torch_npu
 
@@ -349,6 +371,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
     ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer,
                            max_batch=max_batch, codec_dtype=codec_dtype)
+    if deterministic:
+        make_deterministic(ckpt.model.talker, ckpt.device)
     return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets,
                codec_chunk_frames=codec_chunk_frames, span_buckets=span_buckets,
-               max_prefill_tokens=max_prefill_tokens)
+               max_prefill_tokens=max_prefill_tokens, deterministic=deterministic)

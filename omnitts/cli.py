@@ -59,19 +59,22 @@ Dtype = Annotated[Optional[str], _option("--dtype", panel=ENGINE, metavar="TYPE"
 CodecDtype = Annotated[Optional[str], _option("--codec-dtype", panel=ENGINE, metavar="TYPE",
                                               help="float32, or bfloat16 (faster, lossier). [default: float32]")]
 Device = Annotated[Optional[str], _option("--device", panel=ENGINE, metavar="NAME",
-                                          help="cpu, cuda or npu. [default: cpu]")]
+                                          help="cpu, cuda, npu. [default: cpu]")]
 MaxBatch = Annotated[Optional[int], _option("--max-batch", panel=ENGINE, metavar="N", min=1,
                                             help="Requests decoded together. [default: 8]")]
 Eager = Annotated[Optional[bool], _option("--eager/--no-eager", panel=ENGINE,
                                           help="No graph capture on cuda/npu. [default: no-eager]")]
+Deterministic = Annotated[bool, _option("--deterministic", panel=ENGINE,
+                                         help="cuda: batch-invariant codes.")]
 Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N",
                                           help="Engine processes, one per device (cpu: cores split); with --ray: actors.")]
 Devices = Annotated[Optional[str], _option("--devices", panel=ENGINE, metavar="LIST",
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
 RecipeOpt = Annotated[Optional[Path], _option("--recipe", "-r", panel=ENGINE, metavar="FILE",
-                                              help="TOML engine settings (recipes/); flags win.")]
+                                              help="TOML settings; flags win.")]
 
-ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False)
+ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False,
+                       deterministic=False)
 SaveCodes = Annotated[bool, _option("--save-codes", panel=OUTPUT, help="Also write ID.codes.npy (int64, frames x 16).")]
 OfficialTok = Annotated[bool, _option("--official-tokenizer", panel=DECODING,
                                       help="Tokenize as the official qwen-tts package does.")]
@@ -228,6 +231,7 @@ def synth(
     codec_dtype: CodecDtype = None,
     max_batch: MaxBatch = None,
     eager: Eager = None,
+    deterministic: Deterministic = False,
     workers: Workers = None,
     devices: Devices = None,
     recipe: RecipeOpt = None,
@@ -266,7 +270,7 @@ def synth(
     # Every option is checked before the manifest is read and long before the model loads.
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch,
-                                 eager=eager)
+                                 eager=eager, deterministic=deterministic or None)  # (off: the recipe's say)
         shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         _fail(str(exc))
@@ -968,7 +972,7 @@ def demo(
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
     synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
           codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
-          eager=None, workers=None, devices=None, strict=False, retry_failed=False, force=force, audio_format="wav",
+          eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force, audio_format="wav",
           retry_runaway=0,
           loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
           recipe=None)

@@ -84,7 +84,7 @@ class Synthesizer:
     Args:
         model: checkpoint directory (on every node: a shared filesystem, or the same path everywhere).
         out: output directory, shared by every actor (a filesystem every node mounts at this path).
-        device, dtype, codec_dtype, max_batch, eager, official_tokenizer: as `omnitts.load`.
+        device, dtype, codec_dtype, max_batch, eager, deterministic, official_tokenizer: as `omnitts.load`.
         greedy, seed, max_frames, format, save_codes, loudness, split_chars, retry_failed, retry_runaway:
             as `omnitts synth`'s flags (`--format` is `format`).
         columns: {field: column} as `--column`; other columns of the dataset are ignored.
@@ -102,7 +102,8 @@ class Synthesizer:
     """
 
     def __init__(self, model, out, *, device: str = "cpu", dtype: str = "auto", codec_dtype: str = "float32",
-                 max_batch: int = 8, eager: bool = False, official_tokenizer: bool = False, greedy: bool = False,
+                 max_batch: int = 8, eager: bool = False, deterministic: bool = False,
+                 official_tokenizer: bool = False, greedy: bool = False,
                  seed: int | None = None, max_frames: int | None = None, format: str = "wav",
                  save_codes: bool = False, loudness: float | None = None, split_chars: int | None = None,
                  retry_failed: bool = False, force: bool = False, retry_runaway: int = 0, columns: dict | None = None,
@@ -123,7 +124,7 @@ class Synthesizer:
         self.plan = {name: self.columns.get(name, name) for name in FIELDS if name in self.columns or name not in taken}
         self.cfg = load_config(model)
         self.tts = load(model, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch, eager=eager,
-                        official_tokenizer=official_tokenizer)
+                        official_tokenizer=official_tokenizer, deterministic=deterministic)
         self.voices = Voices(self.cfg)
         self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity, since=since,
                            sample_rate=self.tts.sample_rate)

@@ -48,6 +48,7 @@ class Recipe:
         codec_dtype: float32 | bfloat16 (the codec decoder; bfloat16 is faster and lossier).
         max_batch: requests decoded together at most (>= 1).
         eager: never capture device graphs.
+        deterministic: cuda: a line's codes do not depend on its batch mates (`omnitts.load`).
         graph_buckets: batch sizes that get a captured graph, e.g. [1, 2, 4, 8] (max_batch always does).
         span_buckets: attention spans (talker positions) that get a captured graph per batch bucket,
             e.g. [256, 512, 1024] (the engine's max_positions always does).
@@ -62,6 +63,7 @@ class Recipe:
     codec_dtype: str | None = None
     max_batch: int | None = None
     eager: bool | None = None
+    deterministic: bool | None = None
     graph_buckets: list[int] | None = None
     span_buckets: list[int] | None = None
     max_prefill_tokens: int | None = None
@@ -72,7 +74,7 @@ class Recipe:
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
         for name, kind in (("device", str), ("dtype", str), ("codec_dtype", str), ("max_batch", int),
-                           ("eager", bool), ("codec_chunk_frames", int), ("max_prefill_tokens", int),
+                           ("eager", bool), ("deterministic", bool), ("codec_chunk_frames", int), ("max_prefill_tokens", int),
                            ("graph_buckets", list), ("span_buckets", list), ("env", dict)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
@@ -99,8 +101,8 @@ class Recipe:
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
-        names = ("device", "dtype", "codec_dtype", "max_batch", "eager", "graph_buckets", "span_buckets",
-                 "max_prefill_tokens", "codec_chunk_frames")
+        names = ("device", "dtype", "codec_dtype", "max_batch", "eager", "deterministic", "graph_buckets",
+                 "span_buckets", "max_prefill_tokens", "codec_chunk_frames")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 

@@ -140,6 +140,38 @@ def test_triton_silu_mul_matches_torch_and_rows_do_not_depend_on_the_batch(kerne
     assert torch.equal(kernels.silu_mul(both[3:4]), got[3:4])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,heads,kv", [(128, 16, 8), (64, 4, 1), (24, 4, 4), (16, 8, 2)])
+def test_triton_decode_attention_matches_torch_and_a_row_does_not_depend_on_batch_span_or_mates(kernels, dtype,
+                                                                                              head_dim, heads, kv):
+    """Deterministic mode's decode attention: close to the masked sdpa it replaces, and a row's bits are the
+    same alone, in a batch of rows of other lengths, over a longer cache (another span bucket), and with
+    other values in the keys past its length (the last block's masked lanes) or in its mates' rows."""
+    g = torch.Generator().manual_seed(head_dim + heads)
+    span, lengths = 200, torch.tensor([1, 64, 65, 130, 200, 7])
+    q = torch.randn(6, heads, 1, head_dim, generator=g).to(DEVICE, dtype)
+    k = (torch.randn(6, kv, span, head_dim, generator=g) * 2).to(DEVICE, dtype)
+    v = torch.randn(6, kv, span, head_dim, generator=g).to(DEVICE, dtype)
+    n = lengths.to(DEVICE)
+    got = kernels.decode_attention(q, k, v, n)
+    want = layers.prefix_decode_attention(q, k, v, n)  # sums in another order: within rounding of it
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -6)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    for row in range(6):
+        alone = kernels.decode_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], n[row:row + 1])
+        assert torch.equal(alone, got[row:row + 1]), row
+        width = int(lengths[row])  # only its own keys, a cache no longer than them
+        short = kernels.decode_attention(q[row:row + 1], k[row:row + 1, :, :width].contiguous(),
+                                         v[row:row + 1, :, :width].contiguous(), n[row:row + 1])
+        assert torch.equal(short, alone), row
+    longer_k = torch.cat([k, torch.randn(6, kv, 56, head_dim, generator=g).to(DEVICE, dtype)], dim=2)
+    longer_v = torch.cat([v, torch.randn(6, kv, 56, head_dim, generator=g).to(DEVICE, dtype)], dim=2)
+    assert torch.equal(kernels.decode_attention(q, longer_k, longer_v, n), got)
+    shuffled = torch.tensor([3, 0, 5, 1])  # other mates, other order
+    assert torch.equal(kernels.decode_attention(q[shuffled], k[shuffled], v[shuffled], n[shuffled]), got[shuffled])
+
+
 def test_triton_sampling_kernels_hash_bitwise_and_score_as_torch(kernels):
     seed = torch.tensor([[0], [1], [-5], [2**62 + 7], [sampling.seed_word(2**64 - 1)]], device=DEVICE)
     frame = torch.tensor([0, 3, 100, 2**31 + 5, 7], device=DEVICE)
@@ -241,3 +273,22 @@ def test_the_load_time_self_check_passes_the_kernels_and_names_a_broken_one(kern
     broken = types.SimpleNamespace(**{name: getattr(kernels, name) for name in fused._SCHEMAS})
     broken.frame_keys = lambda seed, frame: sampling.frame_keys(seed, frame) + 1
     assert fused.self_check(DEVICE, torch.bfloat16, broken).startswith("frame_keys")
+
+
+def test_the_deterministic_check_passes_the_kernel_and_names_a_broken_one(kernels):
+    """Deterministic mode's load-time proof (device.make_deterministic): the real kernel passes; one whose row
+    depends on its batch mates, or that computes something else, is named."""
+    assert fused.deterministic_check(DEVICE, torch.bfloat16, kernels) is None
+
+    class Mates:  # a row's result shifted by its batch's size: what cuBLAS-style shape heuristics can do
+        @staticmethod
+        def decode_attention(q, k, v, lengths):
+            return kernels.decode_attention(q, k, v, lengths) * (1 + 2 ** -20 * (q.shape[0] > 1))  # ~1 ulp
+
+    class Wrong:
+        @staticmethod
+        def decode_attention(q, k, v, lengths):
+            return kernels.decode_attention(q, k, v, lengths.clamp(max=8))
+
+    assert "differs from the same row in a batch" in fused.deterministic_check(DEVICE, torch.float32, Mates)
+    assert "not close" in fused.deterministic_check(DEVICE, torch.float32, Wrong)

@@ -123,3 +123,31 @@ def exact_float32(device: torch.device) -> None:
             settings = getattr(npu, switch, None)
             if settings is not None and hasattr(settings, "allow_hf32"):
                 settings.allow_hf32 = False
+
+
+def make_deterministic(talker, device: torch.device) -> None:
+    """Deterministic mode for `talker` (`omnitts.load(deterministic=True)`, `--deterministic`): on CUDA, a line's codes stop
+    depending on the lines decoded beside it. The engine then runs every frame at its full batch (fixed
+    matrix shapes, so cuBLAS and torch's reductions take the same kernels every frame) and the codec one
+    stream per call; here the decoder stacks' decode attention becomes `fused.deterministic_attention`
+    (each row sums its own keys, in an order that no span bucket and no batch mate changes), after its Triton
+    kernel proved that on this GPU, and cuDNN takes deterministic algorithms only.
+
+    The CPU's paths are batch-invariant already (nothing changes there); an NPU has no such kernels here
+    (OmniTTSError). Raises OmniTTSError if the kernel fails its check (no silent fallback: the mode is a
+    promise).
+    """
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise OmniTTSError(f"--deterministic: not available on {device.type} (cuda has it; the cpu is always "
+                           "deterministic)")
+    from .fused import deterministic_attention, deterministic_check
+
+    failed = deterministic_check(device, talker.dtype)
+    if failed is not None:
+        raise OmniTTSError(f"--deterministic: the batch-invariant attention kernel failed its check on this GPU "
+                           f"({failed}); run without --deterministic")
+    talker.model.attend = talker.code_predictor.model.attend = deterministic_attention
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

@@ -38,16 +38,17 @@ class Transfer:
 
 
 class EagerSteps:
-    """Frames run as ordinary eager calls, attending only to the positions in use."""
+    """Frames run as ordinary eager calls, attending only to the positions in use; with `full_batch` (a
+    number of rows), every frame runs that many rows, the ones past the live batch padding as in a graph."""
 
     captures = warmup_frames = 0
     capture_seconds = 0.0
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, runner, full_batch: int | None = None):
+        self.runner, self.full_batch = runner, full_batch
 
     def run(self, batch: int, span: int) -> None:
-        self.runner.frame(batch, span)
+        self.runner.frame(self.full_batch or batch, span)
 
 
 def _ladder(limit: int, first: int, given=None) -> list[int]:
@@ -223,7 +224,7 @@ class Backend:
 
     def frame_steps(self, runner, max_batch: int, max_positions: int, restore: list[torch.Tensor],
                     output: torch.Tensor, graph_buckets=None, span_buckets=None, pool=None,
-                    inputs: list[torch.Tensor] | None = None):
+                    inputs: list[torch.Tensor] | None = None, full_batch: bool = False):
         """How frames run: eagerly, or as graphs (captured when first needed) writing `output`.
 
         `restore`: the state a frame overwrites that a graph's warm-up must leave as it found it;
@@ -231,19 +232,22 @@ class Backend:
         `graph_buckets`: batch sizes given a graph (None: powers of two); max_batch is always one;
         `span_buckets`: attention spans given a graph (None: 256, 512, ...); max_positions is always one;
         `pool`: the memory pool the graphs share (None: a new one; an engine passes its own, one for all
-        its sampling plans).
+        its sampling plans);
+        `full_batch`: every frame runs max_batch rows (eager; graphs: one batch bucket, max_batch).
         """
         if self.eager:
-            return EagerSteps(runner)
-        return GraphSteps(self, runner, max_batch, max_positions, restore, output, graph_buckets, span_buckets,
-                          pool, inputs)
+            return EagerSteps(runner, max_batch if full_batch else None)
+        return GraphSteps(self, runner, max_batch, max_positions, restore, output,
+                          () if full_batch else graph_buckets, span_buckets, pool, inputs)
 
-    def call_graphs(self, what: str = "codec") -> CallGraphs | None:
+    def call_graphs(self, what: str = "codec", own_stream: bool | None = None) -> CallGraphs | None:
         """Graphs for fixed-shape calls outside the frames (`CallGraphs`), or None where calls run eagerly;
-        on a stream of their own unless OMNITTS_CODEC_STREAM=0 (then behind the frames, on theirs)."""
+        on a stream of their own (`own_stream` None: unless OMNITTS_CODEC_STREAM=0), else behind the frames."""
         if self.eager:
             return None
-        return CallGraphs(self, what, own_stream=os.environ.get("OMNITTS_CODEC_STREAM", "1") != "0")
+        if own_stream is None:
+            own_stream = os.environ.get("OMNITTS_CODEC_STREAM", "1") != "0"
+        return CallGraphs(self, what, own_stream=own_stream)
 
     def refused(self, error: Exception) -> None:
         """A capture failed on the device: warn once, and run every later frame eagerly."""

@@ -14,7 +14,10 @@ and, everywhere else, exactly the torch code the models run without them (models
   - `silu_mul(both)`: SwiGLU's silu(gate) * up (the `GatedMLP.kernel` hook);
   - `frame_keys(seed, frame)` and `gumbel_scores(values, keep, keys, group, index)`: sampling's
     counter-based noise keys of a frame (~40 integer ops) and a codebook's Gumbel-max scores (noise,
-    sum and mask: ~25 ops, 16 times a frame) (the `Talker.frame_keys` / `Talker.gumbel_scores` hooks).
+    sum and mask: ~25 ops, 16 times a frame) (the `Talker.frame_keys` / `Talker.gumbel_scores` hooks);
+  - `decode_attention(q, k, v, lengths)`: one query per row over its own first `lengths` keys
+    (`layers.prefix_decode_attention`), in a reduction order that depends on nothing but the row: the
+    decode attention of deterministic mode (`deterministic_attention`, the decoder stacks' `attend` hook).
 
 The namespace is not `omnitts`: omnitts' native CPU library (native.py) registers `omnitts::rms_norm`
 and others from C++, and a second registration of a name aborts the process.
@@ -48,6 +51,7 @@ _SCHEMAS = {
     "silu_mul": "silu_mul(Tensor both) -> Tensor",
     "frame_keys": "frame_keys(Tensor seed, Tensor frame) -> Tensor",
     "gumbel_scores": "gumbel_scores(Tensor values, Tensor keep, Tensor keys, int group, Tensor index) -> Tensor",
+    "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths) -> Tensor",
 }
 
 
@@ -58,6 +62,7 @@ _TORCH = {
     "silu_mul": layers.silu_mul,
     "frame_keys": sampling.frame_keys,
     "gumbel_scores": sampling.gumbel_scores,
+    "decode_attention": layers.prefix_decode_attention,
 }
 
 
@@ -155,6 +160,36 @@ def self_check(device, dtype: torch.dtype, kernels=None) -> str | None:
     return None
 
 
+def deterministic_check(device, dtype: torch.dtype, kernels=None) -> str | None:
+    """Deterministic mode's proof on this device: the decode attention kernel within rounding of the torch code
+    it replaces, and a row's result bitwise the same alone, beside other rows of other lengths and over a
+    longer cache. None where it holds, else what failed (one line). Needs Triton (`kernels`: a test's
+    stand-in for device/triton_kernels.py)."""
+    if kernels is None:
+        reason = triton_available()
+        if reason is not None:
+            return reason
+        from . import triton_kernels as kernels
+    try:
+        g = torch.Generator().manual_seed(1)
+        q = torch.randn(5, 8, 1, 64, generator=g).to(device, dtype)
+        k = (torch.randn(5, 2, 150, 64, generator=g) * 2).to(device, dtype)
+        v = torch.randn(5, 2, 150, 64, generator=g).to(device, dtype)
+        lengths = torch.tensor([1, 64, 65, 150, 9], device=device)
+        got = kernels.decode_attention(q, k, v, lengths)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -6)
+        torch.testing.assert_close(got.float(), layers.prefix_decode_attention(q, k, v, lengths).float(), **tol)
+        for row in range(5):
+            n = int(lengths[row])
+            alone = kernels.decode_attention(q[row:row + 1], k[row:row + 1, :, :n], v[row:row + 1, :, :n],
+                                             lengths[row:row + 1])
+            if not torch.equal(alone, got[row:row + 1]):
+                return f"decode_attention: row {row} alone differs from the same row in a batch"
+    except Exception as error:  # noqa: BLE001 - any failure (compile, launch, values) means: no deterministic mode
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return None
+
+
 def use_fused_ops(module: nn.Module) -> int:
     """Give every decoder stack under `module` the fused ops through the models' hooks (norms, residual
     adds, q/k norm + rotary, SwiGLU) where no kernel is set yet (the CPU's native ones stay); returns how
@@ -175,3 +210,21 @@ def use_fused_ops(module: nn.Module) -> int:
         elif isinstance(m, layers.DecoderStack) and m.add_norm is None:
             m.add_norm, count = OPS.add_rms_norm, count + 1
     return count
+
+
+def deterministic_attention(q, k, v, mask, causal):
+    """The `attend` kernel of deterministic mode: one-query calls (decode: the talker's frames over the slot
+    cache, the code predictor's steps over its frame cache) through `decode_attention`, the rest (prefill:
+    one prompt per call, so no batch mates) through `layers.grouped_decode_attention`.
+
+    A decode mask is a prefix per row (keys 0..position, `ModelRunner.frame`): its count of True is the
+    row's length, an exact integer sum. Whatever span bucket the frame's graph attends over and whoever
+    shares the batch, a row then sums its own keys in the same order."""
+    b, _, t, _ = q.shape
+    if t != 1 or causal:
+        return layers.grouped_decode_attention(q, k, v, mask, causal)
+    if mask is None:
+        lengths = torch.full((b,), k.shape[2], dtype=torch.int32, device=q.device)
+    else:
+        lengths = mask.reshape(mask.shape[0], -1).sum(-1, dtype=torch.int32).expand(b)
+    return OPS.decode_attention(q, k, v, lengths)

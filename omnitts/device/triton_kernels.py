@@ -213,3 +213,68 @@ def gumbel_scores(values: torch.Tensor, keep: torch.Tensor, keys: torch.Tensor, 
             values, keep.view(torch.uint8), keys, index, out, values.shape[1], group << 16,
             values.stride(0), keep.stride(0), index.stride(0), BLOCK=block)
     return out
+
+
+# -- decode attention with a reduction order of its own row's (deterministic mode) -------------------
+@triton.jit
+def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, H, G, D,
+                             sqb, sqh, skb, skh, sks, svb, svh, svs, scale,
+                             BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)  # one (row, query head)
+    b = pid // H
+    h = pid % H
+    kv = h // G
+    d = tl.arange(0, BLOCK_D)
+    inside = d < D
+    query = tl.load(q_ptr + b * sqb + h * sqh + d, mask=inside, other=0.0)
+    dtype = query.dtype
+    q = query.to(tl.float32)
+    n = tl.load(len_ptr + b)
+    m = tl.full((), float("-inf"), tl.float32)
+    total = tl.zeros((), tl.float32)
+    acc = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(0, n, BLOCK_N):  # this row's own keys only, in blocks from key 0: the same order in any batch
+        keys = start + tl.arange(0, BLOCK_N)
+        valid = keys < n
+        both = valid[:, None] & inside[None, :]
+        k = tl.load(k_ptr + b * skb + kv * skh + keys[:, None] * sks + d[None, :], mask=both, other=0.0)
+        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new)
+        v = tl.load(v_ptr + b * svb + kv * svh + keys[:, None] * svs + d[None, :], mask=both, other=0.0)
+        total = total * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
+        m = m_new
+    out = acc / total
+    tl.store(out_ptr + (b * H + h) * D + d, _to(out, dtype), mask=inside)
+
+
+DECODE_BLOCK = 64
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """One query per row: q (B, H, 1, D) over its row's first `lengths[b]` (>= 1) keys of k/v (B, Hkv, S, D)
+    (query head h reads K/V head h // (H / Hkv)) -> (B, H, 1, D).
+
+    One program per (row, head) walks the row's own keys in blocks of DECODE_BLOCK from key 0, with the
+    online softmax in float32: a row's result depends on its keys and nothing else (not the batch, not S,
+    not the other rows' lengths), bit for bit."""
+    b, h, t, d = q.shape
+    assert t == 1, "decode_attention takes one query per row"
+    kv = k.shape[1]
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    lengths = lengths.reshape(-1).to(torch.int32).contiguous()
+    out = torch.empty((b, h, 1, d), dtype=q.dtype, device=q.device)
+    if out.numel():
+        _decode_attention_kernel[(b * h,)](q, k, v, lengths, out, h, h // kv, d, q.stride(0), q.stride(1),
+                                           k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+                                           v.stride(2), d ** -0.5, BLOCK_D=triton.next_power_of_2(d),
+                                           BLOCK_N=DECODE_BLOCK)
+    return out

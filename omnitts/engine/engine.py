@@ -60,6 +60,9 @@ class EngineConfig:
     max_prefill_tokens: int | None = 2048
     # Estimated bytes of one prefill step's activations at most (`prefill_bytes`; None: no limit).
     max_prefill_bytes: int | None = PREFILL_BUDGET_BYTES
+    # Every frame at the full batch (max_num_seqs rows, the unused ones padding), graphs or eager: fixed
+    # matrix shapes, so a row's values do not depend on how many run beside it (deterministic mode).
+    full_batch: bool = False
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
@@ -91,7 +94,7 @@ def prefill_bytes(talker, rows: int, length: int, itemsize: int) -> int:
 def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
          device: str = "cpu", eager: bool = False, graph_buckets=None, span_buckets=None,
          max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, prompt_positions: int = 0,
-         prefill_budget_bytes: int | None = PREFILL_BUDGET_BYTES) -> EngineConfig:
+         prefill_budget_bytes: int | None = PREFILL_BUDGET_BYTES, full_batch: bool = False) -> EngineConfig:
     """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
 
     The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
@@ -120,7 +123,8 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
                         device=device, eager=eager,
                         graph_buckets=None if graph_buckets is None else tuple(graph_buckets),
                         span_buckets=None if span_buckets is None else tuple(span_buckets),
-                        max_prefill_tokens=max_prefill_tokens, max_prefill_bytes=prefill_budget_bytes)
+                        max_prefill_tokens=max_prefill_tokens, max_prefill_bytes=prefill_budget_bytes,
+                        full_batch=full_batch)
 
 
 class Engine:
@@ -249,8 +253,9 @@ class Engine:
             if self.pool is None:
                 self.pool = self.backend.graph_pool()
             self.steps[plan] = self.backend.frame_steps(_Planned(self.runner, plan), c.max_num_seqs, c.max_positions,
-                                                        self.state.written(), self.state.codes, c.graph_buckets,
-                                                        c.span_buckets, self.pool, self._device_state())
+                                                        self.state.written(), self.state.codes,
+                                                        () if c.full_batch else c.graph_buckets, c.span_buckets,
+                                                        self.pool, self._device_state(), full_batch=c.full_batch)
         return self.steps[plan]
 
     def graph_stats(self) -> dict:

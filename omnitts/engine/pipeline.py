@@ -54,7 +54,7 @@ import torch
 from ..device import get_backend
 from ..device.copies import uploader
 from ..errors import OmniTTSError
-from ..models.codec_streams import CodecStreams
+from ..models.codec_streams import MAX_FIXED_ROWS, CodecStreams
 from ..errors import RequestError
 from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, share_frames
 from ..request import Request
@@ -151,10 +151,15 @@ class Pipeline:
         self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0)
         backend = get_backend(tts.ckpt.device.type, eager=tts.eager)
         fixed = backend.codec_fixed_shapes
+        # Deterministic mode on a device with graphs (the CPU's paths are batch-invariant as they are): every
+        # frame at the full batch (`_build`), one stream per codec call (its shape, so its convolutions'
+        # algorithms, never depend on other streams), behind the frames on their stream.
+        self.full_batch = alone = tts.deterministic and backend.supports_graphs
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                      tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
-                                     to_host=backend.to_host, gather=backend.codec_gather, fixed=fixed,
-                                     graphs=backend.call_graphs("codec") if fixed else None)
+                                     to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
+                                     fixed=fixed, max_rows=1 if alone else MAX_FIXED_ROWS,
+                                     graphs=backend.call_graphs("codec", False if alone else None) if fixed else None)
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
         self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device
@@ -362,9 +367,12 @@ class Pipeline:
         positions = max(p.embeds.shape[0] + params.max_frames + 1 for p, params in prompts)
         text = max(p.trailing.shape[0] for p, _ in prompts)
         longest = max(p.embeds.shape[0] for p, _ in prompts)
-        slots = min(tts.max_batch, len(prompts)) if exhausted else tts.max_batch
+        # Deterministic mode: the engine's batch (every frame's row count) is max_batch, however few items
+        # are left, so a line's matrix shapes do not depend on the run's size.
+        slots = min(tts.max_batch, len(prompts)) if exhausted and not self.full_batch else tts.max_batch
         config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
-                      tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens, prompt_positions=longest)
+                      tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens, prompt_positions=longest,
+                      full_batch=self.full_batch)
         self._drop_engine()  # free the old engine's cache before allocating the new one
         idle, tts.idle_engine = tts.idle_engine, None
         if idle is not None and _covers(idle.config, config):
@@ -577,7 +585,10 @@ def _shares(item: _Item) -> list[int] | None:
 
 def _covers(have, want) -> bool:
     """Whether an engine configured as `have` can run what `want` was planned for (as many slots, positions
-    and text tokens or more; every other setting the same)."""
+    and text tokens or more; every other setting the same; with `full_batch`, exactly as many slots: they
+    are every frame's rows)."""
+    if want.full_batch and have.max_num_seqs != want.max_num_seqs:
+        return False
     return (have.max_num_seqs >= want.max_num_seqs and have.max_positions >= want.max_positions
             and have.max_text_tokens >= want.max_text_tokens
             and replace(have, max_num_seqs=want.max_num_seqs, max_positions=want.max_positions,

@@ -154,6 +154,15 @@ def sdpa_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Te
                                           **({"enable_gqa": groups > 1} if SDPA_GQA else {}))
 
 
+def prefix_decode_attention(q, k, v, lengths: torch.Tensor) -> torch.Tensor:
+    """One query per row over its row's first `lengths[b]` keys: q (B, H, 1, D), k/v (B, Hkv, S, D) -> (B, H,
+    1, D). The torch code of the fused `decode_attention` op (device/fused.py; on CUDA a Triton kernel whose
+    sums a row's batch mates and S cannot change)."""
+    keys = torch.arange(k.shape[2], device=k.device)
+    mask = (keys[None, :] < lengths.reshape(-1, 1))[:, None, None]  # (B, 1, 1, S)
+    return grouped_decode_attention(q, k, v, mask, False)
+
+
 def grouped_decode_attention(q, k, v, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
     """`sdpa_attention` with one query per row (decode) computed as plain multi-head attention: the G query
     heads that share a K/V head become G queries of that head, q (B, H, 1, D) -> (B, Hkv, G, D).
