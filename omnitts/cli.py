@@ -972,7 +972,8 @@ def demo(
     manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
     synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
           codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
-          eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force, audio_format="wav",
+          eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force,
+          audio_format="wav",
           retry_runaway=0,
           loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
           recipe=None)

@@ -245,7 +245,8 @@ def summary_line(row: dict, lines: int) -> str:
             f"({roof.get('audio_s_per_s', '-')} audio-s/s at {roof.get('step_ms', '-')} ms/step); wall "
             f"{s(row['wall_s'])} s = {split}")
     if row.get("background_s"):
-        text += " (beside it, on other threads: " + ", ".join(f"{k} {v:.2f}" for k, v in row["background_s"].items()) + ")"
+        beside = ", ".join(f"{k} {v:.2f}" for k, v in row["background_s"].items())
+        text += f" (beside it, on other threads: {beside})"
     text += f"; attention: {row['attention']}"
     if row.get("sdp_enabled") is not None:
         text += f" (sdpa backends allowed: {row['sdp_enabled']})"

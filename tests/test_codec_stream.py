@@ -105,7 +105,7 @@ def test_streams_at_different_phases_batch_together(ckpt):
     specs = [(330, 0, 5, 0), (64, 0, 25, 3), (620, 0, 13, 1), (40, 30, 3, 0), (100, 301, 50, 6)]
     data = [(_codes(n, n), _codes(r, r + 1), feed, delay) for n, r, feed, delay in specs]
     streams = CodecStreams(ckpt.codec, max_streams=8)
-    sids, outs, fed, ends, batch_sizes = {}, {}, {}, {}, []
+    batch_sizes = []
     step_fn = streams.codec.step
 
     def counting_step(codes, *args):
@@ -113,31 +113,9 @@ def test_streams_at_different_phases_batch_together(ckpt):
         return step_fn(codes, *args)
 
     streams.codec.step = counting_step
-    step = 0
-    while len(ends) < len(data):
-        for i, (codes, ref, feed, delay) in enumerate(data):
-            if step == delay:
-                sids[i] = streams.open(ref)
-                outs[i], fed[i] = [], 0
-            if i not in sids or i in ends:
-                continue
-            if fed[i] < len(codes):
-                streams.push(sids[i], codes[fed[i]:fed[i] + feed])
-                fed[i] += feed
-            else:
-                streams.finish(sids[i])
-        got = streams.pump()
-        for i, sid in sids.items():
-            if i in ends:
-                continue
-            outs[i].append(got.get(sid, np.zeros(0, np.float32)))
-            s = streams.streams[sid]
-            if s.finished and len(s.feed) == 0:
-                ends[i] = streams.close(sid)
-        step += 1
+    audio = _phased(streams, data)
     assert max(batch_sizes) >= 3  # rows at different window positions really shared calls
-    for i, (codes, ref, _, _) in enumerate(data):
-        got = np.concatenate([ends[i].head, *outs[i], ends[i].tail])
+    for (codes, ref, _, _), got in zip(data, audio):
         alone = _stream(CodecStreams(ckpt.codec, max_streams=1), codes, ref)
         assert np.abs(got - alone).max() <= ATOL
         _check(ckpt, got, codes, ref)
