@@ -65,7 +65,7 @@ MaxBatch = Annotated[Optional[int], _option("--max-batch", panel=ENGINE, metavar
 Eager = Annotated[Optional[bool], _option("--eager/--no-eager", panel=ENGINE,
                                           help="No graph capture on cuda/npu. [default: no-eager]")]
 Deterministic = Annotated[bool, _option("--deterministic", panel=ENGINE,
-                                         help="cuda: batch-invariant codes.")]
+                                         help="Bitwise audio in any batch.")]
 Workers = Annotated[Optional[int], _option("--workers", panel=ENGINE, metavar="N",
                                           help="Engine processes, one per device (cpu: cores split); with --ray: actors.")]
 Devices = Annotated[Optional[str], _option("--devices", panel=ENGINE, metavar="LIST",

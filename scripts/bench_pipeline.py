@@ -183,6 +183,8 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", type=Path, help="diagnose, not time: the timers synchronize the device (each "
                         "part owns its device time), and per run DIR gets cProfile's top functions and the device "
                         "kernels of 10 steady steps (torch.profiler)")
+    parser.add_argument("--deterministic", action="store_true", help="synth with --deterministic (what it costs: "
+                        "run once with and once without)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -195,10 +197,11 @@ def main(argv=None) -> int:
     dtype = args.dtype or ("float32" if cpu else "bfloat16")
     bandwidth, source = bandwidth_for(args.device, args.bandwidth)
     report = {"device": args.device, "dtype": dtype, "lines": lines, "seconds": [low, high],
+              "deterministic": args.deterministic,
               "bandwidth_gbs": bandwidth, "bandwidth_source": source, "roofline_formula": FORMULA,
               "machine": machine(args.device), "runs": []}
     print(f"whole pipeline: {args.device} {dtype}, {lines} lines of {low:g}-{high:g} s, presets {presets}, "
-          f"max batch {batches}")
+          f"max batch {batches}{', --deterministic' if args.deterministic else ''}")
     print(f"roofline: {FORMULA}; bandwidth {bandwidth:g} GB/s ({source})")
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
@@ -215,7 +218,8 @@ def main(argv=None) -> int:
                         "manifest": str(manifest), "ckpt": str(ckpt), "out": str(work / f"out-{preset}-{batch}"),
                         "report": str(work / f"report-{preset}-{batch}.json"), "sync_debug": args.sync_debug,
                         "attention": i == 0, "fake_graphs": args.fake_graphs and cpu,
-                        "profile": str(args.profile) if args.profile else None}
+                        "profile": str(args.profile) if args.profile else None,
+                        "deterministic": args.deterministic}
                 row = run_one(spec, work, args.timeout, keep=args.work is not None)
                 if "failed" not in row:
                     row["roofline"] = roofline(row, bandwidth)
@@ -659,6 +663,8 @@ def child(spec: dict) -> int:
 
     argv = ["synth", spec["manifest"], "-m", spec["ckpt"], "-o", spec["out"], "--device", device,
             "--dtype", spec["dtype"], "--max-batch", str(spec["max_batch"]), "-q"]
+    if spec.get("deterministic"):
+        argv.append("--deterministic")
     if profile is not None:
         profiler.enable()
     started = time.perf_counter()

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks that fit one short lease (about 8 minutes on an H200), most telling first; each step is
+# The GPU checks that fit one short lease (about 10 minutes on an H200), most telling first; each step is
 # time-boxed, so a slow one cannot starve the rest. Logs, JSON and profiles land in $OUT.
 #
 #   OUT=device-out bash scripts/device_lease.sh [cuda]
@@ -10,7 +10,9 @@
 # 3. one bfloat16 frame's kernels with and without the fused ops (the fused ops' load check included);
 # 4. the whole pipeline, 1.7B at max batch 64 and 128 (issue 33's figure);
 # 5. the same under --profile: where the wall time goes (synchronizing timers, cProfile, kernel table);
-# 6. the engine alone, 0.6B, with the fused ops and with OMNITTS_FUSED=0.
+# 6. the engine alone, 0.6B, with the fused ops and with OMNITTS_FUSED=0;
+# 7. deterministic mode: a line's codes and samples alone and among other lines (scripts/check_deterministic.py),
+#    and what it costs (the pipeline of step 4 at max batch 64 with --deterministic).
 # scripts/device_check.sh is the long list (parity with the official package among it).
 set -u
 DEVICE=${1:-cuda}
@@ -46,4 +48,9 @@ for fused in 1 0; do
         --frames "$FRAMES" --concurrency "$CONC" --json "$OUT/engine-fused$fused.json" 2>&1 \
         | grep -E "graph vs|concurrency" | sed "s/^/OMNITTS_FUSED=$fused  /"
 done
+step "7. deterministic mode: same line, same codes; its cost"
+timeout 150 python3 scripts/check_deterministic.py --device "$DEVICE" --preset "$SMALL" \
+    $( [ -n "${QUICK:-}" ] && echo --dtype float32 --lines 4 ) 2>&1 | tail -4
+timeout 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
+    --max-batch 64 --deterministic --json "$OUT/deterministic.json" 2>&1 | tail -n +3
 step done

@@ -81,13 +81,25 @@ def test_every_frame_runs_the_full_batch_and_the_codec_one_stream_a_call(cv, mon
         assert a.audio.shape == b.audio.shape and np.abs(a.audio - b.audio).max() <= 1e-5
 
 
-def test_the_cpu_is_left_as_it_is(cv):
-    """On the CPU deterministic mode changes nothing: no padding rows, the codec's calls batched as usual."""
+def test_on_the_cpu_only_the_codec_changes(cv, monkeypatch):
+    """On the CPU the frames stay as they are (no padding rows: they are batch-invariant already); the codec
+    decodes one stream per call, unpadded, so a line's samples, not only its codes, are the same whoever runs
+    beside it; the codes are the plain run's."""
     from omnitts.engine.pipeline import Pipeline
+    from omnitts.models.codec_stream import StreamingCodec
 
     tts = TTS(cv.ckpt, max_batch=4, deterministic=True)
     pipeline = Pipeline(tts)
     assert tts.deterministic and not pipeline.full_batch and not pipeline.streams.fixed
+    assert pipeline.streams.max_rows == 1 and pipeline.streams.gather == 0
+    rows = []
+    step = StreamingCodec.step
+    monkeypatch.setattr(StreamingCodec, "step", lambda self, codes, *a: (rows.append(codes.shape[0]),
+                                                                          step(self, codes, *a))[1])
+    got = tts.synthesize(TEXTS, speaker="ryan", greedy=True, max_frames=30)
+    assert rows and set(rows) == {1}
+    for a, b in zip(got, cv.synthesize(TEXTS, speaker="ryan", greedy=True, max_frames=30)):
+        np.testing.assert_array_equal(a.codes, b.codes)
 
 
 def test_contradicting_options_and_an_npu_are_refused(cv, ckpt_dir):
@@ -176,3 +188,22 @@ def test_the_flag_and_the_recipe_key_run_on_the_cpu(ckpt_dir, tmp_path):
     bad.write_text('deterministic = "yes"\n')
     result = CliRunner().invoke(app, [*base, "--recipe", str(bad), "-o", str(tmp_path / "bad")])
     assert result.exit_code == 2 and "deterministic: expected true or false" in result.output
+
+
+def test_the_gpu_check_script_runs_and_fails_on_a_differing_line(load_script, tmp_path, capsys):
+    """scripts/check_deterministic.py (the GPU lease's check) runs end to end on the CPU and passes; its
+    comparison names a line whose codes or samples differ."""
+    import soundfile as sf
+
+    script = load_script("check_deterministic")
+    assert script.main(["--lines", "3", "--max-batch", "2", "--modes", "deterministic", "--work",
+                        str(tmp_path / "w")]) == 0
+    assert "deterministic: 3/3 lines with the same codes, 3/3 with the same samples" in capsys.readouterr().out
+    a, b = tmp_path / "w" / "deterministic-a", tmp_path / "w" / "deterministic-b"
+    codes = np.load(b / "line1.codes.npy")
+    codes[-1, 3] += 1
+    np.save(b / "line1.codes.npy", codes)
+    audio, rate = sf.read(b / "line2.wav", dtype="int16")
+    audio[100] += 1
+    sf.write(b / "line2.wav", audio, rate, subtype="PCM_16")
+    assert script.compare(a, b, ["line0", "line1", "line2"]) == (2, 2, ["line1", "line2"])

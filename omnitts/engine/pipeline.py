@@ -54,7 +54,7 @@ import torch
 from ..device import get_backend
 from ..device.copies import uploader
 from ..errors import OmniTTSError
-from ..models.codec_streams import MAX_FIXED_ROWS, CodecStreams
+from ..models.codec_streams import CodecStreams
 from ..errors import RequestError
 from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, share_frames
 from ..request import Request
@@ -151,14 +151,16 @@ class Pipeline:
         self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0)
         backend = get_backend(tts.ckpt.device.type, eager=tts.eager)
         fixed = backend.codec_fixed_shapes
-        # Deterministic mode on a device with graphs (the CPU's paths are batch-invariant as they are): every
-        # frame at the full batch (`_build`), one stream per codec call (its shape, so its convolutions'
-        # algorithms, never depend on other streams), behind the frames on their stream.
-        self.full_batch = alone = tts.deterministic and backend.supports_graphs
+        # Deterministic mode: one stream per codec call (its shape, so its convolutions' algorithms and
+        # rounding, never depend on other streams; on accelerators behind the frames, on their stream); on a
+        # device with graphs every frame at the full batch too (`_build`; the CPU's frames are
+        # batch-invariant as they are).
+        alone = tts.deterministic
+        self.full_batch = alone and backend.supports_graphs
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                      tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
                                      to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
-                                     fixed=fixed, max_rows=1 if alone else MAX_FIXED_ROWS,
+                                     fixed=fixed, max_rows=1 if alone else None,
                                      graphs=backend.call_graphs("codec", False if alone else None) if fixed else None)
                         if stream_decode else None)
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)

@@ -142,7 +142,7 @@ class CodecStreams:
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
                  window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES,
                  upload=None, to_host=None, gather: int = 0, fixed: bool = False, graphs=None,
-                 max_rows: int = MAX_FIXED_ROWS):
+                 max_rows: int | None = None):
         """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`); `upload(host
         tensor) -> device tensor` and `to_host(device tensor) -> handle with result()`: the device layer's
         copies (`device.copies.uploader`, `Backend.to_host`); the defaults copy plainly, at once.
@@ -154,8 +154,9 @@ class CodecStreams:
         next chunks are ready together. Window ends and finished streams are never held; the samples
         do not change (a chunk's frames and its place in the window stay the same; only its batch mates do).
 
-        `fixed` (the backend's `codec_fixed_shapes`: accelerators): every call has one of a few shapes, the
-        rows padded to a bucket (1, 2, 4, ... `max_rows`; padding rows compute on a spare state slot) and a
+        `max_rows`: rows per call at most (1 in deterministic mode: each stream alone, its samples
+        independent of the others'). `fixed` (the backend's `codec_fixed_shapes`: accelerators): every call
+        has one of a few shapes, the rows padded to a bucket (1, 2, 4, ... `max_rows`; padding rows compute on a spare state slot) and a
         window's last frames padded to `chunk_frames + HOLD - 1` (the codec is causal: frames after a row's
         last real one change none of its samples, and its state is dropped after a window's end). That is
         what a device graph needs, and on a GPU it keeps cuDNN's and attention's per-shape plans few.
@@ -164,7 +165,10 @@ class CodecStreams:
         assert 0 < left_context <= window_frames
         self.fixed, self.graphs = fixed, graphs
         self.final_frames = chunk_frames + HOLD - 1 if fixed else 0  # a window's last call, padded to this
-        self.row_buckets = _row_buckets(min(max_rows, max_streams)) if fixed else []
+        # Rows per call at most (None: all ready rows of a shape; `fixed`: MAX_FIXED_ROWS). 1: every stream
+        # decodes alone, so its samples never depend on who else is decoding (deterministic mode).
+        self.max_rows = max_rows or (MAX_FIXED_ROWS if fixed else None)
+        self.row_buckets = _row_buckets(min(self.max_rows, max_streams)) if fixed else []
         # RoPE positions stay below the window length (context included) plus a padded call's extra frames.
         self.codec = StreamingCodec(codec, window_frames + left_context + self.final_frames, tile_frames, upload)
         self.to_host = to_host or _Now
@@ -260,7 +264,7 @@ class CodecStreams:
                        if sid not in self.broken and sid not in held and (plan := self._plan(s)) is not None]:
             for size in sorted({self._call_frames(job) for job in jobs}):
                 group = [j for j in jobs if self._call_frames(j) == size]
-                step = self.row_buckets[-1] if self.fixed else len(group)
+                step = self.row_buckets[-1] if self.fixed else (self.max_rows or len(group))
                 for at in range(0, len(group), step):
                     for sid, pieces in self._run_isolated(group[at:at + step]).items():
                         out.setdefault(sid, []).extend(pieces)
