@@ -207,3 +207,18 @@ def test_the_gpu_check_script_runs_and_fails_on_a_differing_line(load_script, tm
     audio[100] += 1
     sf.write(b / "line2.wav", audio, rate, subtype="PCM_16")
     assert script.compare(a, b, ["line0", "line1", "line2"]) == (2, 2, ["line1", "line2"])
+
+
+def test_an_engine_smaller_than_max_batch_is_warned_about(cv, monkeypatch):
+    """Lines so long that max_batch rows do not fit the K/V budget get a smaller engine, whose shapes differ:
+    deterministic mode says so once (the codes of such lines are not covered)."""
+    _fake_device(monkeypatch)
+    tts = TTS(cv.ckpt, max_batch=4, deterministic=True)
+    tcfg = cv.ckpt.config.talker
+    per_position = 2 * tcfg.num_hidden_layers * tcfg.num_key_value_heads * tcfg.head_dim * cv.ckpt.cache_dtype.itemsize
+    tts.kv_budget_bytes = 2 * 64 * per_position  # two slots of 64 positions
+    try:
+        with pytest.warns(RuntimeWarning, match="fit only 2 of max_batch 4 rows"):
+            tts.synthesize(TEXTS, speaker="ryan", greedy=True, max_frames=20)
+    finally:
+        tts.release_engine()

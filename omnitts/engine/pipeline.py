@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
@@ -157,6 +158,7 @@ class Pipeline:
         # batch-invariant as they are).
         alone = tts.deterministic
         self.full_batch = alone and backend.supports_graphs
+        self.warned_small = False  # a deterministic run warned that an engine had fewer rows than max_batch
         self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                      tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
                                      to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
@@ -375,6 +377,12 @@ class Pipeline:
         config = plan(tts.ckpt, positions, slots, text, tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager,
                       tts.graph_buckets, tts.span_buckets, tts.max_prefill_tokens, prompt_positions=longest,
                       full_batch=self.full_batch)
+        if self.full_batch and config.max_num_seqs < tts.max_batch and not self.warned_small:
+            self.warned_small = True
+            warnings.warn(f"omnitts: --deterministic: lines needing {config.max_positions} talker positions fit only "
+                          f"{config.max_num_seqs} of max_batch {tts.max_batch} rows in the K/V budget; the lines this "
+                          "engine runs may get other codes than in an engine of max_batch rows", RuntimeWarning,
+                          stacklevel=2)
         self._drop_engine()  # free the old engine's cache before allocating the new one
         idle, tts.idle_engine = tts.idle_engine, None
         if idle is not None and _covers(idle.config, config):
