@@ -8,7 +8,8 @@
 - attention rounding depends on the window's final length T (the CPU kernel sums the last T mod 8
   keys in a scalar tail), so a chunk is decoded only when T is known or at least `HOLD` more frames
   exist, and the call that ends a window spans exactly its keys (<= 15 frames of extra latency);
-  calls are never padded: a window that fits in one call runs in the reference's own call shape;
+  on the CPU calls are never padded: a window that fits in one call runs in the reference's own call
+  shape (accelerators pad them to a few fixed shapes, `fixed`, for their graphs);
 - ICL: decoding starts at the window holding the last reference frame; the reference's cut
   `int(ref / total * len)` is `ref * 1920` or one sample less, known only at the end, so the last
   reference sample is held back and returned by `close` as `head` (it precedes everything `pump` gave).
@@ -156,10 +157,11 @@ class CodecStreams:
 
         `max_rows`: rows per call at most (1 in deterministic mode: each stream alone, its samples
         independent of the others'). `fixed` (the backend's `codec_fixed_shapes`: accelerators): every call
-        has one of a few shapes, the rows padded to a bucket (1, 2, 4, ... `max_rows`; padding rows compute on a spare state slot) and a
-        window's last frames padded to `chunk_frames + HOLD - 1` (the codec is causal: frames after a row's
-        last real one change none of its samples, and its state is dropped after a window's end). That is
-        what a device graph needs, and on a GPU it keeps cuDNN's and attention's per-shape plans few.
+        has one of a few shapes, the rows padded to a bucket (1, 2, 4, ... `max_rows`; padding rows compute
+        on a spare state slot) and a window's last frames padded to `chunk_frames + HOLD - 1` (the codec is
+        causal: frames after a row's last real one change none of its samples, and its state is dropped
+        after a window's end). That is what a device graph needs, and on a GPU it keeps cuDNN's and
+        attention's per-shape plans few.
         `graphs` (`device.base.CallGraphs`, or None: eager): captures each shape's call once and replays it.
         Not bitwise the unpadded decode (other call shapes round differently), within float rounding of it."""
         assert 0 < left_context <= window_frames
