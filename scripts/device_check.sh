@@ -18,7 +18,9 @@
 #    (PIPE_LINES lines, default 256; PIPE_BATCHES, default 64; the full run is the script's defaults:
 #    1000 lines, max batch 8,32,64,128); then a short synth under set_sync_debug_mode: "error" (any host
 #    sync outside Engine._collect and graph capture fails its item) and "warn" (the syncs by omnitts
-#    line), and which attention kernel ran (flash / efficient / cudnn / math; "unknown" on the CPU).
+#    line), and which attention kernel ran (flash / efficient / cudnn / math; "unknown" on the CPU);
+# 8. deterministic mode: a manifest alone, then reversed among other lines, codes and samples compared with
+#    --deterministic and without (scripts/check_deterministic.py; it exits 1 if a --deterministic line differs).
 # Logs and JSON land in $OUT. OFFICIAL_PYTHON: a python with qwen-tts 0.1.1 (scripts/reference_env.py
 # builds one on the CPU; on a GPU machine install its pins next to a CUDA torch).
 set -u
@@ -94,3 +96,6 @@ for mode in error warn; do
         --seconds 1,2 --max-batch 8 --sync-debug $mode --json "$OUT/pipeline-sync-$mode.json" 2>&1 | tail -16
     echo "sync-debug $mode exit ${PIPESTATUS[0]}"
 done
+echo "=== 8. deterministic mode"
+timeout 300 python3 scripts/check_deterministic.py --device "$DEVICE" $( [ -n "${QUICK:-}" ] && echo --lines 4 ) 2>&1 \
+    | tail -4; echo "check_deterministic exit ${PIPESTATUS[0]}"
