@@ -53,9 +53,9 @@ class TTS:
         graph_buckets: batch sizes that get a captured graph (None: 1, 2, 4, ...; max_batch always).
         span_buckets: attention spans that get a graph per batch size (None: 256, 512, ...).
         max_prefill_tokens: prompt positions admitted per engine step at most (None: no limit).
-        deterministic: every frame at the engine's full batch and the codec one stream per call, so on
-            CUDA a line's codes do not depend on its batch mates (see `omnitts.load`; the device side is
-            `device.make_deterministic`, which `load` applies). Excludes `graph_buckets`.
+        deterministic: the codec one stream per call and, on graph devices, every frame at the engine's
+            full batch, so a line's audio does not depend on its batch mates (see `omnitts.load`; the
+            device side is `device.make_deterministic`, which `load` applies). Excludes `graph_buckets`.
     """
 
     def __init__(self, ckpt: Checkpoint, max_batch: int = 8, eager: bool = False,
@@ -342,10 +342,10 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
             official package does in bfloat16; it costs audio quality (about 20 dB SNR against
             float32) and on the CPU is no faster than the float32 codec of a bfloat16 run
             (docs/performance.md).
-        deterministic: on cuda, a line's codes do not depend on the lines decoded beside it (their number,
-            lengths, order), so shards, workers, retries and re-runs with the same settings and engine size
-            give the same codes; costs some speed (docs/determinism.md). The cpu is deterministic anyway;
-            npu: OmniTTSError.
+        deterministic: a line's codes and samples do not depend on the lines decoded beside it (their
+            number, lengths, order), so shards, workers, retries and re-runs with the same settings give the
+            same audio; costs some speed (docs/determinism.md). On the cpu the codes never depend on them,
+            and this makes the samples bitwise too (the codec decodes one stream per call); npu: OmniTTSError.
 
     Returns:
         A `TTS` ready to `synthesize`, `stream` and describe itself with `info`.

@@ -222,3 +222,32 @@ def test_an_engine_smaller_than_max_batch_is_warned_about(cv, monkeypatch):
             tts.synthesize(TEXTS, speaker="ryan", greedy=True, max_frames=20)
     finally:
         tts.release_engine()
+
+
+def test_a_refused_capture_still_runs_the_full_batch(cv, monkeypatch):
+    """A device that refuses to capture falls back to eager frames; in deterministic mode those run the
+    bucket's (the full batch's) rows too, so the fallback keeps the promise."""
+    from omnitts.engine import engine as engine_module
+    from omnitts.engine.runner import ModelRunner
+
+    class Refusing(FakeGraphBackend):
+        capture_fallback = True
+
+        def new_graph(self, *args):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(engine_module, "get_backend", lambda name, eager=False: Refusing(eager=eager))
+    rows = []
+    frame = ModelRunner.frame
+    monkeypatch.setattr(ModelRunner, "frame", lambda self, batch, span, *a: (rows.append(batch),
+                                                                              frame(self, batch, span, *a))[1])
+    tts = TTS(cv.ckpt, max_batch=4, deterministic=True)
+    from omnitts.engine import pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "get_backend", lambda name, eager=False: Refusing(eager=eager))
+    with pytest.warns(RuntimeWarning, match="graph capture failed"):
+        got = tts.synthesize(TEXTS[:2], speaker="ryan", greedy=True, max_frames=12)
+    tts.release_engine()
+    assert rows and set(rows) == {4}
+    for a, b in zip(got, cv.synthesize(TEXTS[:2], speaker="ryan", greedy=True, max_frames=12)):
+        np.testing.assert_array_equal(a.codes, b.codes)

@@ -101,8 +101,10 @@ class GraphSteps:
     """
 
     def __init__(self, backend: "Backend", runner, max_batch: int, max_positions: int, restore: list[torch.Tensor],
-                 output: torch.Tensor, sizes=None, spans=None, pool=None, inputs: list[torch.Tensor] | None = None):
+                 output: torch.Tensor, sizes=None, spans=None, pool=None, inputs: list[torch.Tensor] | None = None,
+                 full_batch: bool = False):
         self.backend, self.runner = backend, runner
+        self.full_batch = full_batch  # a frame run eagerly (capture refused) runs its bucket's rows too
         self.restore, self.output, self.inputs = restore, output, inputs
         self.pool = pool if pool is not None else backend.graph_pool()
         self.max_positions = max_positions
@@ -124,7 +126,7 @@ class GraphSteps:
         if graph is None and not self.backend.eager:  # eager: an earlier capture failed (this plan's or another's)
             graph = self._capture(*key)
         if graph is None:  # refused, now or earlier: this frame runs eagerly
-            self.runner.frame(batch, span)
+            self.runner.frame(key[0] if self.full_batch else batch, span)
         else:
             graph.replay()
 
@@ -238,7 +240,7 @@ class Backend:
         if self.eager:
             return EagerSteps(runner, max_batch if full_batch else None)
         return GraphSteps(self, runner, max_batch, max_positions, restore, output,
-                          () if full_batch else graph_buckets, span_buckets, pool, inputs)
+                          () if full_batch else graph_buckets, span_buckets, pool, inputs, full_batch)
 
     def call_graphs(self, what: str = "codec", own_stream: bool | None = None) -> CallGraphs | None:
         """Graphs for fixed-shape calls outside the frames (`CallGraphs`), or None where calls run eagerly;
