@@ -127,15 +127,15 @@ def exact_float32(device: torch.device) -> None:
 
 def make_deterministic(talker, device: torch.device) -> None:
     """Deterministic mode for `talker` (`omnitts.load(deterministic=True)`, `--deterministic`): on CUDA, a
-    line's codes stop depending on the lines decoded beside it. The engine then runs every frame at its full batch (fixed
-    matrix shapes, so cuBLAS and torch's reductions take the same kernels every frame) and the codec one
-    stream per call; here the decoder stacks' decode attention becomes `fused.deterministic_attention`
-    (each row sums its own keys, in an order that no span bucket and no batch mate changes), after its Triton
-    kernel proved that on this GPU, and cuDNN takes deterministic algorithms only.
+    line's codes stop depending on the lines decoded beside it. The engine then runs every frame at its full
+    batch (fixed matrix shapes, so cuBLAS and torch's reductions take the same kernels every frame) and the
+    codec one stream per call; here the decoder stacks' decode attention becomes
+    `fused.deterministic_attention` (each row sums its own keys, in an order that no span bucket and no batch
+    mate changes), after its Triton kernel proved that on this GPU, and cuDNN takes deterministic algorithms.
 
-    The CPU's frames are batch-invariant already (nothing changes here; the pipeline still decodes one
-    codec stream per call); an NPU has no such kernels here (OmniTTSError). Raises OmniTTSError if the kernel fails its check (no silent fallback: the mode is a
-    promise).
+    The CPU's frames are batch-invariant already (nothing changes here; the pipeline still decodes one codec
+    stream per call); an NPU has no such kernels here (OmniTTSError). Raises OmniTTSError if the kernel fails
+    its check (no silent fallback: the mode is a promise).
     """
     if device.type == "cpu":
         return
