@@ -62,9 +62,7 @@ class TTS:
                  kv_budget_bytes: int = KV_BUDGET_BYTES, graph_buckets: list[int] | None = None,
                  codec_chunk_frames: int = 25, span_buckets: list[int] | None = None,
                  max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, deterministic: bool = False):
-        if deterministic and graph_buckets is not None:
-            raise OmniTTSError("deterministic: every frame runs at the full batch, so graph_buckets do not apply; "
-                               "leave them out")
+        _check_deterministic(deterministic, graph_buckets)
         self.ckpt = ckpt
         self.deterministic = deterministic
         self.span_buckets = span_buckets
@@ -76,7 +74,7 @@ class TTS:
         self.kv_budget_bytes = kv_budget_bytes
         self._identity: str | None = None
         self._voices: dict[Path, Voice] = {}  # saved voices by resolved path (a manifest loads each once)
-        self.graph_buckets = [] if deterministic else graph_buckets  # []: the full batch's graph only
+        self.graph_buckets = graph_buckets
         # The last run's engine on a graph device, idle, for the next call to reuse with its captured graphs
         # (see engine.pipeline); `release_engine()` frees its memory.
         self.idle_engine = None
@@ -315,6 +313,14 @@ class TTS:
         return request, params
 
 
+def _check_deterministic(deterministic: bool, graph_buckets) -> None:
+    """Deterministic mode runs every frame at the full batch (`EngineConfig.full_batch`): batch sizes given
+    as well contradict it."""
+    if deterministic and graph_buckets is not None:
+        raise OmniTTSError("deterministic: every frame runs at the full batch, so graph_buckets do not apply; "
+                           "leave them out")
+
+
 def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: bool = False,
          max_batch: int = 8, eager: bool = False, graph_buckets: list[int] | None = None,
          codec_chunk_frames: int = 25, span_buckets: list[int] | None = None,
@@ -353,10 +359,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     Raises:
         CheckpointError: a file is missing or does not match (the message names it).
     """
+    _check_deterministic(deterministic, graph_buckets)  # before the checkpoint loads, as `TTS` would after
     if deterministic:
-        if graph_buckets is not None:
-            raise OmniTTSError("deterministic: every frame runs at the full batch, so graph_buckets do not apply; "
-                               "leave them out")
         if device == "npu":
             raise OmniTTSError("deterministic: not available on npu (cuda has it; the cpu is always deterministic)")
         if device == "cuda":  # cuBLAS's reproducibility setting, read when its first handle is made

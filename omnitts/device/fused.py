@@ -114,6 +114,11 @@ def wanted(dtype: torch.dtype) -> bool:
     return dtype != torch.float32
 
 
+def _tolerance(dtype: torch.dtype) -> dict:
+    """How far a load-time check lets a kernel's values be from torch's: a few ulps of `dtype`."""
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -6)
+
+
 def self_check(device, dtype: torch.dtype, kernels=None) -> str | None:
     """Run each Triton kernel once on small inputs on `device` against the torch code it replaces: None where
     all agree (integer hashes bitwise, values within a few ulps of `dtype`), else what failed, in one line.
@@ -132,7 +137,7 @@ def self_check(device, dtype: torch.dtype, kernels=None) -> str | None:
         def rand(*shape, scale=1.0):
             return (torch.randn(*shape, generator=g) * scale).to(device, dtype)
 
-        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -6)
+        tol = _tolerance(dtype)
         x, r, w = rand(4, 1, 100, scale=3), rand(4, 1, 100), rand(100)
         qk, wh = rand(4, 1, 6, 32, scale=2), rand(6, 32)
         table = layers.RopeTable(8, 32, 1e6, dtype, device)
@@ -177,7 +182,7 @@ def deterministic_check(device, dtype: torch.dtype, kernels=None) -> str | None:
         v = torch.randn(5, 2, 150, 64, generator=g).to(device, dtype)
         lengths = torch.tensor([1, 64, 65, 150, 9], device=device)
         got = kernels.decode_attention(q, k, v, lengths)
-        tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2 ** -6)
+        tol = _tolerance(dtype)
         torch.testing.assert_close(got.float(), layers.prefix_decode_attention(q, k, v, lengths).float(), **tol)
         for row in range(5):
             n = int(lengths[row])

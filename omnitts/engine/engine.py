@@ -253,9 +253,9 @@ class Engine:
             if self.pool is None:
                 self.pool = self.backend.graph_pool()
             self.steps[plan] = self.backend.frame_steps(_Planned(self.runner, plan), c.max_num_seqs, c.max_positions,
-                                                        self.state.written(), self.state.codes,
-                                                        () if c.full_batch else c.graph_buckets, c.span_buckets,
-                                                        self.pool, self._device_state(), full_batch=c.full_batch)
+                                                        self.state.written(), self.state.codes, c.graph_buckets,
+                                                        c.span_buckets, self.pool, self._device_state(),
+                                                        full_batch=c.full_batch)
         return self.steps[plan]
 
     def graph_stats(self) -> dict:
