@@ -625,15 +625,16 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, 
 
 
 def _graph_line(stats: dict) -> str:
-    """The --verbose lines: what capturing frame graphs (and the codec's call graphs) cost this run
+    """The --verbose lines: what capturing frame graphs (and the prefill's and codec's call graphs) cost this run
     (`Pipeline.graph_stats`)."""
     engines = _plural(stats["engines"], "engine")
-    codec = (f"\ncodec graph capture: {_plural(stats['codec_captures'], 'graph')} in "
-             f"{stats['codec_capture_seconds']:.2f} s" if stats.get("codec_captures") else "")
+    calls = "".join(f"\n{what} graph capture: {_plural(stats[f'{what}_captures'], 'graph')} in "
+                    f"{stats[f'{what}_capture_seconds']:.2f} s" for what in ("prefill", "codec")
+                    if stats.get(f"{what}_captures"))
     if not stats["captures"]:
-        return f"graph capture: none (frames ran eagerly; {engines} built){codec}"
+        return f"graph capture: none (frames ran eagerly; {engines} built){calls}"
     return (f"graph capture: {_plural(stats['captures'], 'graph')} in {stats['capture_seconds']:.2f} s, "
-            f"{_plural(stats['warmup_frames'], 'eager warm-up frame')} ({engines} built){codec}")
+            f"{_plural(stats['warmup_frames'], 'eager warm-up frame')} ({engines} built){calls}")
 
 
 def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool,

@@ -14,7 +14,8 @@ reports:
   included); `steady_audio_s_per_s` counts from the first frame on;
 - first_audio_s: process start to the first file committed (imports and load included); first_frame_s:
   process start to the end of the first engine step that produced a frame;
-- capture_s: graph capture (warm-up frames included; `GraphSteps._capture`, when a frame first needs a bucket);
+- capture_s: graph capture (warm-up runs included; `GraphSteps._capture`, when a frame first needs a bucket, and
+  `CallGraphs.capture`, when a codec call shape or a prefill length bucket first comes up);
 - peak_memory_gib: torch.<device>.max_memory_allocated(), or on the CPU the process's ru_maxrss;
 - split_s: the synth call's wall time by where it went, exclusive (a timer inside another is subtracted
   from it): load, capture, engine (Engine.step less capture), codec (CodecStreams.pump_later, the wait for
@@ -257,7 +258,8 @@ def summary_line(row: dict, lines: int) -> str:
     if row.get("shapes"):
         n = row["shapes"]
         text += (f"; call shapes: {n['codec_calls']} codec calls in {n['codec_call_shapes']} (rows, frames) shapes, "
-                 f"{n['prefills']} prefills of {n['prefill_lengths']} lengths")
+                 f"{n['prefills']} prefills of {n['prefill_lengths']} lengths ({n['prefills_padded']} padded to "
+                 "a graph's length)")
     if row.get("sync_debug"):
         text += f"; host syncs: {row['sync_debug']}"
         text += "".join(f"\n    {n:6d} x {site}" for site, n in list(row.get("sync_sites", {}).items())[:12])
@@ -385,13 +387,14 @@ def _table(averages, keys) -> str:
 def count_shapes() -> dict:
     """Counts of the calls whose shapes may change during a run, filled in as it goes: codec calls and
     their distinct (rows, frames) (the padded shapes where the backend fixes them), prefills and their
-    distinct prompt lengths. On CUDA each new shape
-    can cost cuDNN a plan built on the host (convolutions; attention, where it is on)."""
-    from omnitts.engine.runner import ModelRunner
+    distinct prompt lengths, and how many of them ran padded to a bucket (`engine.runner.Prefills`: on
+    accelerators outside float32, each bucket one graph). On CUDA each new shape can cost cuDNN a plan built
+    on the host (convolutions; attention, where it is on)."""
+    from omnitts.engine.runner import Prefills
     from omnitts.models.codec_stream import StreamingCodec
     from omnitts.models.codec_streams import _Call
 
-    counts = {"codec_calls": 0, "codec_call_shapes": 0, "prefills": 0, "prefill_lengths": 0}
+    counts = {"codec_calls": 0, "codec_call_shapes": 0, "prefills": 0, "prefill_lengths": 0, "prefills_padded": 0}
     codec_seen, prompt_seen = set(), set()
 
     def wrap(owner, name, note):
@@ -414,12 +417,13 @@ def count_shapes() -> dict:
 
     def prefill(self, start, prompts):
         counts["prefills"] += len(prompts)
+        counts["prefills_padded"] += sum(self.bucket(p.shape[0]) is not None for p in prompts)
         prompt_seen.update(p.shape[0] for p in prompts)
         counts["prefill_lengths"] = len(prompt_seen)
 
     wrap(StreamingCodec, "step", codec)
     wrap(_Call, "run", fixed_codec)
-    wrap(ModelRunner, "prefill", prefill)
+    wrap(Prefills, "run", prefill)
     return counts
 
 
@@ -639,7 +643,7 @@ def child(spec: dict) -> int:
 
     timers.wrap(api, "load", "load", after=loaded)
     timers.wrap(GraphSteps, "_capture", "capture")  # a bucket's warm-up and capture, when a frame first needs it
-    timers.wrap(CallGraphs, "capture", "capture")  # a codec call shape's warm-up and capture (inside "codec")
+    timers.wrap(CallGraphs, "capture", "capture")  # a codec call shape's or prefill bucket's warm-up and capture
     timers.wrap(Engine, "step", "engine", after=stepped)
     timers.wrap(CodecStreams, "pump_later", "codec")  # the pipeline's call: queues a chunk's decode
     timers.wrap(Samples, "result", "codec")  # ... and waits for its audio, a step later

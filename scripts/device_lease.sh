@@ -8,9 +8,11 @@
 # 1. graphs vs eager codes and host syncs, tiny checkpoint in float32;
 # 2. the pipeline under the sync debug mode ("warn": every host sync outside Engine._collect, by line);
 # 3. one bfloat16 frame's kernels with and without the fused ops (the fused ops' load check included);
-# 4. the whole pipeline, 1.7B at max batch 64 and 128 (issue 33's figure);
+# 4. the whole pipeline, 1.7B at max batch 64 (issue 33's figure), with prefill graphs and without them
+#    (OMNITTS_PREFILL_GRAPHS=0: each prompt prefilled eagerly in its own shape);
 # 5. the same under --profile: where the wall time goes (synchronizing timers, cProfile, kernel table);
-# 6. the engine alone, 0.6B, with the fused ops and with OMNITTS_FUSED=0;
+# 6. the engine alone, 0.6B, with the fused ops and with OMNITTS_FUSED=0 (bfloat16: graphs vs eager codes with
+#    the padded prefill, its graphs against its eager calls);
 # 7. deterministic mode: a line's codes and samples alone and among other lines (scripts/check_deterministic.py),
 #    and what it costs (the pipeline of step 4 at max batch 64 with --deterministic).
 # scripts/device_check.sh is the long list (parity with the official package among it).
@@ -35,9 +37,12 @@ timeout 90 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --prese
 step "3. kernels per frame"
 timeout 90 python3 scripts/bench_device.py --count-ops --preset "$SMALL" --device "$DEVICE" 2>&1 \
     | grep -E "kernels|aten ops|warn" | cut -c1-300
-step "4. whole pipeline, $BIG"
-timeout 240 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$LINES" \
-    --max-batch 64,128 --json "$OUT/pipeline.json" 2>&1 | tail -n +3
+step "4. whole pipeline, $BIG, prefill graphs on and off"
+for graphs in 1 0; do
+    OMNITTS_PREFILL_GRAPHS=$graphs timeout 120 python3 scripts/bench_device.py --pipeline --device "$DEVICE" \
+        --presets "$BIG" --lines "$LINES" --max-batch 64 --json "$OUT/pipeline-prefill$graphs.json" 2>&1 \
+        | tail -n +3 | sed "s/^/OMNITTS_PREFILL_GRAPHS=$graphs  /"
+done
 step "5. the same, profiled"
 timeout 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
     --max-batch 64 --profile "$OUT/profile" --json "$OUT/profiled.json" 2>&1 | tail -n +3

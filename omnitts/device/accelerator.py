@@ -8,6 +8,7 @@ backend has not run on an Ascend device.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import torch
@@ -59,6 +60,14 @@ class AcceleratorBackend(Backend):
     # a call, ~6 ms of it on the GPU): ready chunks wait up to 12 pumps (steps) for other streams.
     codec_gather = 12
     codec_fixed_shapes = True
+
+    def pads_prefill(self, dtype: torch.dtype) -> bool:
+        """Padded prefill (one graph per prompt-length bucket) for all but float32, the parity runs, which
+        keep each prompt's own shape as the reference does; `OMNITTS_PREFILL_GRAPHS=1` / `0` decides."""
+        switch = os.environ.get("OMNITTS_PREFILL_GRAPHS")
+        if switch in ("0", "1"):
+            return switch == "1"
+        return dtype != torch.float32
 
     @property
     def api(self):

@@ -242,6 +242,11 @@ class Backend:
         return GraphSteps(self, runner, max_batch, max_positions, restore, output,
                           () if full_batch else graph_buckets, span_buckets, pool, inputs, full_batch)
 
+    def pads_prefill(self, dtype: torch.dtype) -> bool:
+        """Whether prompts are prefilled padded to a few fixed lengths (`engine.runner.Prefills`), so each
+        length can be a graph: never on the CPU (its prefill keeps each prompt's own shape)."""
+        return False
+
     def call_graphs(self, what: str = "codec", own_stream: bool | None = None) -> CallGraphs | None:
         """Graphs for fixed-shape calls outside the frames (`CallGraphs`), or None where calls run eagerly;
         on a stream of their own (`own_stream` None: unless OMNITTS_CODEC_STREAM=0), else behind the frames."""

@@ -6,11 +6,11 @@
         for seq in engine.step():
             ...  # seq.codes(), seq.finish_reason
 
-One `step()`: admit waiting requests into free slots (each prompt prefilled on its own), launch one frame for every
-running slot, start copying that frame's codes to the host, then read the *previous* step's codes
-(which have long arrived) and retire requests that hit EOS or their budget. The host therefore
-learns about EOS one step late: a finished request runs at most one extra frame, which is
-discarded, and its slot is reused at once.
+One `step()`: admit waiting requests into free slots (each prompt prefilled on its own, see
+runner.Prefills), launch one frame for every running slot, start copying that frame's codes to the
+host, then read the *previous* step's codes (which have long arrived) and retire requests that hit
+EOS or their budget. The host therefore learns about EOS one step late: a finished request runs at
+most one extra frame, which is discarded, and its slot is reused at once.
 
 The host does no per-frame sampling work: noise is computed inside the frame from each row's seed
 and frame index. It only picks the frame's `sampling.FramePlan` from the running requests' known
@@ -39,7 +39,7 @@ from ..errors import RequestError
 from ..params import SamplingParams, fresh_seed
 from ..text.prompt import Prompt
 from .reference import predictor_cache, predictor_frame_cache
-from .runner import ModelRunner
+from .runner import ModelRunner, Prefills
 from .scheduler import Scheduler, Sequence
 from .state import SlotCache, SlotState, move_row
 
@@ -148,6 +148,7 @@ class Engine:
         else:
             predictor = predictor_cache(ckpt.model.talker, config.max_num_seqs, attend)
         self.runner = ModelRunner(ckpt, self.state, self.cache, predictor)
+        self.prefills = Prefills(self.runner, self.backend, config.max_positions)
         self.steps: dict[sampling.FramePlan, object] = {}  # frame steps per plan (see `_steps`)
         self.pool = None  # the memory pool every graph of this engine shares (made with the first plan's steps)
         self.scheduler = Scheduler(config.max_num_seqs)
@@ -228,7 +229,7 @@ class Engine:
             state.reset(row)
             state.params.set(row, seq.params)
             state.load_text(row, seq.prompt.trailing.to(state.trailing.dtype), seq.prompt.pad.to(state.trailing.dtype))
-        self.runner.prefill(new[0].slot, [seq.prompt.embeds for seq in new])
+        self.prefills.run(new[0].slot, [seq.prompt.embeds for seq in new])
 
     def _prefill_fits(self, rows: int, longest: int) -> bool:
         """Whether prefilling `rows` prompts padded to `longest` positions stays within the budget."""
@@ -259,10 +260,12 @@ class Engine:
         return self.steps[plan]
 
     def graph_stats(self) -> dict:
-        """What graph capture has cost this engine so far: graphs captured, eager warm-up frames, seconds."""
+        """What graph capture has cost this engine so far: frame graphs captured, eager warm-up frames,
+        seconds; prefill graphs (`prefill_captures`, `prefill_capture_seconds`) apart."""
         steps = self.steps.values()
         return {"captures": sum(s.captures for s in steps), "warmup_frames": sum(s.warmup_frames for s in steps),
-                "capture_seconds": sum(s.capture_seconds for s in steps)}
+                "capture_seconds": sum(s.capture_seconds for s in steps),
+                "prefill_captures": self.prefills.captures, "prefill_capture_seconds": self.prefills.capture_seconds}
 
     def _collect(self, pending) -> list[Sequence]:
         """Read a launched frame's codes; retire sequences that ended (EOS or budget)."""

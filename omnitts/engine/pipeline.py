@@ -149,7 +149,8 @@ class Pipeline:
         self.engine: Engine | None = None
         self.engines_built = 0
         # What graph capture cost the engines this run dropped (`Engine.graph_stats`, added up).
-        self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0)
+        self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0, prefill_captures=0,
+                                      prefill_capture_seconds=0.0)
         backend = get_backend(tts.ckpt.device.type, eager=tts.eager)
         fixed = backend.codec_fixed_shapes
         # Deterministic mode: one stream per codec call (its shape, so its convolutions' algorithms and
@@ -413,8 +414,9 @@ class Pipeline:
 
     def graph_stats(self) -> dict:
         """Graph capture over the whole run (every engine built): graphs captured, the eager warm-up frames
-        they cost, seconds spent capturing, and engines built; the codec's graphs apart (`codec_captures`,
-        `codec_capture_seconds`, where the codec's calls are captured)."""
+        they cost, seconds spent capturing, and engines built; the prefill's graphs (`prefill_captures`,
+        `prefill_capture_seconds`) and the codec's (`codec_captures`, `codec_capture_seconds`, where the codec's
+        calls are captured) apart."""
         stats = Counter(self._graphs_before)
         if self.engine is not None:
             stats.update(self.engine.graph_stats())

@@ -36,14 +36,24 @@ class SlotCache:
     def prefill(self, start: int, count: int) -> None:
         self._rows, self._positions, self.length = slice(start, start + count), None, 0
 
+    def prefill_row(self, row: torch.Tensor) -> None:
+        """Bind a prefill of one prompt into the slot held by `row` (a one-element device tensor): the row
+        is read on the device, so one captured prefill serves every slot."""
+        self._rows, self._positions, self.length = row, None, 0
+
     def decode(self, batch: int, positions: torch.Tensor, span: int) -> None:
         self._rows, self._positions, self._span, self.length = slice(0, batch), positions, span, 1
         self._row_index = torch.arange(batch, device=positions.device)  # one per frame, not per layer
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         if self._positions is None:  # prefill: k, v (count, Hkv, T, D)
-            self.k[layer][self._rows, :, : k.shape[2]] = k
-            self.v[layer][self._rows, :, : v.shape[2]] = v
+            rows, t = self._rows, k.shape[2]
+            if isinstance(rows, torch.Tensor):  # `prefill_row`
+                self.k[layer][:, :, :t].index_copy_(0, rows, k.to(self.k[layer].dtype))
+                self.v[layer][:, :, :t].index_copy_(0, rows, v.to(self.v[layer].dtype))
+            else:
+                self.k[layer][rows, :, :t] = k
+                self.v[layer][rows, :, :t] = v
             return k, v
         rows, dtype = self._row_index, self.k[layer].dtype  # dtype: may be wider than the model's
         self.k[layer][rows, :, self._positions] = k[:, :, 0].to(dtype)
