@@ -40,6 +40,11 @@ NPU with torch_npu >= 2.5) from the end of the load to the end of the run, excep
 an item that hits one fails with the error, and the report lists them. `--sync-debug warn` lets the
 run go on and counts the syncs by the innermost omnitts line that made them (`sync_sites`).
 `--fake-graphs` (CPU) gives the engines the CPU fake of device graphs, so capture is timed as on a GPU.
+`--null-device` (CPU) measures the host's own work: every graph (frames, prefills padded as on a GPU,
+codec calls) is captured as nothing and replays nothing, so codes stay 0 (each line runs to its budget)
+and the audio is silence, and the wall is what the host spends a step (admission, scheduling, codec
+feeding, writing): the least a device step can take before the host, not the device, sets the pace
+(`host_ms_per_step`).
 `attention` names the attention kernels one eager frame ran (profiler op names; the captured frame
 records the same ops): flash / efficient / cudnn / math on CUDA, the fused NPU kernels; "unknown"
 where no profiler names them (the CPU).
@@ -179,6 +184,8 @@ def main(argv=None) -> int:
                         "raise (error: the items fail) or are counted by the omnitts line that made them (warn)")
     parser.add_argument("--fake-graphs", action="store_true", help="cpu: engines capture and replay through the "
                         "CPU fake of device graphs (omnitts/device/fake.py), so the capture path runs as on a GPU")
+    parser.add_argument("--null-device", action="store_true", help="cpu: graphs that do nothing (no device work), "
+                        "to measure the host's own cost per step")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per synth process (default 1800)")
     parser.add_argument("--work", type=Path, help="keep checkpoints, manifests and outputs here")
     parser.add_argument("--profile", type=Path, help="diagnose, not time: the timers synchronize the device (each "
@@ -219,6 +226,7 @@ def main(argv=None) -> int:
                         "manifest": str(manifest), "ckpt": str(ckpt), "out": str(work / f"out-{preset}-{batch}"),
                         "report": str(work / f"report-{preset}-{batch}.json"), "sync_debug": args.sync_debug,
                         "attention": i == 0, "fake_graphs": args.fake_graphs and cpu,
+                        "null_device": args.null_device and cpu,
                         "profile": str(args.profile) if args.profile else None,
                         "deterministic": args.deterministic}
                 row = run_one(spec, work, args.timeout, keep=args.work is not None)
@@ -249,6 +257,8 @@ def summary_line(row: dict, lines: int) -> str:
             f"({row['peak_memory_kind']}), {s(100 * roof['of_roofline']) if roof else '-'}% of the roofline "
             f"({roof.get('audio_s_per_s', '-')} audio-s/s at {roof.get('step_ms', '-')} ms/step); wall "
             f"{s(row['wall_s'])} s = {split}")
+    if row.get("host_ms_per_step") is not None:
+        text += f"; null device: the host's own work {row['host_ms_per_step']:.2f} ms a step"
     if row.get("background_s"):
         beside = ", ".join(f"{k} {v:.2f}" for k, v in row["background_s"].items())
         text += f" (beside it, on other threads: {beside})"
@@ -586,6 +596,23 @@ def sync_verdict(syncs: SyncWatch | None, errors: list) -> str:
             else "0 host syncs outside Engine._collect")
 
 
+def null_backend():
+    """The CPU fake of device graphs whose graphs do nothing: no warm-up, no capture run, no replay work."""
+    from omnitts.device.accelerator import Graph
+    from omnitts.device.fake import FakeGraphBackend
+
+    class Nothing:
+        replays = 0
+
+        def replay(self) -> None:
+            self.replays += 1
+
+    class NullBackend(FakeGraphBackend):
+        def capture(self, fn, pool, restore, output, inputs=None):
+            return Graph(Nothing())
+    return NullBackend
+
+
 def child(spec: dict) -> int:
     """Run `omnitts synth` in this process with timers; write the report to spec["report"]."""
     sys.path.insert(0, str(ROOT))
@@ -652,13 +679,16 @@ def child(spec: dict) -> int:
     timers.wrap(AudioSink, "write", "write")
     timers.wrap(Batch, "save", "write", after=saved)
     shapes = count_shapes()
-    if spec.get("fake_graphs"):
+    if spec.get("fake_graphs") or spec.get("null_device"):
         import omnitts.engine.engine as engine_module
         from omnitts.device.fake import FakeGraphBackend
 
         import omnitts.engine.pipeline as pipeline_module
 
-        engine_module.get_backend = lambda name, eager=False: FakeGraphBackend(check_trace=False)
+        backend = null_backend() if spec.get("null_device") else FakeGraphBackend
+        if spec.get("null_device"):
+            os.environ["OMNITTS_PREFILL_GRAPHS"] = "1"  # prefills as a bfloat16 GPU run makes them: replays
+        engine_module.get_backend = lambda name, eager=False: backend(check_trace=False)
         pipeline_module.get_backend = engine_module.get_backend  # the codec's calls too
     if syncs is not None:
         syncs.allow(Engine, "_collect")  # the one allowed wait
@@ -700,6 +730,8 @@ def child(spec: dict) -> int:
               "peak_memory_gib": round(peak, 3), "peak_memory_kind": kind, "errors": seen["errors"],
               "first_frame_at": seen["first_frame_at"], "first_audio_at": seen["first_audio_at"],
               "loaded_at": seen["loaded_at"], "kv_positions_read": seen["kv_positions_read"], "shapes": shapes}
+    if spec.get("null_device"):  # the steps' wall, every timer but load's (and capture's, nothing here)
+        report["host_ms_per_step"] = round(1000 * (wall - split["load"]) / max(seen["steps"], 1), 3)
     steady = (ended_at - seen["first_frame_at"]) if seen["first_frame_at"] else None
     report["steady_audio_s_per_s"] = round(seen["audio_s"] / steady, 3) if steady else 0.0
     if spec["sync_debug"]:

@@ -141,6 +141,27 @@ def test_pipeline_bench_times_graph_capture_on_the_cpu_fake(tmp_path, load_scrip
     assert sum(run["split_s"].values()) == pytest.approx(run["wall_s"], rel=0.01)
 
 
+def test_pipeline_bench_null_device_measures_the_hosts_own_work_per_step(tmp_path, load_script):
+    """--null-device: every graph replays nothing (prefills padded as on a GPU), so lines run to their budgets
+    in silence and the report gives the host's own milliseconds per step."""
+    bench = load_script("bench_pipeline")
+    out = tmp_path / "pipeline.json"
+    code = bench.main(["--lines", "4", "--seconds", "0.3,0.6", "--max-batch", "2", "--null-device",
+                       "--json", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    assert code == 0 and run["files"] == 4 and run["steps"] > 4
+    assert run["frames"] == sum(round(12.5 * s) for s in _budgets(tmp_path, bench, 4, (0.3, 0.6)))  # no EOS
+    assert run["host_ms_per_step"] > 0 and run["shapes"]["prefills_padded"] == run["shapes"]["prefills"] == 4
+    assert "null device: the host's own work" in bench.summary_line(run, 4)
+
+
+def _budgets(tmp_path, bench, lines, seconds):
+    """The `max_seconds` of the bench's manifest (the same seeded draw)."""
+    path = tmp_path / "m.jsonl"
+    bench.write_manifest(path, lines, seconds)
+    return [json.loads(line)["max_seconds"] for line in path.read_text().splitlines()]
+
+
 def test_bench_device_checks_npu_syncs_with_its_debug_mode_when_torch_npu_has_one(tts_factory, load_script,
                                                                                   monkeypatch):
     """bench_device.py's host-sync check uses torch.npu.set_sync_debug_mode where torch_npu has it (2.5+):
