@@ -228,3 +228,40 @@ def test_synth_verbose_reports_prefill_graphs_and_eager_gives_the_same_codes(ckp
     for row in rows:
         np.testing.assert_array_equal(np.load(tmp_path / "--no-eager" / f"{row['id']}.codes.npy"),
                                       np.load(tmp_path / "--eager" / f"{row['id']}.codes.npy"), err_msg=row["id"])
+
+
+def test_in_context_cloning_prompts_go_through_the_padded_graphs_too(tts_factory, ref_wav, padded, monkeypatch):
+    """A Base model cloning in context (reference text and codes in the prompt: its longest prompts): graphs
+    and eager padded prefills give the same codes, and the prompts did run padded."""
+    from omnitts.engine import engine as engine_module
+
+    tts = tts_factory("base", max_batch=2)
+    voice = tts.clone_voice(ref_wav, "A short reference line.")
+    texts = ["Say it again.", "And once more, a little longer this time."]
+    made = []
+
+    def fake(eager_run):
+        def make(name, eager=False):
+            made.append(FakeGraphBackend(eager=eager_run))
+            return made[-1]
+        return make
+
+    buckets, bucket = [], runner_module.Prefills.bucket
+
+    def recorded(self, length):
+        buckets.append(bucket(self, length))
+        return buckets[-1]
+
+    monkeypatch.setattr(runner_module.Prefills, "bucket", recorded)
+    codes = {}
+    for eager in (True, False):
+        monkeypatch.setattr(engine_module, "get_backend", fake(eager))
+        tts.release_engine()
+        codes[eager] = [a.codes for a in tts.synthesize(texts, voice=voice, greedy=False, seed=3, max_frames=8)]
+        tts.release_engine()
+    lengths = [tts.prompts.build(Request(t, voice=voice), voice).embeds.shape[0] for t in texts]
+    assert min(lengths) > 16  # the reference's codes and text are in every prompt
+    assert len(made) == 2 and not made[0].captured and made[1].captured
+    assert len(buckets) == 4 and all(b is not None and b >= 32 for b in buckets), buckets  # padded, both runs
+    for a, b in zip(codes[True], codes[False]):
+        np.testing.assert_array_equal(a, b)
