@@ -13,7 +13,11 @@ reports:
 - audio_s_per_s: seconds of audio written per wall second of the synth call (load, warm-up and codec
   included); `steady_audio_s_per_s` counts from the first frame on;
 - first_audio_s: process start to the first file committed (imports and load included); first_frame_s:
-  process start to the end of the first engine step that produced a frame;
+  process start to the end of the first engine step that produced a frame; `startup_s` splits that wait:
+  imports (process start to the bench's imports done: Python, torch, omnitts), load (to the checkpoint
+  loaded: CLI, manifest, weights, kernel checks), prompts (to the first engine step: the first wave's
+  prompts built), first_steps (to the first frame: prefills and the first frame's capture, of which
+  `capture` seconds were capturing);
 - capture_s: graph capture (warm-up runs included; `GraphSteps._capture`, when a frame first needs a bucket, and
   `CallGraphs.capture`, when a codec call shape or a prefill length bucket first comes up);
 - peak_memory_gib: torch.<device>.max_memory_allocated(), or on the CPU the process's ru_maxrss;
@@ -137,14 +141,26 @@ def run_one(spec: dict, work: Path, timeout: float, keep: bool = False) -> dict:
                 "stderr_tail": tail}
     report = json.loads(report_path.read_text())
     report["process_wall_s"] = round(process_wall, 3)
-    for name in ("first_audio", "first_frame", "loaded"):  # absolute times -> seconds since the launch
+    for name in ("first_audio", "first_frame", "loaded", "imported", "first_step"):  # -> seconds since the launch
         at = report.pop(f"{name}_at")
         report[f"{name}_s"] = None if at is None else round(at - launched, 3)
+    report["startup_s"] = startup(report)
     out = Path(spec["out"])
     report["files"] = sum(1 for p in out.iterdir() if p.suffix == ".wav")
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
     return report
+
+
+def startup(report: dict) -> dict:
+    """The wait for the first frame by phase (see the module docstring); {} where a mark is missing."""
+    marks = [report.get(f"{name}_s") for name in ("imported", "loaded", "first_step", "first_frame")]
+    if any(mark is None for mark in marks):
+        return {}
+    phases = dict(zip(("imports", "load", "prompts", "first_steps"), (b - a for a, b in zip([0.0, *marks], marks))))
+    phases = {name: round(value, 3) for name, value in phases.items()}
+    phases["capture"] = report.get("capture_before_first_frame_s")
+    return phases
 
 
 def roofline(report: dict, bandwidth_gbs: float) -> dict:
@@ -257,6 +273,8 @@ def summary_line(row: dict, lines: int) -> str:
             f"({row['peak_memory_kind']}), {s(100 * roof['of_roofline']) if roof else '-'}% of the roofline "
             f"({roof.get('audio_s_per_s', '-')} audio-s/s at {roof.get('step_ms', '-')} ms/step); wall "
             f"{s(row['wall_s'])} s = {split}")
+    if row.get("startup_s"):
+        text += "; start-up: " + ", ".join(f"{k} {s(v)}" for k, v in row["startup_s"].items())
     if row.get("host_ms_per_step") is not None:
         text += f"; null device: the host's own work {row['host_ms_per_step']:.2f} ms a step"
     if row.get("background_s"):
@@ -638,7 +656,8 @@ def child(spec: dict) -> int:
         profiler = cProfile.Profile()
         kernels = KernelWindow(device, profile / f"kernels-{spec['preset']}-{spec['max_batch']}.txt")
     timers = Timers(sync=getattr(torch, device).synchronize if profile is not None and accelerator else None)
-    seen = {"first_frame_at": None, "first_audio_at": None, "loaded_at": None, "steps": 0, "frames": 0,
+    seen = {"first_frame_at": None, "first_audio_at": None, "loaded_at": None, "imported_at": time.time(),
+            "first_step_at": None, "capture_before_first_frame": None, "steps": 0, "frames": 0,
             "kv_positions_read": 0, "audio_s": 0.0, "errors": [], "tts": None}
     module = sync_debug_module(device) if spec["sync_debug"] else None
     syncs = SyncWatch(module, spec["sync_debug"]) if module is not None else None
@@ -651,6 +670,7 @@ def child(spec: dict) -> int:
             profiler.enable()
         if seen["first_frame_at"] is None and (finished or any(s.frames for s in args[0].scheduler.running)):
             seen["first_frame_at"] = time.time()
+            seen["capture_before_first_frame"] = round(timers.totals.get("capture", 0.0), 3)
         for seq in finished:  # K/V positions read: a frame at position P + t attends over P + t positions
             frames, prompt = len(seq.frames), seq.prompt.embeds.shape[0]
             seen["frames"] += frames
@@ -672,6 +692,12 @@ def child(spec: dict) -> int:
     timers.wrap(GraphSteps, "_capture", "capture")  # a bucket's warm-up and capture, when a frame first needs it
     timers.wrap(CallGraphs, "capture", "capture")  # a codec call shape's or prefill bucket's warm-up and capture
     timers.wrap(Engine, "step", "engine", after=stepped)
+    first_step = Engine.step
+
+    def step(self):
+        seen["first_step_at"] = seen["first_step_at"] or time.time()
+        return first_step(self)
+    Engine.step = step  # outside the timer: when the first step starts (load and the first prompts done)
     timers.wrap(CodecStreams, "pump_later", "codec")  # the pipeline's call: queues a chunk's decode
     timers.wrap(Samples, "result", "codec")  # ... and waits for its audio, a step later
     timers.wrap(CodecStreams, "close", "codec")
@@ -729,7 +755,9 @@ def child(spec: dict) -> int:
               "background_s": {k: round(v, 4) for k, v in timers.background.items()},
               "peak_memory_gib": round(peak, 3), "peak_memory_kind": kind, "errors": seen["errors"],
               "first_frame_at": seen["first_frame_at"], "first_audio_at": seen["first_audio_at"],
-              "loaded_at": seen["loaded_at"], "kv_positions_read": seen["kv_positions_read"], "shapes": shapes}
+              "loaded_at": seen["loaded_at"], "imported_at": seen["imported_at"], "first_step_at": seen["first_step_at"],
+              "capture_before_first_frame_s": seen["capture_before_first_frame"],
+              "kv_positions_read": seen["kv_positions_read"], "shapes": shapes}
     if spec.get("null_device"):  # the steps' wall, every timer but load's (and capture's, nothing here)
         report["host_ms_per_step"] = round(1000 * (wall - split["load"]) / max(seen["steps"], 1), 3)
     steady = (ended_at - seen["first_frame_at"]) if seen["first_frame_at"] else None

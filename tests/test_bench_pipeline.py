@@ -139,6 +139,13 @@ def test_pipeline_bench_times_graph_capture_on_the_cpu_fake(tmp_path, load_scrip
     assert code == 0 and run["files"] == 4
     assert run["capture_s"] > 0 and run["split_s"]["capture"] == pytest.approx(run["capture_s"], abs=1e-3)
     assert sum(run["split_s"].values()) == pytest.approx(run["wall_s"], rel=0.01)
+    start = run["startup_s"]  # the wait for the first frame by phase: they add up to it
+    assert list(start) == ["imports", "load", "prompts", "first_steps", "capture"]
+    assert all(v >= 0 for v in start.values()) and start["imports"] > 0 and start["load"] > 0
+    assert sum(start[k] for k in ("imports", "load", "prompts", "first_steps")) == pytest.approx(
+        run["first_frame_s"], abs=0.01)
+    assert 0 < start["capture"] <= start["first_steps"] + 0.01  # the first frame's graph was captured before it
+    assert "; start-up: imports " in bench.summary_line(run, 4)
 
 
 def test_pipeline_bench_null_device_measures_the_hosts_own_work_per_step(tmp_path, load_script):
