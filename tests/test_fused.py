@@ -46,6 +46,26 @@ def test_fused_ops_off_cuda_are_the_models_torch_code_bitwise(dtype):
     assert torch.equal(OPS.silu_mul(both), torch.nn.functional.silu(both[..., :30]) * both[..., 30:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [1, 2])
+def test_norm_rope_store_off_cuda_is_norm_rope_and_the_cache_writes_bitwise(dtype, t):
+    """q as `norm_rope` returns it; k (normed, rotated) and v written at each row's own positions, nothing
+    else in the caches touched (the talker's frames: rows at different positions; the predictor: one)."""
+    heads, kv, d = 4, 2, 16
+    qkv = torch.randn(3, t, heads + 2 * kv, d).to(dtype)
+    w = torch.randn(heads + kv, d).to(dtype)
+    cos, sin = layers.rope_cos_sin(torch.tensor([[3, 4], [0, 1], [6, 7]])[:, :t], d, 1e6, dtype)
+    k_cache, v_cache = torch.randn(3, kv, 9, d).to(dtype), torch.randn(3, kv, 9, d).to(dtype)
+    offsets = torch.tensor([3, 0, 6])
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    qk = layers.norm_rope(qkv[:, :, : heads + kv], w, 1e-6, cos, sin)
+    for row, start in enumerate(offsets.tolist()):
+        k_want[row, :, start:start + t] = qk[row, heads:]
+        v_want[row, :, start:start + t] = qkv[row, :, heads + kv:].transpose(0, 1)
+    q = OPS.norm_rope_store(qkv, w, 1e-6, cos, sin, k_cache, v_cache, offsets)
+    assert torch.equal(q, qk[:, :heads]) and torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
+
+
 def test_fused_sampling_ops_off_cuda_are_samplings_code_bitwise():
     seed, frame = torch.tensor([[3], [-7], [2**62 + 1]]), torch.tensor([0, 5, 2**31 + 3])
     keys = OPS.frame_keys(seed, frame)
@@ -132,6 +152,32 @@ def test_triton_norm_rope_matches_torch_and_rows_do_not_depend_on_the_batch(kern
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_triton_norm_rope_store_matches_torch_and_writes_only_its_positions(kernels, dtype, head_dim):
+    heads, kv, t = 4, 2, 2
+    qkv = (torch.randn(3, t, heads + 2 * kv, head_dim) * 2).to(DEVICE, dtype)
+    w = torch.randn(heads + kv, head_dim).to(DEVICE, dtype)
+    table = layers.RopeTable(16, head_dim, 1e6, dtype, DEVICE)
+    cos, sin = table.at(torch.tensor([[5, 6], [0, 1], [9, 10]], device=DEVICE))
+    offsets = torch.tensor([5, 0, 9], device=DEVICE)
+    caches = [[torch.randn(4, kv, 12, head_dim).to(DEVICE, dtype)[:3] for _ in range(2)]]  # views: rows 0..2
+    caches.append([c.clone() for c in caches[0]])
+    got = kernels.norm_rope_store(qkv, w, 1e-6, cos, sin, *caches[0], offsets)
+    want = layers.norm_rope_store(qkv, w, 1e-6, cos, sin, *caches[1], offsets)
+    assert torch.equal(got, kernels.norm_rope(qkv[:, :, :heads + kv], w, 1e-6, cos, sin)[:, :heads])
+    close(got, want, dtype)
+    close(caches[0][0], caches[1][0], dtype)  # the keys: the same kernel's rounding as `norm_rope`'s
+    assert torch.equal(caches[0][1], caches[1][1])  # the values: copied
+    written = torch.zeros(3, 12, dtype=torch.bool)
+    for row, start in enumerate(offsets.tolist()):
+        written[row, start:start + t] = True
+    untouched = ~written.to(DEVICE)[:, None, :, None].expand_as(caches[1][0])
+    assert torch.equal(caches[0][0][untouched], caches[1][0][untouched])  # nothing else written
+    assert torch.equal(kernels.norm_rope_store(qkv[1:2], w, 1e-6, cos[1:2], sin[1:2], caches[0][0][1:2],
+                                               caches[0][1][1:2], offsets[1:2]), got[1:2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", [16, 1500])  # 1500: more than one block per row, a masked tail
 def test_triton_silu_mul_matches_torch_and_rows_do_not_depend_on_the_batch(kernels, dtype, width):
     both = (torch.randn(5, 1, 2 * width) * 3).to(DEVICE, dtype)
@@ -200,9 +246,13 @@ def test_a_06b_frame_at_batch_8_launches_at_most_1500_kernels_on_the_gpu_path(la
     assert fused_count.batch == plain.batch == 8
     assert fused_count.kernels <= 1500, fused_count.summary()
     assert plain.kernels > 3500, plain.summary()  # the counter sees the unfused frame's ~4,200
-    # 28 talker layers + 5 predictor layers x 15 forwards: every norm is one fused op, none left in pieces.
-    assert fused_count.ops["omnitts_fused.norm_rope"] == 28 + 5 * 15
+    # 28 talker layers + 5 predictor layers x 15 forwards: every norm is one fused op, none left in pieces, and
+    # each layer's q/k norm and rotary also writes its keys and values into the cache (no write of their own).
+    assert fused_count.ops["omnitts_fused.norm_rope_store"] == 28 + 5 * 15
+    assert fused_count.ops["omnitts_fused.norm_rope"] == 0 and fused_count.ops["index_put_"] == 0
+    assert fused_count.ops["copy_"] <= 5 and plain.ops["copy_"] + plain.ops["index_put_"] >= 2 * (28 + 5 * 15)
     assert fused_count.ops["pow"] == fused_count.ops["rsqrt_"] == 0 and plain.ops["pow"] == 325
+    assert fused_count.kernels <= 1250, fused_count.summary()  # 1,232 measured (1,438 before the cache writes)
 
 
 def test_the_op_count_does_not_depend_on_widths(tmp_path, monkeypatch):
@@ -248,6 +298,36 @@ def test_fused_ops_leave_values_and_codes_unchanged_graphs_and_eager(ckpt_dir, g
     assert torch.equal(*slow)
 
 
+def test_frames_writing_their_keys_through_the_fused_kernel_leave_the_caches_and_state_bitwise(ckpt_dir):
+    """The store path (`Attention.store_kernel`: the talker's frames into the slot cache at each row's position,
+    the predictor's steps into its frame cache) against `cache.update`: after prefill and four frames of three
+    rows at different lengths, every K/V buffer, hidden state and logit is the same, bit for bit."""
+    path = ckpt_dir("custom_voice")
+    engines, stored = [], []
+    for fused_ops in (True, False):
+        tts = opcount.load_generic(path, fused=fused_ops)
+        attentions = [m for m in tts.ckpt.model.modules() if isinstance(m, layers.Attention)]
+        assert all((m.store_kernel is not None) == fused_ops for m in attentions)
+        for m in attentions:
+            if m.store_kernel is not None:
+                m.store_kernel = (lambda kernel: lambda *args: stored.append(args[-1].shape) or kernel(*args))(
+                    m.store_kernel)
+        engine = Engine(tts.ckpt, EngineConfig(max_num_seqs=3, max_positions=96))
+        for i, text in enumerate(["Short one.", "A somewhat longer sentence for the batch.", "你好"]):
+            engine.add(tts.prompts.build(Request(text, speaker="ryan")), tts.default_params(i != 1, max_frames=9,
+                                                                                            seed=i), tag=i)
+        for _ in range(4):
+            engine.step()
+        engines.append(engine)
+    assert len(stored) >= 4 * len(attentions)  # every layer of every frame stored its keys itself
+    fused_engine, plain_engine = engines
+    for a, b in zip(fused_engine.cache.tensors() + fused_engine.runner.predictor_cache.k,
+                    plain_engine.cache.tensors() + plain_engine.runner.predictor_cache.k):
+        assert torch.equal(a, b)
+    for a, b in zip(fused_engine.state.written(), plain_engine.state.written()):
+        assert torch.equal(a, b)
+
+
 def test_cuda_gets_the_fused_ops_except_in_float32_unless_told(monkeypatch):
     monkeypatch.delenv("OMNITTS_FUSED", raising=False)
     assert fused.wanted(torch.bfloat16) and fused.wanted(torch.float16) and not fused.wanted(torch.float32)
@@ -270,6 +350,12 @@ def test_the_load_time_self_check_passes_the_kernels_and_names_a_broken_one(kern
     broken = types.SimpleNamespace(**{name: getattr(kernels, name) for name in fused._SCHEMAS})
     broken.silu_mul = lambda both: (_ for _ in ()).throw(RuntimeError("PTX: unsupported .version 9.9\nmore"))
     assert fused.self_check(DEVICE, torch.bfloat16, broken) == "RuntimeError: PTX: unsupported .version 9.9"
+    broken = types.SimpleNamespace(**{name: getattr(kernels, name) for name in fused._SCHEMAS})
+
+    def misplaced(qkv, w, eps, cos, sin, k_dest, v_dest, offsets):  # values written one position late
+        return kernels.norm_rope_store(qkv, w, eps, cos, sin, k_dest, v_dest, offsets + 1)
+    broken.norm_rope_store = misplaced
+    assert fused.self_check(DEVICE, torch.bfloat16, broken).startswith("norm_rope_store: v written")
     broken = types.SimpleNamespace(**{name: getattr(kernels, name) for name in fused._SCHEMAS})
     broken.frame_keys = lambda seed, frame: sampling.frame_keys(seed, frame) + 1
     assert fused.self_check(DEVICE, torch.bfloat16, broken).startswith("frame_keys")

@@ -11,6 +11,9 @@ and, everywhere else, exactly the torch code the models run without them (models
     and the norm after it (the `DecoderStack.add_norm` hook);
   - `norm_rope(qk, weight, eps, cos, sin)`: per-head q/k RMSNorm and rotary positions (the
     `Attention.rope_kernel` hook);
+  - `norm_rope_store(qkv, weight, eps, cos, sin, k_dest, v_dest, offsets) -> q`: the same, with k and v
+    written into the K/V cache by the same kernel (`layers.norm_rope_store`; the `Attention.store_kernel`
+    hook, taken while decoding: the talker's frames, the code predictor's steps);
   - `silu_mul(both)`: SwiGLU's silu(gate) * up (the `GatedMLP.kernel` hook);
   - `frame_keys(seed, frame)` and `gumbel_scores(values, keep, keys, group, index)`: sampling's
     counter-based noise keys of a frame (~40 integer ops) and a codebook's Gumbel-max scores (noise,
@@ -48,6 +51,8 @@ _SCHEMAS = {
     "rms_norm": "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor",
     "add_rms_norm": "add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)",
     "norm_rope": "norm_rope(Tensor qk, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor",
+    "norm_rope_store": "norm_rope_store(Tensor qkv, Tensor weight, float eps, Tensor cos, Tensor sin, "
+                       "Tensor(a!) k_dest, Tensor(b!) v_dest, Tensor offsets) -> Tensor",
     "silu_mul": "silu_mul(Tensor both) -> Tensor",
     "frame_keys": "frame_keys(Tensor seed, Tensor frame) -> Tensor",
     "gumbel_scores": "gumbel_scores(Tensor values, Tensor keep, Tensor keys, int group, Tensor index) -> Tensor",
@@ -59,6 +64,7 @@ _TORCH = {
     "rms_norm": layers.rms_norm,
     "add_rms_norm": lambda x, residual, weight, eps: tuple(layers.add_rms_norm(x, residual, weight, eps)),
     "norm_rope": layers.norm_rope,
+    "norm_rope_store": layers.norm_rope_store,
     "silu_mul": layers.silu_mul,
     "frame_keys": sampling.frame_keys,
     "gumbel_scores": sampling.gumbel_scores,
@@ -147,6 +153,15 @@ def self_check(device, dtype: torch.dtype, kernels=None) -> str | None:
                  ("add_rms_norm", kernels.add_rms_norm(x, r, w, 1e-6)[1], layers.add_rms_norm(x, r, w, 1e-6)[1]),
                  ("norm_rope", kernels.norm_rope(qk, wh, 1e-6, cos, sin), layers.norm_rope(qk, wh, 1e-6, cos, sin)),
                  ("silu_mul", kernels.silu_mul(both), layers.silu_mul(both))]
+        qkv = rand(4, 1, 8, 32, scale=2)  # 4 q heads, 2 k, 2 v: written at rows' own positions
+        first = [rand(4, 2, 5, 32) for _ in range(2)]
+        caches = [first, [c.clone() for c in first]]
+        offsets = torch.tensor([0, 4, 2, 1], device=device)
+        q_got = kernels.norm_rope_store(qkv, wh, 1e-6, cos, sin, *caches[0], offsets)
+        q_want = layers.norm_rope_store(qkv, wh, 1e-6, cos, sin, *caches[1], offsets)
+        pairs += [("norm_rope_store (q)", q_got, q_want), ("norm_rope_store (k)", caches[0][0], caches[1][0])]
+        if not torch.equal(caches[0][1], caches[1][1]):
+            return "norm_rope_store: v written other than torch writes it"
         for name, got, want in pairs:
             torch.testing.assert_close(got.float(), want.float(), **tol, msg=lambda m, name=name: f"{name}: {m}")
         seed = torch.tensor([[1], [-5], [2**62 + 7]], device=device)
@@ -209,7 +224,7 @@ def use_fused_ops(module: nn.Module) -> int:
             m.kernel, count = OPS.rms_norm, count + 1
         elif isinstance(m, layers.Attention) and m.rope_kernel is None and m.qkv_proj is not None \
                 and m.qk_norm is not None:
-            m.rope_kernel, count = OPS.norm_rope, count + 1
+            m.rope_kernel, m.store_kernel, count = OPS.norm_rope, OPS.norm_rope_store, count + 2
         elif isinstance(m, layers.GatedMLP) and m.kernel is None and m.gate_up_proj is not None:
             m.kernel, count = OPS.silu_mul, count + 1
         elif isinstance(m, layers.DecoderStack) and m.add_norm is None:

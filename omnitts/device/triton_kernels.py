@@ -77,17 +77,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @triton.jit
-def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, T, NH, D,
-                      sxb, sxt, sxh, scb, sct, ssb, sst, eps, BLOCK: tl.constexpr):
-    pid = tl.program_id(0)  # one (row, position, head)
-    b = pid // (T * NH)
-    t = (pid // NH) % T
-    h = pid % NH
-    d = tl.arange(0, BLOCK)
-    inside = d < D
+def _normed_rotated(base, w_ptr, cos_row, sin_row, h, D, d, inside, eps):
+    """Head `h` at `base` (D values) RMS-normed by its weight row and rotated (the roll by D/2 with the signed
+    sine table, as `layers.apply_rope`), in the input dtype's roundings."""
     half = D // 2
     d2 = (d + half) % D  # the rolled index: roll by D/2 is its own inverse
-    base = x_ptr + b * sxb + t * sxt + h * sxh
     x = tl.load(base + d, mask=inside, other=0.0)
     dtype = x.dtype
     xf = x.to(tl.float32)
@@ -97,10 +91,29 @@ def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, T, NH, D,
     w2 = tl.load(w_ptr + h * D + d2, mask=inside, other=0.0).to(tl.float32)
     y = _to(_to(xf * scale, dtype).to(tl.float32) * w, dtype).to(tl.float32)
     y2 = _to(_to(x2 * scale, dtype).to(tl.float32) * w2, dtype).to(tl.float32)
-    c = tl.load(cos_ptr + b * scb + t * sct + d, mask=inside, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + b * ssb + t * sst + d, mask=inside, other=0.0).to(tl.float32)
-    out = _to(y2 * s, dtype).to(tl.float32) + _to(y * c, dtype).to(tl.float32)
-    tl.store(out_ptr + ((b * NH + h) * T + t) * D + d, _to(out, dtype), mask=inside)
+    c = tl.load(cos_row + d, mask=inside, other=0.0).to(tl.float32)
+    s = tl.load(sin_row + d, mask=inside, other=0.0).to(tl.float32)
+    return _to(_to(y2 * s, dtype).to(tl.float32) + _to(y * c, dtype).to(tl.float32), dtype)
+
+
+@triton.jit
+def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, T, NH, D,
+                      sxb, sxt, sxh, scb, sct, ssb, sst, eps, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)  # one (row, position, head)
+    b = pid // (T * NH)
+    t = (pid // NH) % T
+    h = pid % NH
+    d = tl.arange(0, BLOCK)
+    inside = d < D
+    out = _normed_rotated(x_ptr + b * sxb + t * sxt + h * sxh, w_ptr, cos_ptr + b * scb + t * sct,
+                          sin_ptr + b * ssb + t * sst, h, D, d, inside, eps)
+    tl.store(out_ptr + ((b * NH + h) * T + t) * D + d, out, mask=inside)
+
+
+def _rope_tables(cos, sin, b, t, d):
+    """cos, sin expanded to (b, t, d) with a unit last stride."""
+    cos, sin = cos.expand(b, t, d), sin.expand(b, t, d)
+    return (cos if cos.stride(-1) == 1 else cos.contiguous()), (sin if sin.stride(-1) == 1 else sin.contiguous())
 
 
 def norm_rope(qk: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor):
@@ -109,17 +122,60 @@ def norm_rope(qk: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Ten
     b, t, nh, d = qk.shape
     if qk.stride(-1) != 1:
         qk = qk.contiguous()
-    cos, sin = cos.expand(b, t, d), sin.expand(b, t, d)
-    if cos.stride(-1) != 1:
-        cos = cos.contiguous()
-    if sin.stride(-1) != 1:
-        sin = sin.contiguous()
+    cos, sin = _rope_tables(cos, sin, b, t, d)
     out = torch.empty((b, nh, t, d), dtype=qk.dtype, device=qk.device)
     if out.numel():
         _norm_rope_kernel[(b * t * nh,)](qk, weight.contiguous(), cos, sin, out, t, nh, d,
                                          qk.stride(0), qk.stride(1), qk.stride(2), cos.stride(0), cos.stride(1),
                                          sin.stride(0), sin.stride(1), float(eps), BLOCK=triton.next_power_of_2(d))
     return out
+
+
+@triton.jit
+def _norm_rope_store_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, off_ptr, T, H, KV, D,
+                            sxb, sxt, sxh, scb, sct, ssb, sst, skb, skh, sks, svb, svh, svs, eps,
+                            BLOCK: tl.constexpr):
+    pid = tl.program_id(0)  # one (row, position, head) over the H + 2 KV heads of the merged projection
+    NH = H + 2 * KV
+    b = pid // (T * NH)
+    t = (pid // NH) % T
+    h = pid % NH
+    d = tl.arange(0, BLOCK)
+    inside = d < D
+    base = x_ptr + b * sxb + t * sxt + h * sxh
+    if h >= H + KV:  # a value head: stored as projected
+        position = tl.load(off_ptr + b) + t
+        tl.store(v_ptr + b * svb + (h - H - KV) * svh + position * svs + d, tl.load(base + d, mask=inside),
+                 mask=inside)
+    else:
+        out = _normed_rotated(base, w_ptr, cos_ptr + b * scb + t * sct, sin_ptr + b * ssb + t * sst, h, D, d,
+                              inside, eps)
+        if h < H:
+            tl.store(q_ptr + ((b * H + h) * T + t) * D + d, out, mask=inside)
+        else:
+            position = tl.load(off_ptr + b) + t
+            tl.store(k_ptr + b * skb + (h - H) * skh + position * sks + d, out, mask=inside)
+
+
+def norm_rope_store(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                    k_dest: torch.Tensor, v_dest: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """layers.norm_rope_store: q (B, H, T, D) returned, k and v written into the caches at each row's
+    offsets, one program per (row, position, head) of q, k and v."""
+    b, t, nh, d = qkv.shape
+    kv = k_dest.shape[1]
+    h = nh - 2 * kv
+    assert k_dest.stride(-1) == 1 and v_dest.stride(-1) == 1, "cache buffers with a unit last stride"
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = _rope_tables(cos, sin, b, t, d)
+    q = torch.empty((b, h, t, d), dtype=qkv.dtype, device=qkv.device)
+    if b * t:
+        _norm_rope_store_kernel[(b * t * nh,)](
+            qkv, weight.contiguous(), cos, sin, q, k_dest, v_dest, offsets.contiguous(), t, h, kv, d,
+            qkv.stride(0), qkv.stride(1), qkv.stride(2), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+            k_dest.stride(0), k_dest.stride(1), k_dest.stride(2), v_dest.stride(0), v_dest.stride(1),
+            v_dest.stride(2), float(eps), BLOCK=triton.next_power_of_2(d))
+    return q
 
 
 @triton.jit

@@ -60,6 +60,19 @@ class SlotCache:
         self.v[layer][rows, :, self._positions] = v[:, :, 0].to(dtype)
         return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
 
+    def store_target(self, layer: int, t: int, dtype):
+        """Decoding: where a fused kernel writes each row's new key and value itself (`layers.norm_rope_store`),
+        then calls `stored`: rows 0..batch-1 and their positions. None while prefilling, or where the cache
+        holds another dtype than the model computes in."""
+        if self._positions is None or t != 1 or self.k[layer].dtype != dtype:
+            return None
+        rows = self._rows
+        return self.k[layer][rows], self.v[layer][rows], self._positions
+
+    def stored(self, layer: int, t: int):
+        """What `update` returns while decoding, once the keys are written."""
+        return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
+
     def tensors(self) -> list[torch.Tensor]:
         return self.k + self.v
 

@@ -55,6 +55,23 @@ def norm_rope(qk: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Ten
     return apply_rope(rms_norm(qk, weight, eps).transpose(1, 2), cos, sin)
 
 
+def norm_rope_store(qkv: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                    k_dest: torch.Tensor, v_dest: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The merged projection's output `qkv` (B, T, H + 2 Hkv, D) to attention's inputs in one step: q (B, H, T,
+    D) normed and rotated is returned; k, normed and rotated, and v are written into the caches `k_dest` and
+    `v_dest` (B, Hkv, S, D), row b's T positions from `offsets[b]` on. The `Attention.store_kernel` hook's
+    contract: `norm_rope` and the cache writes, the same values."""
+    b, t, _, _ = qkv.shape
+    kv = k_dest.shape[1]
+    h = qkv.shape[2] - 2 * kv
+    qk = norm_rope(qkv[:, :, : h + kv], weight, eps, cos, sin)  # (B, H + Hkv, T, D)
+    positions = offsets[:, None] + torch.arange(t, device=offsets.device)  # (B, T)
+    rows = torch.arange(b, device=offsets.device)[:, None]
+    k_dest[rows, :, positions] = qk[:, h:].transpose(1, 2)  # (B, T, Hkv, D) at (row, position)
+    v_dest[rows, :, positions] = qkv[:, :, h + kv:]
+    return qk[:, :h]
+
+
 def silu_mul(both: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for `both` = [gate | up] on the last dimension: the `GatedMLP.kernel` hook's contract."""
     gate, up = both.chunk(2, dim=-1)
@@ -243,6 +260,8 @@ class FrameKVCache:
         self.capacity = capacity
         self.length = 0
         self._batch = 0
+        # Row offsets for `store_target`, one (rows,) tensor per start position, made now (not in a capture).
+        self._starts = torch.arange(capacity, device=device)[:, None].expand(capacity, rows).contiguous()
 
     def start(self, batch: int) -> "FrameKVCache":
         assert batch <= self.k[0].shape[0], f"batch {batch} exceeds the cache's {self.k[0].shape[0]} rows"
@@ -255,6 +274,22 @@ class FrameKVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v (B, Hkv, T, D) at the next T positions; return positions 0..end of rows 0..B-1."""
         end = self._write(layer, k, v)
+        return self.k[layer][: self._batch, :, :end], self.v[layer][: self._batch, :, :end]
+
+    def store_target(self, layer: int, t: int, dtype: torch.dtype):
+        """Where a fused kernel writes the next `t` positions of rows 0..B-1 itself (`layers.norm_rope_store`),
+        then calls `stored`: the buffers and each row's first position; None where they hold another dtype."""
+        if self.k[layer].dtype != dtype:
+            return None
+        assert self.length + t <= self.capacity, f"{self.length + t} positions exceed the cache's capacity"
+        return self.k[layer][: self._batch], self.v[layer][: self._batch], self._starts[self.length, : self._batch]
+
+    def stored(self, layer: int, t: int):
+        """After a kernel wrote `store_target`'s positions: what `update` returns (positions advance after the
+        last layer)."""
+        end = self.length + t
+        if layer == len(self.k) - 1:
+            self.length = end
         return self.k[layer][: self._batch, :, :end], self.v[layer][: self._batch, :, :end]
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -294,6 +329,9 @@ class StaticKVCache(FrameKVCache):
             buffer[:batch].zero_()
         return self
 
+    def store_target(self, layer: int, t: int, dtype: torch.dtype):
+        return None  # its `update` returns every position (the NPU's layout): keep that path
+
     def mask(self, new: int) -> torch.Tensor:
         """(1, 1, new, capacity) boolean, True = attend, for the next `new` positions."""
         return self._causal[self.length : self.length + new][None, None]
@@ -330,6 +368,10 @@ class Attention(nn.Module):
         # fused, where a device layer provides one (device/cpu_weights.use_native_rope); used once fused,
         # for inputs of the norm weight's dtype.
         self.rope_kernel = None
+        # `store_kernel(qkv, weight, eps, cos, sin, k_dest, v_dest, offsets) -> q`: the rope kernel that also
+        # writes k and v into the cache (`norm_rope_store`'s contract), where a device layer provides one and
+        # the cache offers its buffers (`store_target`): two cache writes fewer per layer.
+        self.store_kernel = None
 
     def fuse(self, concat=None) -> None:
         """Replace q/k/v_proj by `qkv_proj = concat([q, k, v])` (default `concat_linears`) and the q/k
@@ -371,11 +413,28 @@ class Attention(nn.Module):
         """x (B, T, hidden) -> (B, T, hidden). `mask` is boolean (B|1, 1, T, S), True = attend;
         `attend(q, k, v, mask, causal)` is the kernel (see `sdpa_attention`)."""
         b, t, _ = x.shape
-        q, k, v = self.project(x, cos, sin)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)
+        target = self._store_target(cache, layer, t, x, cos)
+        if target is not None:  # q from the kernel; k and v straight into the cache
+            norm = self.qk_norm
+            qkv = self.qkv_proj(x).view(b, t, self.heads + 2 * self.kv_heads, self.head_dim)
+            q = self.store_kernel(qkv, norm.weight, norm.eps, cos, sin, *target)
+            k, v = cache.stored(layer, t)
+        else:
+            q, k, v = self.project(x, cos, sin)
+            if cache is not None:
+                k, v = cache.update(layer, k, v)
         out = attend(q, k, v, mask, causal and mask is None and t > 1)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+    def _store_target(self, cache, layer: int, t: int, x: torch.Tensor, cos: torch.Tensor):
+        """(k_dest, v_dest, offsets) for `store_kernel`, or None: the projection and `cache.update` instead."""
+        if self.store_kernel is None or self.qkv_proj is None or self.qk_norm is None or cache is None:
+            return None
+        if not x.dtype == self.qk_norm.weight.dtype == cos.dtype:
+            return None
+        store = getattr(cache, "store_target", None)
+        return store(layer, t, x.dtype) if store is not None else None
 
 
 class GatedMLP(nn.Module):
