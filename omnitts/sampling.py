@@ -214,12 +214,15 @@ def warp(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor | None) 
     return values >= torch.maximum(kth, cut)
 
 
-def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan: Plan, scores=None) -> torch.Tensor:
+def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan: Plan, scores=None,
+           pick=None) -> torch.Tensor:
     """One code per row (B,): argmax where `do_sample` (B,) is False, else a Gumbel-max draw.
 
     temperature, top_p: (B, 1) float; top_k: (B, 1) int64; keys (B, 1) from `frame_keys` (None when
     the plan does not sample); `group` the codebook (0 talker, 1..15 sub-talker). `scores`: a kernel
-    computing `gumbel_scores` (device/fused.py's: one launch instead of ~25; None: `gumbel_scores`).
+    computing `gumbel_scores` (device/fused.py's: one launch instead of ~25; None: `gumbel_scores`);
+    `pick`: one computing `draw`, the whole draw from the candidates where no row filters by top-p
+    (device/fused.py's: one launch instead of ~10; None: `draw` with `scores`).
     """
     greedy = logits.argmax(-1)
     if not plan.samples:
@@ -228,8 +231,27 @@ def choose(logits, do_sample, temperature, top_k, top_p, keys, group: int, plan:
         values, index = torch.topk(logits, plan.candidates, dim=-1)
     else:
         values, index = torch.sort(logits, dim=-1, descending=True)
+    if not plan.top_p:
+        if pick is not None:
+            return pick(values, index, temperature, top_k, keys, group, greedy, do_sample)
+        return draw(values, index, temperature, top_k, keys, group, greedy, do_sample, scores)
     values = values / temperature
-    keep = warp(values, top_k, top_p if plan.top_p else None)
+    keep = warp(values, top_k, top_p)
+    return _race(values, keep, index, keys, group, greedy, do_sample, scores)
+
+
+def draw(values, index, temperature, top_k, keys, group: int, greedy, do_sample, scores=None) -> torch.Tensor:
+    """The draw of `choose` from its candidates where no row filters by top-p: `values` (B, K) sorted descending
+    and their codes `index`, tempered, cut to each row's top-k, raced with Gumbel noise; `greedy` (B,) where
+    `do_sample` is False. The contract of `choose`'s `pick` kernel."""
+    values = values / temperature
+    keep = warp(values, top_k, None)
+    return _race(values, keep, index, keys, group, greedy, do_sample, scores)
+
+
+def _race(values, keep, index, keys, group: int, greedy, do_sample, scores=None) -> torch.Tensor:
+    """The Gumbel-max race among the kept candidates: each row's winner's code, or `greedy` where it is not
+    sampling."""
     race = (scores or gumbel_scores)(values, keep, keys, group, index)
     sampled = index.gather(-1, race.argmax(-1, keepdim=True))[:, 0]
     return torch.where(do_sample, sampled, greedy)

@@ -18,6 +18,9 @@ and, everywhere else, exactly the torch code the models run without them (models
   - `frame_keys(seed, frame)` and `gumbel_scores(values, keep, keys, group, index)`: sampling's
     counter-based noise keys of a frame (~40 integer ops) and a codebook's Gumbel-max scores (noise,
     sum and mask: ~25 ops, 16 times a frame) (the `Talker.frame_keys` / `Talker.gumbel_scores` hooks);
+  - `pick(values, index, temperature, top_k, keys, group, greedy, do_sample)`: a codebook's whole draw
+    from its sorted candidates when no row filters by top-p (`sampling.draw`: temperature, top-k, the
+    Gumbel race, the winner's code or the greedy one: ~10 ops) (the `Talker.pick` hook);
   - `decode_attention(q, k, v, lengths)`: one query per row over its own first `lengths` keys
     (`layers.prefix_decode_attention`), in a reduction order that depends on nothing but the row: the
     decode attention of deterministic mode (`deterministic_attention`, the decoder stacks' `attend` hook).
@@ -57,6 +60,8 @@ _SCHEMAS = {
     "frame_keys": "frame_keys(Tensor seed, Tensor frame) -> Tensor",
     "gumbel_scores": "gumbel_scores(Tensor values, Tensor keep, Tensor keys, int group, Tensor index) -> Tensor",
     "decode_attention": "decode_attention(Tensor q, Tensor k, Tensor v, Tensor lengths) -> Tensor",
+    "pick": "pick(Tensor values, Tensor index, Tensor temperature, Tensor top_k, Tensor keys, int group, "
+            "Tensor greedy, Tensor do_sample) -> Tensor",
 }
 
 
@@ -69,6 +74,7 @@ _TORCH = {
     "frame_keys": sampling.frame_keys,
     "gumbel_scores": sampling.gumbel_scores,
     "decode_attention": layers.prefix_decode_attention,
+    "pick": sampling.draw,
 }
 
 
@@ -175,6 +181,11 @@ def self_check(device, dtype: torch.dtype, kernels=None) -> str | None:
                                                                                                 index)
         if not torch.equal(got.argmax(-1), want.argmax(-1)):
             return "gumbel_scores: the sampled codes differ from torch's"
+        draw = (values, index, torch.tensor([[0.7], [1.0], [1.3]], device=device),
+                torch.tensor([[5], [0], [60]], device=device), keys, 3, index[:, 0],
+                torch.tensor([True, True, False], device=device))
+        if not torch.equal(kernels.pick(*draw), sampling.draw(*draw)):
+            return "pick: the sampled codes differ from torch's"
     except Exception as error:  # noqa: BLE001 - any failure (compile, launch, values) means: do not use them
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
     return None
@@ -219,7 +230,7 @@ def use_fused_ops(module: nn.Module) -> int:
     count = 0
     for m in module.modules():
         if isinstance(m, Talker) and m.gumbel_scores is None:
-            m.frame_keys, m.gumbel_scores, count = OPS.frame_keys, OPS.gumbel_scores, count + 2
+            m.frame_keys, m.gumbel_scores, m.pick, count = OPS.frame_keys, OPS.gumbel_scores, OPS.pick, count + 3
         elif isinstance(m, layers.RMSNorm) and m.kernel is None:
             m.kernel, count = OPS.rms_norm, count + 1
         elif isinstance(m, layers.Attention) and m.rope_kernel is None and m.qkv_proj is not None \

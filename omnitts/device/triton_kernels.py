@@ -271,6 +271,41 @@ def gumbel_scores(values: torch.Tensor, keep: torch.Tensor, keys: torch.Tensor, 
     return out
 
 
+@triton.jit
+def _pick_kernel(values_ptr, index_ptr, temp_ptr, topk_ptr, keys_ptr, greedy_ptr, sample_ptr, out_ptr, K,
+                 group_word, sv, si, BLOCK: tl.constexpr):
+    row = tl.program_id(0)  # one row's whole draw: K sorted candidates fit one block
+    cols = tl.arange(0, BLOCK)
+    inside = cols < K
+    values = tl.math.div_rn(tl.load(values_ptr + row * sv + cols, mask=inside, other=0.0), tl.load(temp_ptr + row))
+    k = tl.load(topk_ptr + row)
+    k = tl.minimum(tl.maximum(tl.where(k <= 0, K, k), 1), K)  # off (0) or more than K: every candidate
+    kth = tl.sum(tl.where(cols == k - 1, values, 0.0), axis=0)  # the k-th best (one term: exact)
+    keep = inside & (values >= kth)
+    m = 0xFFFFFFFF
+    key = tl.load(keys_ptr + row).to(tl.uint64, bitcast=True)
+    index = tl.load(index_ptr + row * si + cols, mask=inside, other=0)
+    h = _fmix32(key ^ (((index.to(tl.uint64, bitcast=True) + group_word) * 0x9E3779B9) & m))
+    u = ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23: exact
+    scores = tl.where(keep, values - tl.log(-tl.log(u)), float("-inf"))
+    best = tl.argmax(scores, axis=0, tie_break_left=True)  # the first of equal maxima, as torch's argmax
+    sampled = tl.sum(tl.where(cols == best, index, 0), axis=0)
+    chosen = tl.where(tl.load(sample_ptr + row) != 0, sampled, tl.load(greedy_ptr + row))
+    tl.store(out_ptr + row, chosen)
+
+
+def pick(values, index, temperature, top_k, keys, group: int, greedy, do_sample) -> torch.Tensor:
+    """sampling.draw: one code per row (B,) from sorted float32 candidates `values` (B, K) and their codes."""
+    values, index = _rows(values), _rows(index)
+    b, k = values.shape
+    out = torch.empty((b,), dtype=torch.int64, device=values.device)
+    if b:
+        flat = [t.reshape(-1).contiguous() for t in (temperature, top_k, keys, greedy, do_sample)]
+        _pick_kernel[(b,)](values, index, *flat[:4], flat[4].view(torch.uint8), out, k, group << 16,
+                           values.stride(0), index.stride(0), BLOCK=triton.next_power_of_2(k))
+    return out
+
+
 # -- decode attention with a reduction order of its own row's (deterministic mode) -------------------
 @triton.jit
 def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, len_ptr, out_ptr, H, G, D,

@@ -60,7 +60,7 @@ def generate_codes(ckpt, prompt: Prompt, params: SamplingParams) -> Generation:
         logits = sampling.process_talker(logits, seen, rows.penalty, generated, suppress, eos)
         margins_t.append(sampling.margin(logits))
         c0 = sampling.choose(logits, rows.do_sample, rows.temperature, rows.top_k, rows.top_p, keys, 0,
-                             plan.talker, talker.gumbel_scores)
+                             plan.talker, talker.gumbel_scores, talker.pick)
         if int(c0) == eos:
             finish = "eos"
             break
@@ -112,7 +112,7 @@ def predict_residuals(talker, past_hidden, c0, rows: RowParams, keys, plan: samp
         if margins is not None:
             margins.append(sampling.margin(logits))
         code = sampling.choose(logits, rows.sub_do_sample, rows.sub_temperature, rows.sub_top_k, rows.sub_top_p,
-                               keys, group, plan, talker.gumbel_scores)
+                               keys, group, plan, talker.gumbel_scores, talker.pick)
         codes.append(code)
         if group < groups - 1:
             hidden = forward(predictor.embed(group, code)[:, None], group + 1)

@@ -124,7 +124,7 @@ class ModelRunner:
                                          self.suppress, self.eos)
         keys = (talker.frame_keys or sampling.frame_keys)(p.seed[rows], s.generated[rows]) if plan.samples else None
         c0 = sampling.choose(logits, p.do_sample[rows], p.temperature[rows], p.top_k[rows], p.top_p[rows],
-                             keys, 0, plan.talker, talker.gumbel_scores)
+                             keys, 0, plan.talker, talker.gumbel_scores, talker.pick)
         codes = predict_residuals(talker, s.hidden[rows], c0, p.select(rows), keys, plan.predictor,
                                   frame_cache=self.predictor_cache)  # (B, 16)
         s.codes[rows] = codes

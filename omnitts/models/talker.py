@@ -86,10 +86,12 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(cfg.text_hidden_size, cfg.hidden_size)
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(predictor_cfg, cfg.hidden_size)
-        # Sampling kernels with the contracts of `sampling.frame_keys` and `sampling.gumbel_scores` (passed
-        # to `sampling.choose`), where a device layer provides fused ones (device/fused.py); None: those.
+        # Sampling kernels with the contracts of `sampling.frame_keys`, `sampling.gumbel_scores` and
+        # `sampling.draw` (passed to `sampling.choose` as its `scores` and `pick`), where a device layer
+        # provides fused ones (device/fused.py); None: those.
         self.frame_keys = None
         self.gumbel_scores = None
+        self.pick = None
 
     @property
     def dtype(self) -> torch.dtype:
