@@ -197,15 +197,13 @@ class Prefills:
                 self._padded(start + i, prompt, bucket)
 
     def _padded(self, row: int, prompt: torch.Tensor, bucket: int) -> None:
-        runner = self.runner
+        runner, state = self.runner, self.runner.state
         if self.inputs is None:
-            state = runner.state
             self.inputs = PrefillInputs(self.buckets[-1], state.hidden.shape[1], state.logits.shape[1],
                                         state.hidden.dtype, state.hidden.device)
         inputs = self.inputs
-        runner.load_prefill(inputs, row, prompt.to(inputs.embeds.dtype), bucket)
+        runner.load_prefill(inputs, row, prompt, bucket)  # (the copy converts the dtype)
         if bucket not in self.by_bucket and self.graphs is not None:
-            state = runner.state
             reads = [*inputs.tensors(), state.hidden, state.logits, state.lengths, *runner.cache.tensors()]
             self.by_bucket[bucket] = self.graphs.capture(lambda: runner.prefill_padded(inputs, bucket), reads,
                                                          inputs.logits)

@@ -58,7 +58,7 @@ class SlotCache:
         rows, dtype = self._row_index, self.k[layer].dtype  # dtype: may be wider than the model's
         self.k[layer][rows, :, self._positions] = k[:, :, 0].to(dtype)
         self.v[layer][rows, :, self._positions] = v[:, :, 0].to(dtype)
-        return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
+        return self.stored(layer, 1)
 
     def store_target(self, layer: int, t: int, dtype):
         """Decoding: where a fused kernel writes each row's new key and value itself (`layers.norm_rope_store`),
@@ -70,7 +70,7 @@ class SlotCache:
         return self.k[layer][rows], self.v[layer][rows], self._positions
 
     def stored(self, layer: int, t: int):
-        """What `update` returns while decoding, once the keys are written."""
+        """While decoding, once this frame's keys are written: the first `span` positions of the batch's rows."""
         return self.k[layer][self._rows, :, : self._span], self.v[layer][self._rows, :, : self._span]
 
     def tensors(self) -> list[torch.Tensor]:

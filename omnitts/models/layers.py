@@ -285,11 +285,8 @@ class FrameKVCache:
         return self.k[layer][: self._batch], self.v[layer][: self._batch], self._starts[self.length, : self._batch]
 
     def stored(self, layer: int, t: int):
-        """After a kernel wrote `store_target`'s positions: what `update` returns (positions advance after the
-        last layer)."""
-        end = self.length + t
-        if layer == len(self.k) - 1:
-            self.length = end
+        """After a kernel wrote `store_target`'s positions: what `update` returns."""
+        end = self._advance(layer, t)
         return self.k[layer][: self._batch, :, :end], self.v[layer][: self._batch, :, :end]
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -298,6 +295,11 @@ class FrameKVCache:
         assert end <= self.capacity, f"{end} positions exceed the cache's capacity {self.capacity}"
         self.k[layer][: self._batch, :, start:end] = k
         self.v[layer][: self._batch, :, start:end] = v
+        return self._advance(layer, k.shape[2])
+
+    def _advance(self, layer: int, t: int) -> int:
+        """The end of the `t` positions just written; positions advance once the last layer has written."""
+        end = self.length + t
         if layer == len(self.k) - 1:
             self.length = end
         return end
@@ -395,7 +397,7 @@ class Attention(nn.Module):
         h, hk, d = self.heads, self.kv_heads, self.head_dim
         norm = self.qk_norm
         if self.qkv_proj is not None:
-            qk, v = self.qkv_proj(x).view(b, t, h + 2 * hk, d).split((h + hk, hk), dim=2)
+            qk, v = self._heads(x).split((h + hk, hk), dim=2)
             if self.rope_kernel is not None and norm is not None and qk.dtype == norm.weight.dtype == cos.dtype:
                 qk = self.rope_kernel(qk, norm.weight, norm.eps, cos, sin)  # normed, (B, H + Hkv, T, D), rotated
             else:
@@ -416,8 +418,7 @@ class Attention(nn.Module):
         target = self._store_target(cache, layer, t, x, cos)
         if target is not None:  # q from the kernel; k and v straight into the cache
             norm = self.qk_norm
-            qkv = self.qkv_proj(x).view(b, t, self.heads + 2 * self.kv_heads, self.head_dim)
-            q = self.store_kernel(qkv, norm.weight, norm.eps, cos, sin, *target)
+            q = self.store_kernel(self._heads(x), norm.weight, norm.eps, cos, sin, *target)
             k, v = cache.stored(layer, t)
         else:
             q, k, v = self.project(x, cos, sin)
@@ -426,6 +427,10 @@ class Attention(nn.Module):
         out = attend(q, k, v, mask, causal and mask is None and t > 1)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
 
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """The merged projection of x (B, T, hidden) as heads (B, T, H + 2 Hkv, D): q, k, then v."""
+        b, t, _ = x.shape
+        return self.qkv_proj(x).view(b, t, self.heads + 2 * self.kv_heads, self.head_dim)
 
     def _store_target(self, cache, layer: int, t: int, x: torch.Tensor, cos: torch.Tensor):
         """(k_dest, v_dest, offsets) for `store_kernel`, or None: the projection and `cache.update` instead."""
