@@ -3,12 +3,16 @@
     python scripts/cpu_profiles.py                        # the default tier under each profile
     python scripts/cpu_profiles.py --profiles avx2,no-compiler -- tests/test_engine.py -x
     python scripts/cpu_profiles.py --logs .cache/ci       # each profile's pytest output in DIR/profile-NAME.log
+    python scripts/cpu_profiles.py --rerun                # a failing profile's failed tests once more, alone (CI)
 
 The profiles (docs/devices.md): `native` (this machine as it is), `avx512` (AVX-512 without bf16), `avx2`
 (AVX2 + FMA only), `avx512_bf16` (on request: AVX-512 with bf16, no AMX), `native-off` (OMNITTS_NATIVE=0)
 and `no-compiler` (CXX names no compiler, with an empty cache). The CPU classes are OMNITTS_CPU_PROFILE
 with torch's matching ATEN_CPU_CAPABILITY, both set before pytest starts; a class this CPU lacks is
-skipped with the reason. Prints each profile's time and pytest summary; exits 1 if any profile failed.
+skipped with the reason. Prints each profile's time and pytest summary, and a failing profile's failures
+(pytest's tracebacks and FAILED lines: CI's log shows them); exits 1 if any profile failed. With `--rerun`
+a failing profile's failed tests run once more on their own: those that pass then are printed as FLAKY, by
+name, at the end, and do not fail the profile; any that fail again do.
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ def profile_environment(name: str, scratch: Path) -> dict[str, str] | str:
     return features.profile_environment(name)
 
 
-def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | None) -> tuple[int, float, str]:
-    """pytest under one profile: (exit status, seconds, its closing summary line)."""
+def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | None,
+        suffix: str = "") -> tuple[int, float, str, str]:
+    """pytest under one profile: (exit status, seconds, its closing summary line, what failed)."""
     base = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
     began = time.monotonic()
@@ -52,20 +57,46 @@ def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | Non
                           stderr=subprocess.STDOUT, text=True)
     seconds = time.monotonic() - began
     if logs is not None:
-        (logs / f"profile-{name}.log").write_text(done.stdout, encoding="utf-8")
+        (logs / f"profile-{name}{suffix}.log").write_text(done.stdout, encoding="utf-8")
     lines = done.stdout.strip().splitlines()
-    return done.returncode, seconds, lines[-1] if lines else ""
+    return done.returncode, seconds, lines[-1] if lines else "", failures(lines)
 
 
-def main() -> None:
+def failed_ids(what: str) -> list[str]:
+    """The test ids of pytest's FAILED/ERROR lines (`FAILED tests/x.py::test_y[p] - why`)."""
+    return [line.split()[1] for line in what.splitlines() if line.startswith(("FAILED ", "ERROR ")) and
+            len(line.split()) > 1 and "::" in line.split()[1]]
+
+
+def failures(lines: list[str], most: int = 150) -> str:
+    """What a failing run said about its failures (pytest's FAILURES/ERRORS sections and its FAILED/ERROR lines),
+    at most `most` lines from the sections: CI shows it where the profile's log file stays on the CI machine."""
+    body, keep = [], False
+    for line in lines:
+        if line.startswith("=") and ("FAILURES" in line or "ERRORS" in line):
+            keep = True
+        elif line.startswith("=") and keep:
+            keep = False
+        if keep:
+            body.append(line)
+    verdicts = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+    if len(body) > most:
+        body = body[:most // 2] + [f"... ({len(body) - most} lines left out) ..."] + body[-most // 2:]
+    return "\n".join(body + verdicts)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profiles", default=",".join(DEFAULT), help="comma-separated (default: %(default)s)")
     parser.add_argument("--logs", type=Path, help="write each profile's pytest output to DIR/profile-NAME.log")
+    parser.add_argument("--rerun", action="store_true",
+                        help="run a failing profile's failed tests once more, alone: those that pass then are "
+                             "reported as FLAKY by name and do not fail the profile")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
-    failed, began = [], time.monotonic()
+    failed, flaky, began = [], [], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="omnitts-profiles-") as scratch:
         for name in args.profiles.split(","):
             env = profile_environment(name, Path(scratch))
@@ -74,11 +105,25 @@ def main() -> None:
                 continue
             shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "OMNITTS_CACHE_DIR") or "(as is)"
             print(f"cpu_profiles: {name:<12} {shown}", flush=True)
-            status, seconds, summary = run(name, env, args.pytest_args, args.logs)
+            status, seconds, summary, what = run(name, env, args.pytest_args, args.logs)
+            if status != 0 and what:
+                print(what, flush=True)
             print(f"cpu_profiles: {name:<12} {'passed' if status == 0 else 'FAILED'} in {seconds:.0f} s: {summary}",
                   flush=True)
+            ids = failed_ids(what) if status != 0 and args.rerun else []
+            if ids:  # once more, those tests alone: a failure that does not come back is named, not hidden
+                again, _, summary, what = run(name, env, ids, args.logs, "-rerun")
+                if again == 0:
+                    flaky.append(f"{name}: {', '.join(ids)}")
+                    status = 0
+                else:
+                    print(what, flush=True)
+                print(f"cpu_profiles: {name:<12} rerun of its {len(ids)} failed test(s) "
+                      f"{'passed: FLAKY, see below' if again == 0 else 'FAILED again'}: {summary}", flush=True)
             if status != 0:
                 failed.append(name)
+    for line in flaky:
+        print(f"cpu_profiles: FLAKY (failed, then passed alone): {line}")
     print(f"cpu_profiles: {len(failed)} profile(s) failed{': ' + ', '.join(failed) if failed else ''}; "
           f"{time.monotonic() - began:.0f} s in all")
     sys.exit(1 if failed else 0)

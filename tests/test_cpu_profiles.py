@@ -222,3 +222,32 @@ def test_ci_runs_the_default_tier_under_every_profile(load_script):
     assert sorted(handed) == sorted(set(script.DEFAULT) - {"native"})
     for name in handed:  # each names a profile the script knows
         assert isinstance(script.profile_environment(name, ROOT), (dict, str))
+
+
+def test_a_failing_profile_prints_its_failures_and_rerun_names_a_flaky_test(load_script, tmp_path, capsys):
+    """CI keeps no profile's log: the failures are printed. With --rerun, a test that fails once and then passes
+    alone is named FLAKY and does not fail the profile; one that fails every time still does."""
+    script = load_script("cpu_profiles")
+    mark = tmp_path / "failed-once"
+    suite = tmp_path / "test_probe.py"
+    suite.write_text(f"""import pathlib
+def test_fails_the_first_time():
+    mark = pathlib.Path({str(mark)!r})
+    if not mark.exists():
+        mark.write_text("x")
+        raise AssertionError("the first time")
+def test_passes():
+    pass
+""")
+    args = ["--profiles", "native-off", "--rerun", "--", str(suite), "--rootdir", str(tmp_path)]
+    with pytest.raises(SystemExit) as done:
+        script.main(args)
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "AssertionError: the first time" in out
+    assert "FLAKY (failed, then passed alone): native-off: " in out and "test_fails_the_first_time" in out
+    suite.write_text("def test_fails_every_time():\n    raise AssertionError('every time')\n")
+    with pytest.raises(SystemExit) as done:
+        script.main(args)
+    out = capsys.readouterr().out
+    assert done.value.code == 1 and "FAILED again" in out and "1 profile(s) failed: native-off" in out
+    assert out.count("AssertionError: every time") >= 2  # the run's failures, then the rerun's
