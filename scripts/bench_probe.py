@@ -52,7 +52,7 @@ def synth(args: list[str]) -> int:
     stamps = {"t_top": T_TOP, "t_imports": time.time()}
     load = omnitts.api.load
 
-    def timed_load(*a, **k):  # cli._run imports load from omnitts.api when it runs, so it gets this
+    def timed_load(*a, **k):  # cli.running._run imports load from omnitts.api when it runs, so it gets this
         tts = load(*a, **k)
         stamps["t_load"] = time.time()
         return tts

@@ -1,0 +1,118 @@
+"""The command line's vocabulary: help panels, every option's declaration (shared by the commands), the engine
+defaults, and the one-line error exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+# Help panels: every option of every command sits in one of these (details in the README).
+INPUT, DECODING, ENGINE, OUTPUT = "Input", "Decoding", "Engine", "Output"
+FLAG = ""  # metavar of on/off flags: no "<bool>" placeholder (a flag takes no value)
+
+
+class PlainHelp:
+    """--help itself shows no "<bool>" placeholder either."""
+
+    def get_help_option(self, ctx):
+        shown = super().get_help_option(ctx)
+        if shown is not None:
+            shown.metavar = FLAG
+        return shown
+
+
+class Command(PlainHelp, TyperCommand):
+    pass
+
+
+class Group(PlainHelp, TyperGroup):
+    pass
+
+
+def option(*names: str, panel: str, metavar: str = FLAG, show_default: bool = False, **kwargs):
+    """A typer.Option in help panel `panel`; defaults show only when asked (the help says the others)."""
+    return typer.Option(*names, metavar=metavar, rich_help_panel=panel, show_default=show_default, **kwargs)
+
+
+Model = Annotated[Path, option("--model", "-m", panel=INPUT, metavar="DIR",
+                                help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
+Out = Annotated[Path, option("--out", "-o", panel=OUTPUT, metavar="DIR",
+                              help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
+Greedy = Annotated[bool, option("--greedy/--no-greedy", panel=DECODING, help="Argmax decoding instead of sampling.")]
+MaxFrames = Annotated[Optional[int], option("--max-frames", panel=DECODING, metavar="N", min=1,
+                                             help="Frame budget per item (12.5 frames/s).")]
+Seed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N",
+                                        help="Seed for items without their own.")]
+Dtype = Annotated[Optional[str], option("--dtype", panel=ENGINE, metavar="TYPE",
+                                         help="auto, float32, bfloat16 or float16. [default: auto]")]
+CodecDtype = Annotated[Optional[str], option("--codec-dtype", panel=ENGINE, metavar="TYPE",
+                                              help="float32, or bfloat16 (faster, lossier). [default: float32]")]
+Device = Annotated[Optional[str], option("--device", panel=ENGINE, metavar="NAME",
+                                          help="cpu, cuda, npu. [default: cpu]")]
+MaxBatch = Annotated[Optional[int], option("--max-batch", panel=ENGINE, metavar="N", min=1,
+                                            help="Requests decoded together. [default: 8]")]
+Eager = Annotated[Optional[bool], option("--eager/--no-eager", panel=ENGINE,
+                                          help="No graph capture on cuda/npu. [default: no-eager]")]
+Deterministic = Annotated[bool, option("--deterministic", panel=ENGINE,
+                                         help="Bitwise audio in any batch.")]
+Workers = Annotated[Optional[int], option("--workers", panel=ENGINE, metavar="N",
+                                          help="Engine processes, one per device (cpu: cores split); with --ray: actors.")]
+Devices = Annotated[Optional[str], option("--devices", panel=ENGINE, metavar="LIST",
+                                           help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
+RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", panel=ENGINE, metavar="FILE",
+                                              help="TOML settings; flags win.")]
+
+ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False,
+                       deterministic=False)
+SaveCodes = Annotated[bool, option("--save-codes", panel=OUTPUT, help="Also write ID.codes.npy (int64, frames x 16).")]
+OfficialTok = Annotated[bool, option("--official-tokenizer", panel=DECODING,
+                                      help="Tokenize as the official qwen-tts package does.")]
+Quiet = Annotated[bool, option("--quiet", "-q", panel=OUTPUT, help="No progress bar; errors and summary still print.")]
+Verbose = Annotated[bool, option("--verbose", "-v", panel=OUTPUT,
+                                  help="Also report graph capture costs.")]
+Strict = Annotated[bool, option("--strict", panel=INPUT, help="Synthesize nothing if any manifest line is bad.")]
+RetryFailed = Annotated[bool, option("--retry-failed", panel=OUTPUT,
+                                      help="Run again the items an earlier run failed.")]
+Force = Annotated[bool, option("--force", panel=OUTPUT, help="Redo every item, finished ones included.")]
+Format = Annotated[str, option("--format", panel=OUTPUT, metavar="EXT", show_default=True,
+                                help="Audio format: wav, flac or ogg.")]
+ColumnMap = Annotated[Optional[list[str]], option("--column", panel=INPUT, metavar="F=COL",
+                                                   help="Read field F from column COL; repeatable.")]
+IdCol = Annotated[Optional[str], option("--id-column", panel=INPUT, metavar="COL",
+                                         help="Column holding the id (--column id=COL).")]
+TextCol = Annotated[Optional[str], option("--text-column", panel=INPUT, metavar="COL",
+                                           help="Column holding the text (--column text=COL).")]
+ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False,
+                                             help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
+Loudness = Annotated[Optional[float], option("--loudness", panel=OUTPUT, metavar="LUFS",
+                                              help="Normalize each output's loudness (e.g. -23).")]
+ShardOpt = Annotated[Optional[str], option("--shard", panel=INPUT, metavar="K/N",
+                                           help="Take only shard K of N (by id), e.g. one per Slurm task.")]
+SplitChars = Annotated[Optional[int], option("--split-chars", panel=INPUT, metavar="N", min=0,
+                                              help="Split longer texts at sentences (0: never).")]
+RetryRunaway = Annotated[int, option("--retry-runaway", panel=DECODING, metavar="N", min=0, show_default=True,
+                                      help="Retries for items that hit the frame budget.")]
+UseRay = Annotated[bool, option("--ray", panel=ENGINE, help="Run on a Ray cluster: one engine per actor.")]
+RayAddress = Annotated[Optional[str], option("--ray-address", panel=ENGINE, metavar="ADDR",
+                                              help="Ray cluster to join (auto, ray://...). [default: local]")]
+ExportDataset = Annotated[Optional[Path], option("--export-dataset", panel=OUTPUT, metavar="DIR",
+                                                  help="Also save the results as a datasets dataset.")]
+
+
+def fail(message: str, code: int = 2):
+    """The command's one error line on stderr, then exit `code` (2: a usage error, before anything ran)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def either(choices) -> str:
+    """("a", "b", "c") -> "a, b or c"."""
+    return f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+

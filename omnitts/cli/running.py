@@ -1,0 +1,476 @@
+"""What `omnitts synth` does once its manifest has been read: run the pending items (in this process, in one
+worker process per device, or on Ray) behind a progress bar, handle Ctrl-C and SIGTERM, print the closing
+summary, and turn filesystem errors into one line and an exit code."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+from ..errors import OmniTTSError
+from .options import fail, plural
+
+
+def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
+               export_dataset, quiet, workers_on=None, ray=None, verbose=False):
+    """synth after pass 1: run the pending items (here, in one worker process per device of `workers_on`, or
+    on Ray with `ray` = (address, actors, recipe)), export, exit code."""
+    from ..batch.manifest import BadLine, iter_manifest
+
+    out = batch.out
+
+    def items():  # pass 2 (and the export): the good items, read again lazily
+        return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars)
+                if not isinstance(entry, BadLine))
+
+    load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
+    try:
+        if ray is not None:
+            stopped = _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
+        elif workers_on is None:
+            stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet, verbose)
+        else:
+            from ..workers import Plan, cpu_threads
+
+            plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
+                        batch.shard, since=batch.ledger.offset)
+            stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose)
+            batch.ledger.refresh()  # what every worker wrote: for the export and the check below
+    except OmniTTSError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        os_error(exc, out, batch)
+    except KeyboardInterrupt as exc:
+        typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
+                   "again to resume", err=True)
+        raise typer.Exit(exit_code(exc))
+    if export_dataset is not None and batch.tally.done + batch.tally.skipped + batch.tally.others:
+        from ..batch.export import export_dataset as export
+
+        current = (item for item in items() if batch.mine(item.request.id) and batch.is_current(item))
+        try:
+            count = export(out, current, export_dataset)
+        except (OSError, OmniTTSError) as exc:
+            _export_failed(exc, export_dataset, out, batch)
+        typer.echo(f"exported {count} items to {export_dataset}", err=True)
+    if stopped:
+        raise typer.Exit(stopped)
+    if workers_on is not None:
+        _check_all_have_audio(batch, items(), bad)
+    if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
+        raise typer.Exit(1)
+
+
+def _check_all_have_audio(batch, items, bad: int) -> None:
+    """After the workers: exit 1 if some good item has no current audio, saying so where no failure explains
+    it (the worker that held it died and none finished it)."""
+    t = batch.tally
+    missing = sum(1 for item in items if batch.mine(item.request.id) and not batch.is_current(item))
+    unexplained = missing - (t.failed - bad) - t.earlier_failed
+    if unexplained > 0:
+        typer.echo(f"error: {plural(unexplained, 'item')} still {'has' if unexplained == 1 else 'have'} no audio "
+                   f"(a worker died and no other finished {'it' if unexplained == 1 else 'them'}): run the same "
+                   "command again to finish", err=True)
+    if missing:
+        raise typer.Exit(1)
+
+
+def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, address: str | None,
+             workers: int | None, recipe: Path | None):
+    """`_run` on Ray: the manifest's good items as a Ray dataset through `omnitts.ray.Synthesizer` actors.
+
+    Joins the cluster at `address` (a local one when None). Progress counts the metadata rows as they
+    stream back; the closing summary and exit code are the normal path's, with results.jsonl (which the
+    actors write) the truth for which items have audio. Returns 130/143 if a signal stopped it, else None.
+    """
+    import warnings
+
+    import ray
+    import ray.data
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from ..batch.ledger import Ledger
+    from ..ray import BATCH_ROWS, dataset_from_items, synthesize_dataset
+
+    console = Console(stderr=True)
+    s, tally = batch.settings, batch.tally
+    mine = lambda: (item for item in items() if batch.mine(item.request.id))  # noqa: E731 (this --shard's)
+    before = batch.ledger  # what was recorded before the run: a row skipped for a record made since counts as done
+    for name in ("ray", "ray.data"):  # Ray Data logs each execution at INFO on its own handler
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="ray")  # e.g. "the operator only received 1 input(s)"
+    init = dict(logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    if address is None:
+        init["include_dashboard"] = False
+    ray.init(address=address, **init)
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False
+        if workers is None:
+            resource = {"cuda": "GPU", "npu": "NPU"}.get(load_kwargs["device"])
+            workers = max(1, int(ray.cluster_resources().get(resource, 0))) if resource else 1
+        env = {}
+        if recipe is not None:
+            from ..recipe import load_recipe
+
+            env = dict(load_recipe(recipe).env)
+        options = dict(load_kwargs, greedy=s.greedy, seed=s.seed, max_frames=s.max_frames, format=s.format,
+                       save_codes=s.save_codes, loudness=s.loudness, split_chars=s.split_chars,
+                       retry_failed=s.retry_failed, force=s.force, retry_runaway=s.retry_runaway,
+                       env=env)
+        if not quiet:
+            console.print(f"ray: {plural(workers, 'actor')} on {load_kwargs['device']} "
+                          f"({ray.cluster_resources().get('CPU', 0):g} CPUs in the cluster)")
+        rows = max(1, min(BATCH_ROWS, -(-(total - tally.failed) // workers)))  # every actor gets blocks to work on
+        options["since"] = batch.ledger.offset  # a batch Ray retries finds what this run already did
+        meta = synthesize_dataset(dataset_from_items(mine(), chunk_rows=rows), model, batch.out, actors=workers,
+                                  batch_size=rows, **options)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[rate]}"))
+        with Progress(*columns, console=console, disable=quiet) as progress:
+            progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
+            for rows in meta.iter_batches(batch_size=None, batch_format="pyarrow"):
+                for row in rows.to_pylist():
+                    _count_row(row, before, tally, console)
+                _advance(progress, tally)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # an actor that cannot start (checkpoint, device), a full disk in an actor, ...
+        message = str(exc).strip().splitlines()
+        fail(f"the Ray run failed: {message[-1] if message else type(exc).__name__} (what is done is kept in "
+              f"{batch.out}/results.jsonl; run the same command again to resume)", code=1)
+    finally:
+        ray.shutdown()
+    batch.ledger = Ledger(batch.out)  # results.jsonl as the actors left it: the truth for the exit code and export
+    failed = batch.ledger.failed  # items whose last record is a failure are reported as such by the summary
+    missing = sum(1 for item in mine() if not batch.is_current(item) and item.request.id not in failed)
+    _summary(console, batch)
+    if missing > 0:
+        console.print(f"{plural(missing, 'item')} of the manifest still {'has' if missing == 1 else 'have'} no "
+                      f"audio in {batch.out}: run the same command again")
+        return 1
+    return None
+
+
+def _count_row(row: dict, before, tally, console) -> None:
+    """One metadata row of the Ray stage into the closing summary's tally."""
+    if row["skipped"] and row["status"] == "ok" and row["id"] in before.done:
+        tally.skipped += 1
+    elif row["skipped"] and row["status"] != "ok" and row["id"] in before.failed:
+        tally.skipped += 1
+        tally.earlier_failed += 1
+    elif row["status"] == "ok":  # run now (or by an attempt of this run that Ray retried)
+        tally.done += 1
+        tally.seconds += row["seconds"] or 0.0
+        tally.changed += bool(row["changed"])
+    else:
+        tally.fail(row["id"], row["error"])
+        console.print(f"error: {row['id']}: {row['error']}")
+
+
+def os_error(exc: OSError, out: Path, batch) -> None:
+    """A filesystem error (a full disk, EACCES, EIO, a filesystem turned read-only...) ends the run with
+    one line naming the file and the error, exit 1. What is done stays done (nothing is half-written:
+    see batch/outdir.py), so the same command resumes once the cause is fixed."""
+    from ..io.atomic import disk_full, shown_name
+
+    done = len(batch.ledger.done) if batch is not None else 0
+    resume = f"{plural(done, 'item')} done ({out}/results.jsonl); "
+    if disk_full(exc):
+        fail(f"no space left on {out}: {resume}free some space and run the same command again to resume", code=1)
+    where = shown_name(exc.filename) if exc.filename else out
+    fail(f"cannot write {where}: {_os_reason(exc)}: {resume}fix that and run the same command again to resume",
+          code=1)
+
+
+def _os_reason(exc: OSError) -> str:
+    """An OSError's text with its errno's name, e.g. "Permission denied (EACCES)"."""
+    import errno
+
+    code = errno.errorcode.get(exc.errno)
+    return (exc.strerror or str(exc)) + (f" ({code})" if code else "")
+
+
+def _export_failed(exc: Exception, target: Path, out: Path, batch) -> None:
+    """An export that failed (a full disk...) left nothing behind (batch/export.py); the synthesized items stay
+    done, so the same command exports them without synthesizing again. One line, exit 1."""
+    from ..io.atomic import disk_full
+
+    if disk_full(exc):
+        reason = "no space left on device"
+    elif isinstance(exc, OSError):
+        reason = (f"cannot write {exc.filename}: " if exc.filename else "") + _os_reason(exc)
+    else:
+        reason = str(exc)
+    done = len(batch.ledger.done)
+    fail(f"--export-dataset {target}: {reason}; nothing was exported, the {plural(done, 'item')} done in {out} "
+          "stay done: fix that and run the same command again to export", code=1)
+
+
+def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, verbose: bool = False) -> int | None:
+    """Synthesize the pending `items` into `batch`, with a progress bar, Ctrl-C handling and a summary
+    (`verbose`: with what graph capture cost).
+
+    Returns the exit code of a signal that stopped the run early (130 Ctrl-C, 143 SIGTERM), else None.
+    The loop itself is batch/run.py's (the workers of --workers run the same one).
+    """
+    from contextlib import ExitStack
+
+    from rich.console import Console
+
+    from ..api import load
+    from ..batch.run import run_items
+
+    console = Console(stderr=True)
+    tally = batch.tally
+    stopping = _GracefulStop(console)
+    progress = _progress(console, quiet)
+
+    with ExitStack() as stack:
+        def loaded():  # only when some item is pending: then the bar and the signal handlers start
+            if not quiet:
+                console.print("loading checkpoint")
+            tts = load(model, **load_kwargs)
+            stack.enter_context(stopping)
+            stack.enter_context(progress)
+            progress.add_task("synthesizing", total=total, rate="")
+            return tts
+
+        def report(rec: dict) -> None:
+            if rec["status"] != "ok":
+                console.print(f"error: {rec['id']}: {rec['error']}")
+            _advance(progress, tally)
+
+        stats = {}
+        run_items(batch, items, loaded, stopping.requested, report, stats)
+    stopped = stopping.exit_code if stopping.count else None
+    if stopped:
+        console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
+                      "keeps what is done)")
+    _summary(console, batch)
+    if verbose and stats:
+        console.print(_graph_line(stats))
+    return stopped
+
+
+def _graph_line(stats: dict) -> str:
+    """The --verbose lines: what capturing frame graphs (and the prefill's and codec's call graphs) cost this run
+    (`Pipeline.graph_stats`)."""
+    engines = plural(stats["engines"], "engine")
+    calls = "".join(f"\n{what} graph capture: {plural(stats[f'{what}_captures'], 'graph')} in "
+                    f"{stats[f'{what}_capture_seconds']:.2f} s" for what in ("prefill", "codec")
+                    if stats.get(f"{what}_captures"))
+    if not stats["captures"]:
+        return f"graph capture: none (frames ran eagerly; {engines} built){calls}"
+    return (f"graph capture: {plural(stats['captures'], 'graph')} in {stats['capture_seconds']:.2f} s, "
+            f"{plural(stats['warmup_frames'], 'eager warm-up frame')} ({engines} built){calls}")
+
+
+def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool,
+                 verbose: bool = False) -> int | None:
+    """Run one worker process per device on `batch`'s directory: one progress bar, one summary (`verbose`:
+    with what graph capture cost, all workers together).
+
+    The workers report their records here; a worker that dies is named (the others take over its
+    items). Returns the exit code of a signal that stopped the run early, as `_run` does.
+    """
+    from contextlib import ExitStack
+
+    from rich.console import Console
+
+    from ..workers import Pool, name
+
+    console = Console(stderr=True)
+    tally = batch.tally
+    pool = Pool(plan, devices, tally)
+    stopping = _ForwardingStop(console, pool)
+    progress = _progress(console, quiet)
+    with ExitStack() as stack:
+        stack.enter_context(stopping)
+        stack.callback(pool.shutdown)  # after a second Ctrl-C: the workers get a moment to end, then are killed
+        pool.start()
+        if not quiet:
+            console.print(f"started {plural(len(devices), 'worker')}: {', '.join(devices)}")
+        for event in pool.events():
+            kind, index = event[0], getattr(event[1], "index", event[1])
+            who = name(index, devices[index])
+            if kind == "loading" and not progress.task_ids:
+                if not quiet:
+                    console.print("loading checkpoint")
+                stack.enter_context(progress)
+                progress.add_task("synthesizing", total=good + bad, rate="")
+            elif kind == "record" and event[3] != "ok":
+                console.print(f"error: {event[2]}: {event[4]}")
+            elif kind == "error":
+                console.print(f"error: {who}: {event[2]}")
+            elif kind == "ended" and not event[1].stopped:
+                rest = "the others take over its items" if pool.alive() else "its items are left for the next run"
+                console.print(f"{who} died: {event[1].reason}; {rest}")
+            if progress.task_ids:
+                _advance(progress, tally)
+    stopped = stopping.exit_code if stopping.count else None
+    if stopped:
+        console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
+                      "keeps what is done)")
+    elif pool.all_finished():
+        # Each worker counts its siblings' items as "others"; a writer outside this command recorded
+        # what no worker ran and no earlier run finished.
+        tally.others = max(0, good - tally.skipped - tally.done - (tally.failed - bad))
+    _summary(console, batch)
+    if verbose and pool.graphs:
+        console.print(_graph_line(pool.graphs))
+    kinds = {kind for _, kind in pool.errors.values()}
+    if "disk" in kinds:
+        fail(f"no space left on {batch.out}: {plural(tally.done, 'item')} done in this run "
+              f"({batch.out}/results.jsonl); free some space and run the same command again to resume", code=1)
+    if kinds == {"usage"} and len(pool.errors) == len(devices) and not tally.done:
+        raise typer.Exit(2)  # every worker refused to start (each said why): nothing could run
+    return stopped
+
+
+def _advance(progress, tally) -> None:
+    """Show `tally` on a run's progress bar (its one task): items accounted for, audio written, speed."""
+    progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped + tally.others,
+                    rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+
+
+def _progress(console, quiet: bool):
+    """The progress bar of a run (items, elapsed, ETA, audio seconds and speed); not started yet."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
+    return Progress(*columns, console=console, disable=quiet)
+
+
+class _Interrupt(KeyboardInterrupt):
+    """Raised by a signal that stops at once: Ctrl-C (SIGINT) or SIGTERM, with the exit code it calls for."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    return getattr(exc, "exit_code", 130)
+
+
+def interrupt(signum, frame):
+    raise _Interrupt(signum)
+
+
+class _GracefulStop:
+    """First Ctrl-C or SIGTERM: stop starting items, finish the running ones. Second: interrupt at once.
+
+    SIGTERM (what `kill`, schedulers and `docker stop` send) is handled as Ctrl-C is: the run exits 143.
+    """
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self, console):
+        self.console = console
+        self.count = 0
+        self.exit_code = 130
+
+    def requested(self) -> bool:
+        return self.count > 0
+
+    def _handle(self, signum, frame):
+        self.count += 1
+        if self.count > 1:
+            raise _Interrupt(signum)
+        import signal
+
+        self.exit_code = 128 + signum
+        again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM or Ctrl-C"
+        self.console.print(f"stopping: finishing the items in progress ({again} again to drop them)")
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                number = getattr(signal, name)
+                self.previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+
+class _ForwardingStop(_GracefulStop):
+    """The parent of --workers: stops as _GracefulStop does, and passes SIGTERM on to the workers (and a
+    SIGINT the terminal did not already deliver to them: `kill -INT PID`, no terminal)."""
+
+    def __init__(self, console, pool):
+        super().__init__(console)
+        self.pool = pool
+
+    def _handle(self, signum, frame):
+        import signal
+
+        from ..workers import terminal_signals_group
+
+        self.pool.stopping = self.pool.stopping or signum  # workers ending 130/143 now were stopped, not died
+        if signum != signal.SIGINT or not terminal_signals_group():
+            self.pool.forward(signum)
+        super()._handle(signum, frame)
+
+
+def _summary(console, batch) -> None:
+    """The closing table, the failures, and why items were skipped (with the flag that runs them)."""
+    from rich.table import Table
+
+    t = batch.tally
+    table = Table(title=f"omnitts synth -> {batch.out}", show_header=True)
+    for name in ("done", "failed", "skipped", "audio", "wall time", "speed"):
+        table.add_column(name, justify="right")
+    table.add_row(str(t.done), str(t.failed), str(t.skipped), _hms(t.seconds), _hms(t.wall),
+                  f"{t.realtime:.2f}x realtime" if t.done else "-")
+    console.print(table)
+    for item_id, message in t.errors:
+        console.print(f"  failed {item_id}: {message}")
+    if t.failed > len(t.errors):
+        console.print(f"  ... and {t.failed - len(t.errors)} more (see {batch.out}/results.jsonl)")
+    if t.others:
+        console.print(f"{plural(t.others, 'item')} recorded by other writers of {batch.out} during this run "
+                      "(not run here)")
+    done_before = t.skipped - t.earlier_failed
+    if done_before:
+        console.print(f"{plural(done_before, 'item')} already done in {batch.out}: skipped (--force redoes "
+                      f"{'it' if done_before == 1 else 'them'})")
+    if t.changed:
+        console.print(f"{plural(t.changed, 'item')} run again: {'its' if t.changed == 1 else 'their'} line or the "
+                      "options changed since the earlier run (each file replaced)")
+    if t.earlier_failed:
+        one = t.earlier_failed == 1
+        console.print(f"{plural(t.earlier_failed, 'item')} failed in an earlier run and still "
+                      f"{'has' if one else 'have'} no audio: --retry-failed runs {'it' if one else 'them'} again "
+                      f"(errors in {batch.out}/results.jsonl)")
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
