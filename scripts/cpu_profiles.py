@@ -48,8 +48,8 @@ def profile_environment(name: str, scratch: Path) -> dict[str, str] | str:
 
 
 def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | None,
-        suffix: str = "") -> tuple[int, float, str, str]:
-    """pytest under one profile: (exit status, seconds, its closing summary line, what failed)."""
+        suffix: str = "") -> tuple[int, float, str, list[str]]:
+    """pytest under one profile: (exit status, seconds, its closing summary line, its output's lines)."""
     base = {k: v for k, v in os.environ.items() if k not in SWITCHES}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
     began = time.monotonic()
@@ -59,13 +59,17 @@ def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | Non
     if logs is not None:
         (logs / f"profile-{name}{suffix}.log").write_text(done.stdout, encoding="utf-8")
     lines = done.stdout.strip().splitlines()
-    return done.returncode, seconds, lines[-1] if lines else "", failures(lines)
+    return done.returncode, seconds, lines[-1] if lines else "", lines
 
 
-def failed_ids(what: str) -> list[str]:
-    """The test ids of pytest's FAILED/ERROR lines (`FAILED tests/x.py::test_y[p] - why`)."""
-    return [line.split()[1] for line in what.splitlines() if line.startswith(("FAILED ", "ERROR ")) and
-            len(line.split()) > 1 and "::" in line.split()[1]]
+def verdicts(lines: list[str]) -> list[str]:
+    """pytest's one line per failed test: `FAILED tests/x.py::test_y[p] - why` (or `ERROR ...`)."""
+    return [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
+
+
+def failed_ids(lines: list[str]) -> list[str]:
+    """The test ids those lines name."""
+    return [words[1] for words in map(str.split, verdicts(lines)) if len(words) > 1 and "::" in words[1]]
 
 
 def failures(lines: list[str], most: int = 150) -> str:
@@ -79,10 +83,9 @@ def failures(lines: list[str], most: int = 150) -> str:
             keep = False
         if keep:
             body.append(line)
-    verdicts = [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
     if len(body) > most:
         body = body[:most // 2] + [f"... ({len(body) - most} lines left out) ..."] + body[-most // 2:]
-    return "\n".join(body + verdicts)
+    return "\n".join(body + verdicts(lines))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,19 +108,20 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "OMNITTS_CACHE_DIR") or "(as is)"
             print(f"cpu_profiles: {name:<12} {shown}", flush=True)
-            status, seconds, summary, what = run(name, env, args.pytest_args, args.logs)
-            if status != 0 and what:
-                print(what, flush=True)
+            status, seconds, summary, lines = run(name, env, args.pytest_args, args.logs)
+            report = failures(lines) if status != 0 else ""
+            if report:
+                print(report, flush=True)
             print(f"cpu_profiles: {name:<12} {'passed' if status == 0 else 'FAILED'} in {seconds:.0f} s: {summary}",
                   flush=True)
-            ids = failed_ids(what) if status != 0 and args.rerun else []
+            ids = failed_ids(lines) if status != 0 and args.rerun else []
             if ids:  # once more, those tests alone: a failure that does not come back is named, not hidden
-                again, _, summary, what = run(name, env, ids, args.logs, "-rerun")
+                again, _, summary, lines = run(name, env, ids, args.logs, "-rerun")
                 if again == 0:
                     flaky.append(f"{name}: {', '.join(ids)}")
                     status = 0
                 else:
-                    print(what, flush=True)
+                    print(failures(lines), flush=True)
                 print(f"cpu_profiles: {name:<12} rerun of its {len(ids)} failed test(s) "
                       f"{'passed: FLAKY, see below' if again == 0 else 'FAILED again'}: {summary}", flush=True)
             if status != 0:
