@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,10 @@ def run(name: str, env: dict[str, str], pytest_args: list[str], logs: Path | Non
                           stderr=subprocess.STDOUT, text=True)
     seconds = time.monotonic() - began
     if logs is not None:
-        (logs / f"profile-{name}{suffix}.log").write_text(done.stdout, encoding="utf-8")
+        try:
+            (logs / f"profile-{name}{suffix}.log").write_text(done.stdout, encoding="utf-8")
+        except OSError as error:  # a full disk: the run's verdict still counts, and is printed below
+            print(f"cpu_profiles: {name:<12} could not write its log: {error.strerror} ({error.filename})", flush=True)
     lines = done.stdout.strip().splitlines()
     return done.returncode, seconds, lines[-1] if lines else "", lines
 
@@ -70,6 +74,13 @@ def verdicts(lines: list[str]) -> list[str]:
 def failed_ids(lines: list[str]) -> list[str]:
     """The test ids those lines name."""
     return [words[1] for words in map(str.split, verdicts(lines)) if len(words) > 1 and "::" in words[1]]
+
+
+def free_space() -> str:
+    """The free space where a run writes (the checkout, and the temporary folder for tmp_path): a full disk
+    fails tests in ways that read like bugs."""
+    places = {str(ROOT): ROOT, tempfile.gettempdir(): Path(tempfile.gettempdir())}
+    return ", ".join(f"{shutil.disk_usage(path).free / 2**30:.1f} GiB free in {name}" for name, path in places.items())
 
 
 def failures(lines: list[str], most: int = 150) -> str:
@@ -85,7 +96,7 @@ def failures(lines: list[str], most: int = 150) -> str:
             body.append(line)
     if len(body) > most:
         body = body[:most // 2] + [f"... ({len(body) - most} lines left out) ..."] + body[-most // 2:]
-    return "\n".join(body + verdicts(lines))
+    return "\n".join(body + verdicts(lines) + [f"disk: {free_space()}"])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -251,3 +251,19 @@ def test_passes():
     out = capsys.readouterr().out
     assert done.value.code == 1 and "FAILED again" in out and "1 profile(s) failed: native-off" in out
     assert out.count("AssertionError: every time") >= 2  # the run's failures, then the rerun's
+    assert "disk: " in out and " GiB free in " in out  # a full disk fails tests in ways that read like bugs
+
+
+def test_a_log_that_cannot_be_written_does_not_stop_the_run(load_script, tmp_path, capsys):
+    """CI once ran out of disk writing a profile's log, and the script died with a traceback instead of giving
+    its verdicts: now it says so and goes on (here a folder stands where the log would go)."""
+    script = load_script("cpu_profiles")
+    suite = tmp_path / "test_probe.py"
+    suite.write_text("def test_passes():\n    pass\n")
+    (tmp_path / "logs" / "profile-native-off.log").mkdir(parents=True)
+    with pytest.raises(SystemExit) as done:
+        script.main(["--profiles", "native-off", "--logs", str(tmp_path / "logs"), "--", str(suite),
+                     "--rootdir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0, out
+    assert "native-off   could not write its log: " in out and "native-off   passed in " in out
