@@ -52,10 +52,15 @@ def say(message: str) -> None:
     print(f"reference_env: {message}", flush=True)
 
 
+# pip as the caller's environment has it, less the caller's constraints: PINS are the official package's
+# exact set, and a constraint meant for omnitts' own venv (CI's oldest stack sets PIP_CONSTRAINT) conflicts.
+PIP_ENV = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+
+
 def run(cmd: list[str], what: str) -> None:
     say(f"{what}: {' '.join(cmd)}")
     started = time.time()
-    if subprocess.run(cmd).returncode != 0:
+    if subprocess.run(cmd, env=PIP_ENV).returncode != 0:
         sys.exit(f"reference_env: {what} failed (command above); fix the cause and re-run this script")
     say(f"{what}: done in {time.time() - started:.0f} s")
 
@@ -90,7 +95,7 @@ def prepare_folder(venv: Path) -> None:
 def cpu_torch_or_exit(pip: str) -> None:
     """Refuse to let pip fall back to PyPI's torch, which is a multi-GB CUDA build."""
     out = subprocess.run([pip, "install", "--dry-run", "--quiet", "--no-deps", "--report", "-", TORCH],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=PIP_ENV)
     chosen = json.loads(out.stdout)["install"] if out.returncode == 0 and out.stdout.strip() else []
     if not chosen or "+cpu" not in chosen[0]["metadata"]["version"]:
         found = chosen[0]["download_info"]["url"] if chosen else out.stderr.strip()[-300:]

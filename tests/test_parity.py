@@ -74,3 +74,25 @@ def test_an_unbuildable_reference_venv_says_why_and_how(tmp_path, monkeypatch, r
         reference_env_or_skip()
     message = str(stopped.value)
     assert "is not a virtual environment" in message and "python scripts/reference_env.py" in message
+
+
+def test_the_callers_pip_constraints_do_not_reach_the_reference_venv(load_script, monkeypatch, tmp_path):
+    """CI's oldest stack runs its tests with PIP_CONSTRAINT pinning omnitts' oldest releases (librosa 0.10.2,
+    ...); the reference venv's pins are the official package's own set, so that constraint made its build
+    fail there. Every pip the script runs gets the caller's environment less PIP_CONSTRAINT."""
+    monkeypatch.setenv("PIP_CONSTRAINT", str(tmp_path / "oldest.txt"))
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    script = load_script("reference_env")
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(kwargs.get("env"))
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(script.subprocess, "run", fake_run)
+    script.run(["pip", "install", "x"], "installing")
+    with pytest.raises(SystemExit):  # the fake pip offers no torch: refused, after asking with the right env
+        script.cpu_torch_or_exit("pip")
+    assert len(seen) == 2
+    for env in seen:
+        assert env is not None and "PIP_CONSTRAINT" not in env and env["PIP_NO_CACHE_DIR"] == "1"
