@@ -79,8 +79,8 @@ def failed_ids(lines: list[str]) -> list[str]:
 def free_space() -> str:
     """The free space where a run writes (the checkout, and the temporary folder for tmp_path): a full disk
     fails tests in ways that read like bugs."""
-    places = {str(ROOT): ROOT, tempfile.gettempdir(): Path(tempfile.gettempdir())}
-    return ", ".join(f"{shutil.disk_usage(path).free / 2**30:.1f} GiB free in {name}" for name, path in places.items())
+    places = dict.fromkeys((str(ROOT), tempfile.gettempdir()))  # each once, in this order
+    return ", ".join(f"{shutil.disk_usage(place).free / 2**30:.1f} GiB free in {place}" for place in places)
 
 
 def failures(lines: list[str], most: int = 150) -> str:
