@@ -23,3 +23,8 @@ class AudioError(OmniTTSError):
 
 class VoiceError(OmniTTSError):
     """A saved voice file is unreadable, malformed, or belongs to another checkpoint."""
+
+
+class DeviceFailed(OmniTTSError):
+    """The device stopped working during a run (a sticky CUDA or NPU error, or engine after engine failing):
+    the run ends, and the items it was running are left unrecorded for a re-run, not recorded as failed."""

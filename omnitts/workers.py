@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .errors import OmniTTSError
+from .errors import DeviceFailed, OmniTTSError
 
 ACCELERATORS = ("cuda", "npu")
 _ENTRY = re.compile(r"^(cpu|cuda|npu)(?::(\d+)(?:-(\d+))?)?$")
@@ -173,6 +173,9 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         code = stop.exit_code if stop.count else 0
     except KeyboardInterrupt:
         code = stop.exit_code or 130
+    except DeviceFailed as exc:  # its claims go with it: the others take its items over
+        send("error", index, str(exc), "device")
+        code = 1
     except OmniTTSError as exc:
         send("error", index, str(exc), "usage")
         code = 2

@@ -1,10 +1,11 @@
-"""A fault while one item is generated, decoded or named fails the items involved, never the run.
+"""A fault while one item is generated, decoded or named fails the item at fault, never the run; a broken
+device ends the run without blaming any item.
 
 Faults are injected where they would arise: `Engine.step` (a NaN/inf guard, an index error from one
 request's codes), the codec (`CodecStreams._run`, the batched decode call; `decode_codes` without
-streaming) and the filesystem (a file name it refuses). The items not involved must finish with the
-audio a clean run gives them; the failed ones are recorded with a one-line error and redone by
-`--retry-failed`.
+streaming), the device (`Backend.broken`, what a sticky CUDA error makes of every later call) and the
+filesystem (a file name it refuses). The items not at fault must finish with the audio a clean run gives
+them; the failed ones are recorded with a one-line error and redone by `--retry-failed`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from typer.testing import CliRunner
 
 from omnitts.batch.ledger import read_results
 from omnitts.cli import app
+from omnitts.device.base import Backend
 from omnitts.engine import engine as engine_module
+from omnitts.engine import pipeline as pipeline_module
 from omnitts.engine.pipeline import Job, Pipeline
+from omnitts.errors import DeviceFailed
 from omnitts.models.codec_streams import CodecStreams
 from omnitts.request import Request
 
@@ -54,32 +58,134 @@ def _item_of(seq) -> str:
     return seq.tag[0].job.request.id
 
 
-def _step_fails_while(target: str, monkeypatch, after_frames: int = 2):
-    """Engine.step raises once a request of item `target` has run `after_frames` frames."""
+def _step_fails_while(target: str, monkeypatch, after_frames: int = 2, times: int | None = None):
+    """Engine.step raises once a request of item `target` has run `after_frames` frames (the first `times`
+    times only, if given: a fault that passes)."""
     step = engine_module.Engine.step
+    raised = []
 
     def faulty(self):
-        if any(_item_of(seq) == target and seq.launched >= after_frames for seq in self.scheduler.running):
+        if (times is None or len(raised) < times) and any(
+                _item_of(seq) == target and seq.launched >= after_frames for seq in self.scheduler.running):
+            raised.append(sorted({_item_of(seq) for seq in self.scheduler.running}))
             raise FloatingPointError("non-finite logits\nin row 1")
         return step(self)
 
     monkeypatch.setattr(engine_module.Engine, "step", faulty)
+    return raised
 
 
-def test_a_fault_in_an_engine_step_fails_the_running_items_and_the_rest_go_on(tts_factory, monkeypatch):
-    tts = tts_factory("custom_voice", max_batch=2)
+@pytest.mark.parametrize("batch", [2, 4])
+def test_a_fault_in_an_engine_step_fails_only_the_item_at_fault(tts_factory, monkeypatch, batch):
+    """The failed step held b and others (which row raised cannot be told): each of them is tried again
+    from its start, one at a time beside the other items; b fails on its own trial, the rest finish with
+    the audio of a clean run."""
+    tts = tts_factory("custom_voice", max_batch=batch)
     clean = _run(Pipeline(tts), _jobs(tts, 6))
-    _step_fails_while("b", monkeypatch)
+    raised = _step_fails_while("b", monkeypatch)
     pipeline = Pipeline(tts)
     outcomes = _run(pipeline, _jobs(tts, 6))
-    # a and b shared the failed step (which of them caused it cannot be told); c, d, e had not started.
     error = "FloatingPointError while generating: non-finite logits in row 1"
-    assert {k: o.error for k, o in outcomes.items() if not o.ok} == {"a": error, "b": error}
+    assert {k: o.error for k, o in outcomes.items() if not o.ok} == {"b": error}
     assert isinstance(outcomes["b"].exception, FloatingPointError)
-    for name in "cde":
+    for name in "acde":
         _same_audio(outcomes[name], clean[name])
-    assert pipeline.engines_built == 2  # the engine that raised was not used again
+    assert len(raised) == 2 and len(raised[0]) == batch and "b" in raised[1]  # its batch, then its trial
+    assert pipeline.engines_built == 3  # an engine that raised is not used again
     assert not pipeline.decoding and not pipeline.streams.streams  # every codec stream freed
+    assert not pipeline.suspects and pipeline.failed_in_a_row == 0
+
+
+def test_a_fault_that_passes_fails_no_item(tts_factory, monkeypatch):
+    """A step that raised once (the item is not at fault after all): every item it held runs again and
+    finishes as in a clean run, however far its audio had streamed."""
+    tts = tts_factory("custom_voice", max_batch=4, codec_chunk_frames=4)
+    clean = _run(Pipeline(tts), _jobs(tts, 20))
+    raised = _step_fails_while("b", monkeypatch, after_frames=10, times=1)
+    outcomes = _run(Pipeline(tts), _jobs(tts, 20))
+    assert raised == [["a", "b", "c", "d"]]
+    for name in TEXTS:
+        _same_audio(outcomes[name], clean[name])
+
+
+def test_two_items_at_fault_in_one_step_each_fail_on_their_own_trial(tts_factory, monkeypatch):
+    tts = tts_factory("custom_voice", max_batch=2)
+    step = engine_module.Engine.step
+
+    def faulty(self):
+        if any(_item_of(seq) in "bc" and seq.launched >= 2 for seq in self.scheduler.running):
+            raise FloatingPointError("non-finite logits")
+        return step(self)
+
+    monkeypatch.setattr(engine_module.Engine, "step", faulty)
+    outcomes = _run(Pipeline(tts), _jobs(tts, 6))
+    assert sorted(k for k, o in outcomes.items() if not o.ok) == ["b", "c"]
+    assert all(o.attempts == 1 for o in outcomes.values())
+
+
+def test_an_item_fails_once_it_shared_max_involved_failures(tts_factory, monkeypatch):
+    """The bound on trials: with MAX_INVOLVED at 1, every item of a failed step fails at once (no trial)."""
+    tts = tts_factory("custom_voice", max_batch=2)
+    monkeypatch.setattr(pipeline_module, "MAX_INVOLVED", 1)
+    raised = _step_fails_while("b", monkeypatch)
+    outcomes = _run(Pipeline(tts), _jobs(tts, 6))
+    assert sorted(k for k, o in outcomes.items() if not o.ok) == ["a", "b"] and len(raised) == 1
+
+
+def _broken_after_first_fault(monkeypatch, reason="AcceleratorError: CUDA error: an illegal memory access was "
+                                                  "encountered"):
+    """The device answers `broken()` with `reason` from the first fault on (a sticky error)."""
+    monkeypatch.setattr(Backend, "broken", lambda self: reason)
+
+
+def test_a_broken_device_ends_the_run_without_blaming_an_item(tts_factory, monkeypatch, tmp_path):
+    from omnitts.io.audio import AudioSink
+
+    tts = tts_factory("custom_voice", max_batch=2)
+    _step_fails_while("b", monkeypatch)
+    _broken_after_first_fault(monkeypatch)
+    sinks = []
+
+    def sink(job):
+        sinks.append(AudioSink(tmp_path / f"{job.request.id}.wav", tts.sample_rate))
+        return sinks[-1]
+
+    pipeline, seen = Pipeline(tts, sink=sink), []
+    with pytest.raises(DeviceFailed) as failed:
+        seen.extend(pipeline.run(_jobs(tts, 6)))  # what came out before the raise stays in `seen`
+    assert str(failed.value) == ("the cpu device stopped working (FloatingPointError: non-finite logits in row 1; "
+                                 "then a test computation raised AcceleratorError: CUDA error: an illegal memory "
+                                 "access was encountered)")
+    assert seen == []  # a and b are not recorded failed: a re-run on a working device does them
+    assert list(tmp_path.iterdir()) == []  # every item's partial audio deleted
+
+
+def test_engines_failing_in_a_row_mean_a_broken_device(tts_factory, monkeypatch):
+    """A device whose check passes but on which every engine fails at once: after DEVICE_FAILURES engines
+    in a row with no good step, the run ends; the items are not blamed one by one."""
+    tts = tts_factory("custom_voice", max_batch=2)
+    raised = []
+
+    def always(self):
+        raised.append(1)
+        raise RuntimeError("NPU function error: aclnnMatmul, error code is 507015")
+
+    monkeypatch.setattr(engine_module.Engine, "step", always)
+    seen = []
+    with pytest.raises(DeviceFailed, match=r"^3 engines in a row failed on the cpu device before running a single "
+                                           r"step \(last: RuntimeError: NPU function error: aclnnMatmul, error code "
+                                           r"is 507015\); it is taken for broken$"):
+        seen.extend(Pipeline(tts).run(_jobs(tts, 6)))
+    assert seen == [] and len(raised) == pipeline_module.DEVICE_FAILURES
+
+
+def test_a_broken_device_while_decoding_ends_the_run(tts_factory, monkeypatch):
+    tts = tts_factory("custom_voice", max_batch=4, codec_chunk_frames=4)
+    pipeline = Pipeline(tts)
+    _codec_fails_for("b", pipeline, monkeypatch)
+    _broken_after_first_fault(monkeypatch, "RuntimeError: CUDA error: unspecified launch failure")
+    with pytest.raises(DeviceFailed, match="unspecified launch failure"):
+        list(pipeline.run(_jobs(tts, 20)))
 
 
 def test_a_fault_in_an_engine_step_fails_only_its_items_pieces_once(tts_factory, monkeypatch):
@@ -186,6 +292,57 @@ def test_an_item_failed_while_generating_is_recorded_and_redone_by_retry_failed(
     assert retried.exit_code == 0, retried.output
     assert read_results(out)["b"]["status"] == "ok"
     assert (out / "b.wav").read_bytes() == (tmp_path / "clean" / "b.wav").read_bytes()
+
+
+def test_an_item_at_fault_in_a_shared_step_fails_alone_and_the_others_keep_their_clean_audio(ckpt_dir, tmp_path,
+                                                                                            monkeypatch):
+    """--max-batch 2: a ran beside b when the step raised; a is tried again from its start (its partial
+    audio file deleted, a new one written) and has the codes of a clean run, and its audio up to the
+    rounding of a codec call with other rows (as every item beside others in another run)."""
+    import soundfile as sf
+
+    manifest, out = _manifest(tmp_path), tmp_path / "out"
+    flags = ("--max-batch", "2", "--max-frames", "80", "--save-codes", "--format", "flac")
+    clean = _synth(ckpt_dir, manifest, tmp_path / "clean", *flags)
+    assert clean.exit_code == 0, clean.output
+    raised = _step_fails_while("b", monkeypatch, after_frames=70)  # a's first audio is in its file by then
+    result = _synth(ckpt_dir, manifest, out, *flags)
+    assert result.exit_code == 1, result.output
+    assert raised[0] == ["a", "b"]
+    records = read_results(out)
+    assert {k: r["status"] for k, r in records.items()} == {"a": "ok", "b": "error", "c": "ok", "d": "ok", "e": "ok"}
+    assert sorted(p.name for p in out.iterdir()) == [f"{k}.{x}" for k in "acde" for x in ("codes.npy", "flac")] + [
+        "results.jsonl"]
+    for name in "acde":
+        np.testing.assert_array_equal(np.load(out / f"{name}.codes.npy"),
+                                      np.load(tmp_path / "clean" / f"{name}.codes.npy"))
+        got, want = sf.read(out / f"{name}.flac")[0], sf.read(tmp_path / "clean" / f"{name}.flac")[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=2 / 32768)  # flac: 16-bit, one step of rounding
+
+
+def test_a_broken_device_stops_the_run_with_one_line_and_resume_finishes(ckpt_dir, tmp_path, monkeypatch):
+    manifest, out = _manifest(tmp_path), tmp_path / "out"
+    clean = _synth(ckpt_dir, manifest, tmp_path / "clean", "--max-batch", "1")
+    assert clean.exit_code == 0, clean.output
+    _step_fails_while("c", monkeypatch)
+    _broken_after_first_fault(monkeypatch, "RuntimeError: CUDA error: an illegal memory access was encountered")
+    result = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.output.strip().splitlines()[-1] == (
+        "error: the cpu device stopped working (FloatingPointError: non-finite logits in row 1; then a test "
+        "computation raised RuntimeError: CUDA error: an illegal memory access was encountered): 2 items done "
+        f"({out}/results.jsonl), the items it was running not recorded; run the same command again to resume once "
+        "the device works")
+    assert list(read_results(out)) == ["a", "b"]  # c is not recorded failed: the device was at fault
+    assert sorted(p.name for p in out.iterdir()) == ["a.wav", "b.wav", "results.jsonl"]  # nothing half-written
+    monkeypatch.undo()
+    again = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
+    assert again.exit_code == 0, again.output
+    assert {k: r["status"] for k, r in read_results(out).items()} == dict.fromkeys(TEXTS, "ok")
+    for name in TEXTS:
+        assert (out / f"{name}.wav").read_bytes() == (tmp_path / "clean" / f"{name}.wav").read_bytes()
 
 
 def test_an_id_too_long_for_the_filesystem_fails_that_item_only(ckpt_dir, tmp_path, monkeypatch):
@@ -406,3 +563,18 @@ def test_the_kernel_build_logs_instead_of_printing_and_the_cli_shows_it_unless_q
     assert shown.exit_code == 0 and "omnitts: compiling its CPU kernels (test)\n" in shown.output, shown.output
     quiet = _synth(ckpt_dir, manifest, tmp_path / "o2")
     assert quiet.exit_code == 0 and "compiling" not in quiet.output
+
+
+def test_the_device_check_passes_on_a_working_device_and_reports_a_sticky_error():
+    from omnitts.device.fake import FakeGraphBackend
+
+    backend = FakeGraphBackend()  # the CUDA and NPU backends' check, on the CPU
+    assert backend.broken() is None and Backend().broken() is None
+
+    def sticky():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+                           "asynchronously reported")
+
+    backend.api.synchronize = sticky
+    assert backend.broken() == ("RuntimeError: CUDA error: an illegal memory access was encountered CUDA kernel "
+                                "errors might be asynchronously reported")

@@ -137,6 +137,51 @@ def test_a_killed_worker_is_named_and_the_other_finishes_its_items(ckpt_dir, tmp
     _check_directory(out, ids)
 
 
+_BREAK_ONE = """
+import os
+
+if os.environ.get("TEST_BREAK_ONE"):  # the first worker to run a step gets a device that breaks at once
+    from omnitts.device import base
+    from omnitts.engine import engine
+
+    marker, step, mine = os.environ["TEST_BREAK_ONE"], engine.Engine.step, []
+
+    def faulty(self):
+        if not mine:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+                mine.append(True)
+            except FileExistsError:
+                mine.append(False)
+        if mine[0]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return step(self)
+
+    engine.Engine.step = faulty
+    base.Backend.broken = lambda self: (
+        "RuntimeError: CUDA error: an illegal memory access was encountered" if mine and mine[0] else None)
+"""
+
+
+def test_a_worker_whose_device_breaks_stops_and_the_other_finishes_its_items(ckpt_dir, tmp_path, monkeypatch):
+    """A sticky device error in one worker: it stops (its running items unrecorded, not failed), the
+    other takes them over, and the run ends with every item done once."""
+    manifest, ids = _manifest(tmp_path)
+    out, hooks = tmp_path / "out", tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_BREAK_ONE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TEST_BREAK_ONE", str(tmp_path / "broken-worker"))
+    code, err = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")
+    err = " ".join(err.split())  # the console wraps long lines
+    who = re.search(r"error: (worker \d \(cpu\)): the cpu device stopped working \(RuntimeError: CUDA error: an "
+                    r"illegal memory access was encountered\)", err)
+    assert who, err
+    assert f"{who.group(1)} stopped; the others take over its items" in err, err
+    assert "died" not in err and code == 0, err  # every item has audio
+    _check_directory(out, ids)
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["term", "int"])
 def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code):
     manifest, ids = _manifest(tmp_path, count=24)

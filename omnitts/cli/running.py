@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from ..errors import OmniTTSError
+from ..errors import DeviceFailed, OmniTTSError
 from .options import fail, plural
 
 
@@ -38,6 +38,10 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
                         batch.shard, since=batch.ledger.offset)
             stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose)
             batch.ledger.refresh()  # what every worker wrote: for the export and the check below
+    except DeviceFailed as exc:
+        done = len(batch.ledger.done)
+        fail(f"{exc}: {plural(done, 'item')} done ({out}/results.jsonl), the items it was running not recorded; run "
+             "the same command again to resume once the device works", code=1)
     except OmniTTSError as exc:
         fail(str(exc))
     except OSError as exc:
@@ -314,7 +318,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                 console.print(f"error: {who}: {event[2]}")
             elif kind == "ended" and not event[1].stopped:
                 rest = "the others take over its items" if pool.alive() else "its items are left for the next run"
-                console.print(f"{who} died: {event[1].reason}; {rest}")
+                how = "stopped" if pool.errors.get(index, ("", ""))[1] == "device" else f"died: {event[1].reason}"
+                console.print(f"{who} {how}; {rest}")
             if progress.task_ids:
                 _advance(progress, tally)
     stopped = stopping.exit_code if stopping.count else None

@@ -81,6 +81,18 @@ class AcceleratorBackend(Backend):
     def to_host(self, tensor: torch.Tensor) -> PinnedTransfer:
         return PinnedTransfer(self.api, tensor)
 
+    def broken(self) -> str | None:
+        """After a fault: a small computation on the device, waited for. A sticky error (CUDA's illegal
+        memory access, an Ascend AI Core fault) leaves the context unusable, so this raises it again;
+        then the error's one line, else None (the fault was the work's, not the device's)."""
+        try:
+            probe = torch.arange(4, dtype=torch.float32, device=self.device)
+            total = float((probe * 2).sum().item())  # .item() waits for the device
+            self.api.synchronize()
+        except Exception as exc:  # noqa: BLE001 - whatever the device raises is the answer
+            return f"{type(exc).__name__}: {' '.join(str(exc).split()) or '(no message)'}"
+        return None if total == 12.0 else f"a test computation gave {total} instead of 12"
+
     def graph_pool(self):
         return self.api.graph_pool_handle()
 

@@ -265,6 +265,11 @@ class Backend:
     def to_host(self, tensor: torch.Tensor) -> Transfer:
         return Transfer(tensor.detach().cpu().numpy().copy())
 
+    def broken(self) -> str | None:
+        """Asked after a fault: None if the device still computes, else what it says. The CPU does not
+        break this way (a fault there is the item's or the code's)."""
+        return None
+
     def predictor_attention(self):
         """None, or a kernel `(q, k, v, mask, causal) -> out` (see models.layers.sdpa_attention) that
         asks for the code predictor's fixed-shape frame cache (all G positions under a mask)."""

@@ -207,7 +207,7 @@ def _fake_api():
     """The slice of the torch.cuda / torch.npu API the accelerator backend uses, on the CPU."""
     return types.SimpleNamespace(
         Stream=_Stream, current_stream=_Stream, stream=lambda s: contextlib.nullcontext(),
-        graph_pool_handle=object, graph=lambda graph, pool=None: graph.capture(),
+        graph_pool_handle=object, graph=lambda graph, pool=None: graph.capture(), synchronize=lambda: None,
     )
 
 

@@ -30,13 +30,19 @@ What it owns, between the caller's jobs and the engine:
   first (`Scheduler.longest_first`), which keeps the batch full to the end;
 - stopping: once `stop()` returns true no new job starts; requests already running finish, the
   rest are dropped (a resumed run picks them up);
-- faults: an exception while preparing, generating or decoding fails the items involved, never the
-  run. One from `engine.step()` fails the items whose requests had started in that engine (error
-  "ExceptionType while generating: ..."); the engine, whose state may be broken, is dropped, and the
-  requests that had not started go on in a new one. One from the codec fails the item whose stream
-  raised ("... while decoding: ..."; a batched codec call that raises is retried row by row, see
-  `CodecStreams`). A failed item's other pieces are forgotten or, if already running, finish unseen.
-  Errors writing audio (a sink's OSError) are not the item's fault: they end the run.
+- faults: an exception while preparing, generating or decoding fails the item at fault, never the
+  run. One from `engine.step()` cannot be pinned on a row: the engine, whose state may be broken, is
+  dropped, the requests that had not started go on in a new one, and the items whose requests had
+  started are tried again from their start ("suspects"), one at a time beside the other items, so that
+  the item at fault fails alone (error "ExceptionType while generating: ...") and the others finish as
+  in a clean run (`_engine_failed`). One from the codec fails the item whose stream raised ("... while
+  decoding: ..."; a batched codec call that raises is retried row by row, see `CodecStreams`). A failed
+  item's other pieces are forgotten or, if already running, finish unseen. Errors writing audio (a
+  sink's OSError) are not the item's fault: they end the run;
+- a broken device: after each fault on the device the backend is asked whether the device still
+  computes (`Backend.broken`: a sticky CUDA or NPU error fails every later call), and
+  `DEVICE_FAILURES` engines failing in a row with no good step between them mean the same: then the
+  run ends with `DeviceFailed`, and the items in flight are left for a re-run, not recorded as failed.
 Outcomes come out in finishing order. The pipeline never prints.
 """
 
@@ -56,7 +62,7 @@ from ..device import get_backend
 from ..device.copies import uploader
 from ..errors import OmniTTSError
 from ..models.codec_streams import CodecStreams
-from ..errors import RequestError
+from ..errors import DeviceFailed, RequestError
 from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, share_frames
 from ..request import Request
 from ..text.split import pieces_problem, split_text
@@ -112,6 +118,8 @@ class _Item:
     incremental: bool = True  # audio may leave before its piece ends (False if a retry could undo it)
     tries: dict = field(default_factory=dict)  # piece index -> runaway retries so far
     dropped: bool = False
+    suspect: bool = False  # running again, alone among suspects, after an engine step failed with it
+    involved: int = 0  # engine failures it shared (it fails at MAX_INVOLVED, however the blame fell)
     started: float = field(default_factory=time.perf_counter)
     prepare_s: float = 0.0
     decode_s: float = 0.0
@@ -131,6 +139,11 @@ _NOTHING = _Decoding(-1)
 
 
 _END = object()  # a jobs source that has nothing more
+# Engines failing in a row, with no good step between them, that mean a broken device. A suspect's trial
+# starts only once an engine has run a good step since the last failure (`_next_trial`), so items at
+# fault make engines fail in a row only where a fresh engine's first step holds a new one.
+DEVICE_FAILURES = 3
+MAX_INVOLVED = 3  # engine failures one item may share before it is failed without its own trial
 IDLE_WAIT = 0.05  # seconds an idle pipeline waits before asking a "nothing now" source again
 
 
@@ -151,7 +164,7 @@ class Pipeline:
         # What graph capture cost the engines this run dropped (`Engine.graph_stats`, added up).
         self._graphs_before = Counter(captures=0, warmup_frames=0, capture_seconds=0.0, prefill_captures=0,
                                       prefill_capture_seconds=0.0)
-        backend = get_backend(tts.ckpt.device.type, eager=tts.eager)
+        self.backend = backend = get_backend(tts.ckpt.device.type, eager=tts.eager)
         fixed = backend.codec_fixed_shapes
         # Deterministic mode: one stream per codec call (its shape, so its convolutions' algorithms and
         # rounding, never depend on other streams; on accelerators behind the frames, on their stream); on a
@@ -171,6 +184,9 @@ class Pipeline:
         self.starved = False  # the jobs source last said "nothing now" (None)
         self.in_engine: set = set()  # sequences added to the engine and not yet returned finished
         self.failures: deque = deque()  # outcomes of items that failed while running, not yet yielded
+        self.suspects: deque = deque()  # items waiting for their trial (see `_engine_failed`)
+        self.on_trial: _Item | None = None  # the suspect now running (at most one at a time)
+        self.failed_in_a_row = 0  # engine failures since the last good step
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -195,11 +211,12 @@ class Pipeline:
             if not exhausted:
                 failures, exhausted = self._fill(source, ready)
                 yield from failures
+            self._next_trial(ready)
             self._feed(ready, exhausted)
             finished = self._step(exhausted, ready)
             yield from self._failed()
             if finished is None:
-                if exhausted and not ready:
+                if exhausted and not ready and not self.suspects:
                     return
                 if self.starved and not ready:
                     time.sleep(IDLE_WAIT)  # nothing runs; the jobs source said "ask again soon"
@@ -220,27 +237,110 @@ class Pipeline:
             engine.scheduler.longest_first = True
         try:
             finished = engine.step()
-        except Exception as exc:  # noqa: BLE001 - a fault in one step fails its requests, not the run
+        except Exception as exc:  # noqa: BLE001 - a fault in one step fails the item at fault, not the run
             self._engine_failed(exc, ready)
             return []
+        self.failed_in_a_row = 0
         self.in_engine.difference_update(finished)
         self._stream(engine, finished)
         return finished
 
     def _engine_failed(self, exc: Exception, ready: deque) -> None:
-        """`engine.step()` raised: fail the items whose requests had started (which one caused it cannot
-        be told), put the requests that had not started back in front of `ready` (in their order) and
-        drop the engine; `_feed` builds a new one."""
+        """`engine.step()` raised, and which row caused it cannot be told. The engine is dropped (`_feed`
+        builds a new one), the requests that had not started go back in front of `ready` in their order,
+        and the items whose requests had started are judged:
+
+        - one item alone in the failure, or a suspect among them (at most one runs at a time): it is at
+          fault and fails; the others are tried again from their start, first in `ready`;
+        - else every one of them becomes a suspect, tried again from its start, one at a time beside
+          the other items (`_next_trial`): an item at fault fails on its trial, the others finish.
+
+        An item that shares `MAX_INVOLVED` failures fails whatever the blame. A broken device (or
+        `DEVICE_FAILURES` in a row) raises DeviceFailed instead: no item is at fault."""
+        self.failed_in_a_row += 1
+        self._check_device(exc)
         error = f"{type(exc).__name__} while generating: {_one_line(exc)}"
         seqs = sorted(self.in_engine, key=lambda seq: seq.id)  # engine ids grow in the order of `add`
+        involved = list(dict.fromkeys(seq.tag[0] for seq in seqs
+                                      if seq.admitted_at is not None and not seq.tag[0].dropped))
         for seq in seqs:
             if seq.admitted_at is not None:
                 self._discard_stream(seq)
-                self._fail(seq.tag[0], error, exc)
         ready.extendleft(reversed([(seq.tag[0], seq.tag[1], seq.params) for seq in seqs
-                                   if seq.admitted_at is None and not seq.tag[0].dropped]))
+                                   if seq.admitted_at is None and not seq.tag[0].dropped
+                                   and seq.tag[0] not in involved]))
         self.in_engine.clear()
         self._drop_engine()
+        suspects = [item for item in involved if item.suspect]
+        blamed = suspects[0] if suspects else involved[0] if len(involved) == 1 else None
+        if blamed is not None:
+            self._fail(blamed, error, exc)
+        again = [item for item in involved if item is not blamed]
+        for item in reversed(again):  # innocent ones first in `ready`, in their order
+            self._again(item, ready, error, exc, suspect=blamed is None)
+
+    def _check_device(self, exc: Exception) -> None:
+        """After a fault on the device: raise DeviceFailed if the device no longer computes, or if engines
+        keep failing with no good step between them."""
+        device = self.tts.ckpt.device
+        broken = self.backend.broken()
+        if broken is None and self.failed_in_a_row < DEVICE_FAILURES:
+            return
+        self._drop_engine()
+        fault = f"{type(exc).__name__}: {_one_line(exc)}"
+        if broken is not None:
+            why = fault if broken == fault else f"{fault}; then a test computation raised {broken}"
+            raise DeviceFailed(f"the {device} device stopped working ({why})") from exc
+        raise DeviceFailed(f"{DEVICE_FAILURES} engines in a row failed on the {device} device before running a "
+                           f"single step (last: {fault}); it is taken for broken") from exc
+
+    def _again(self, item: _Item, ready: deque, error: str, exc: Exception, suspect: bool) -> None:
+        """Run `item` again from its start (its audio so far deleted): next in `ready`, or as a suspect
+        waiting for its trial."""
+        item.involved += 1
+        if item.involved >= MAX_INVOLVED:
+            self._fail(item, error, exc)
+            return
+        kept = [entry for entry in ready if entry[0] is not item]  # its pieces not yet in the engine
+        ready.clear()
+        ready.extend(kept)
+        item.done.clear()
+        item.chunks.clear()
+        item.tries.clear()
+        item.joiner = StreamJoiner(len(item.pieces), self.tts.sample_rate, lambda chunk: self._emit(item, chunk))
+        if item.sink is not None:
+            item.sink.abort()
+            try:
+                item.sink = self.sink(item.job)
+            except OmniTTSError as again:  # the name was fine a moment ago: say what changed
+                item.sink = None
+                self._fail(item, str(again), again)
+                return
+        item.suspect = suspect
+        if suspect:
+            self.suspects.append(item)
+        else:
+            ready.extendleft(reversed(self._requests(item)))
+
+    def _next_trial(self, ready: deque) -> None:
+        """Put the next suspect in front of `ready` once the one on trial has finished or failed, and an
+        engine has run a good step since the last failure (unless nothing else is left to run)."""
+        trial = self.on_trial
+        if trial is not None and not trial.dropped and trial in self.live:
+            return
+        if self.failed_in_a_row and (ready or (self.engine is not None and self.engine.has_work())):
+            return
+        self.on_trial = None
+        while self.suspects:
+            item = self.suspects.popleft()
+            if not item.dropped:
+                self.on_trial = item
+                ready.extendleft(reversed(self._requests(item)))
+                return
+
+    def _requests(self, item: _Item) -> list:
+        """`ready`'s entries for every piece of `item`."""
+        return [(item, index, self._piece_params(item, index)) for index in range(len(item.pieces))]
 
     def _fail(self, item: _Item, error: str, exc: Exception) -> None:
         """Fail `item` while it runs: its outcome is queued for `_failed`, its partial audio deleted, its
@@ -280,7 +380,7 @@ class Pipeline:
             if error is not None:
                 failures.append(error)
                 continue
-            ready.extend((item, index, self._piece_params(item, index)) for index in range(len(item.pieces)))
+            ready.extend(self._requests(item))
         return failures, False
 
     def _prepare(self, job: Job) -> tuple[_Item | None, Outcome | None]:
@@ -429,6 +529,9 @@ class Pipeline:
         for item, _, _ in ready:
             item.dropped = True
         ready.clear()
+        for item in self.suspects:
+            item.dropped = True
+        self.suspects.clear()
         if self.engine is not None:
             for seq in self.engine.drop_waiting():
                 seq.tag[0].dropped = True
@@ -483,9 +586,7 @@ class Pipeline:
         for seq in seqs:  # streams whose decode raised: their items fail, the others go on
             state = self.decoding.get(seq)
             if state is not None and state.sid in self.streams.broken:
-                exc = self.streams.broken[state.sid]
-                self._discard_stream(seq)
-                self._fail(seq.tag[0], f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
+                self._decode_failed(seq, self.streams.broken[state.sid])
         if not decoded:
             return
         share = _since(started) / len(decoded)
@@ -510,8 +611,7 @@ class Pipeline:
             try:
                 audio = samples.result()
             except Exception as exc:  # noqa: BLE001 - a decode that fails when read fails its item only
-                self._discard_stream(seq)
-                self._fail(item, f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
+                self._decode_failed(seq, exc)
                 continue
             item.decode_s += _since(started)
             if item.incremental and seq.prompt.ref_codes is None:
@@ -540,11 +640,16 @@ class Pipeline:
             else:
                 return True
         except Exception as exc:  # noqa: BLE001 - one item's decode fails that item only
-            self._discard_stream(seq)
-            self._fail(item, f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
+            self._decode_failed(seq, exc)
             return False
         item.joiner.add(index, audio)  # (writes to the sink: its errors are the run's, not the item's)
         return True
+
+    def _decode_failed(self, seq, exc: Exception) -> None:
+        """Decoding `seq`'s audio raised: its item fails, unless the device itself has broken (DeviceFailed)."""
+        self._check_device(exc)
+        self._discard_stream(seq)
+        self._fail(seq.tag[0], f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
 
     def _discard_stream(self, seq) -> None:
         """Forget `seq`'s codec stream, if it has one, without decoding the rest."""
