@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _from_table, check_item, parse_item
-from .errors import OmniTTSError, RequestError
+from .errors import DeviceFailed, OmniTTSError, RequestError
 
 # One metadata row per input row. `skipped`: not run by this call, its metadata is the id's recorded
 # result (done or failed by an earlier run, by another writer, or by this run's attempt that Ray retried);
@@ -129,7 +129,7 @@ class Synthesizer:
         self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity, since=since,
                            sample_rate=self.tts.sample_rate)
         self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
-                                 sink=self.batch.sink)
+                                 sink=self.batch.sink, started=self.batch.started)
 
     def __call__(self, batch):
         rows = _pylist(batch)
@@ -149,10 +149,15 @@ class Synthesizer:
             items.append(item)
         self.batch.ledger.refresh()  # what other writers (actors, an earlier attempt of this batch) recorded
         ran: dict[str, bool] = {}  # id -> changed, for the items this call runs
-        for outcome in self.pipeline.run(self._pending(items, ran)):
-            rec = self.batch.save(outcome)
-            out[seen[rec["id"]]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"], rec["finish_reason"],
-                                        rec["status"], rec["error"], rec["seed"], changed=ran[rec["id"]])
+        try:
+            for outcome in self.pipeline.run(self._pending(items, ran)):
+                rec = self.batch.save(outcome)
+                out[seen[rec["id"]]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"],
+                                            rec["finish_reason"], rec["status"], rec["error"], rec["seed"],
+                                            changed=ran[rec["id"]])
+        except DeviceFailed:  # its running items count a death each (batch/claims.py); the run fails with it
+            self.batch.writer.abandon_running()
+            raise
         if len(ran) < len(items):  # the rest were done (or failed) before: their recorded metadata
             self.batch.ledger.refresh()
             for item in items:

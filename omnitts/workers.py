@@ -231,6 +231,9 @@ def _snapshot(tally) -> tuple:
 
 # -- the parent ---------------------------------------------------------------------------------------
 
+MAX_RESTARTS = 3  # times a worker killed by a signal (or whose device broke) is started again, per device and run
+
+
 @dataclass
 class Ended:
     """A worker that ended without finishing: `reason` says how (killed by SIGKILL, exited with code 1)."""
@@ -239,6 +242,8 @@ class Ended:
     device: str
     reason: str
     stopped: bool  # stopped by a signal of ours (Ctrl-C, SIGTERM), not died
+    restarted: int = 0  # started again on its device: the how-manieth time (0: not started again)
+    broke: bool = False  # it stopped because its device broke (it said so: an "error" event of kind "device")
 
 
 class Pool:
@@ -246,7 +251,12 @@ class Pool:
 
     `events()` yields, in arrival order: ("loading", index), ("record", index, id, status, error,
     seconds), ("error", index, message, kind) and ("ended", Ended) for a worker that did not finish
-    normally; it returns when every worker has ended. `tally` (the parent batch's, holding pass 1's
+    normally; it returns when every worker has ended. A worker killed by a signal we did not send (the
+    out-of-memory killer, a crash) or stopped because its device broke (a new process gets a new device
+    context) is started again on its device, up to MAX_RESTARTS times: the items it was running are
+    counted a death each in their claims, so the new worker (or another) runs them alone, and one that
+    kills its process alone too is recorded failed (batch/claims.py); the run goes on. A worker that
+    stopped for another error (a full disk, a bad checkpoint) is not. `tally` (the parent batch's, holding pass 1's
     bad lines) gets every worker's counts added: done, failed and audio seconds from their records
     (each item is saved by one worker); changed items summed (counted by the worker that runs
     them); skipped and earlier failed as the largest any worker saw (every worker walks the whole
@@ -258,24 +268,30 @@ class Pool:
         self.plan, self.devices, self.tally = plan, devices, tally
         self.procs: list = []
         self.conns: dict = {}  # reader -> worker index
-        self.snapshots: dict[int, tuple] = {}
+        self.snapshots: dict[tuple, tuple] = {}  # (index, start) -> a worker process's counts
+        self.starts = Counter()  # index -> times its worker was started
         self.base = (tally.skipped, tally.earlier_failed, tally.changed)
         self.errors: dict[int, tuple[str, str]] = {}  # index -> (message, kind)
         self.stopping = 0  # signal number we stopped with (0: none)
         self.graphs = Counter()  # the workers' graph capture costs added up (`Pipeline.graph_stats`)
 
     def start(self) -> None:
+        self.procs = [None] * len(self.devices)
+        for index in range(len(self.devices)):
+            self._spawn(index)
+
+    def _spawn(self, index: int) -> None:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")
-        for index, device in enumerate(self.devices):
-            reader, writer = context.Pipe(duplex=False)
-            proc = context.Process(target=worker_main, args=(index, device, self.plan, writer),
-                                   name=f"omnitts-worker-{index}", daemon=False)
-            proc.start()
-            writer.close()  # the worker holds the only write end: its exit is our end-of-file
-            self.procs.append(proc)
-            self.conns[reader] = index
+        reader, writer = context.Pipe(duplex=False)
+        proc = context.Process(target=worker_main, args=(index, self.devices[index], self.plan, writer),
+                               name=f"omnitts-worker-{index}", daemon=False)
+        proc.start()
+        writer.close()  # the worker holds the only write end: its exit is our end-of-file
+        self.procs[index] = proc
+        self.conns[reader] = index
+        self.starts[index] += 1
 
     def forward(self, signum: int) -> None:
         """Send `signum` to every live worker (a SIGTERM to the parent; a SIGINT that the terminal did not
@@ -301,6 +317,11 @@ class Pool:
                     reader.close()
                     ended = self._reap(index)
                     if ended is not None:
+                        ended.broke = self.errors.get(index, ("", ""))[1] == "device"
+                        if self._restartable(ended):
+                            self.errors.pop(index, None)  # the new worker's own errors are its own
+                            self._spawn(index)
+                            ended.restarted = self.starts[index] - 1
                         yield ("ended", ended)
                     continue
                 yield from self._note(event)
@@ -326,8 +347,15 @@ class Pool:
         elif kind == "graphs":
             self.graphs.update(event[2])
 
+    def _restartable(self, ended: Ended) -> bool:
+        """Killed by a signal not ours, or its device broke; not yet started again MAX_RESTARTS times."""
+        code, error = self.procs[ended.index].exitcode, self.errors.get(ended.index)
+        died = code is not None and code < 0 and error is None
+        broke = error is not None and error[1] == "device"
+        return (died or broke) and not self.stopping and self.starts[ended.index] <= MAX_RESTARTS
+
     def _count(self, index: int, snapshot: tuple) -> None:
-        self.snapshots[index] = snapshot
+        self.snapshots[index, self.starts[index]] = snapshot
         skipped, earlier_failed, changed = zip(*self.snapshots.values())
         self.tally.skipped = self.base[0] + max(skipped)
         self.tally.earlier_failed = self.base[1] + max(earlier_failed)

@@ -336,11 +336,14 @@ def test_a_broken_device_stops_the_run_with_one_line_and_resume_finishes(ckpt_di
         f"({out}/results.jsonl), the items it was running not recorded; run the same command again to resume once "
         "the device works")
     assert list(read_results(out)) == ["a", "b"]  # c is not recorded failed: the device was at fault
-    assert sorted(p.name for p in out.iterdir()) == ["a.wav", "b.wav", "results.jsonl"]  # nothing half-written
+    # Nothing half-written; c's claim stays, saying it was running: the next run counts a death for it.
+    assert sorted(p.name for p in out.iterdir()) == [".c.omnitts-claim", "a.wav", "b.wav", "results.jsonl"]
+    assert json.loads((out / ".c.omnitts-claim").read_text())["running"] is True
     monkeypatch.undo()
     again = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
     assert again.exit_code == 0, again.output
     assert {k: r["status"] for k, r in read_results(out).items()} == dict.fromkeys(TEXTS, "ok")
+    assert sorted(p.name for p in out.iterdir()) == [f"{k}.wav" for k in TEXTS] + ["results.jsonl"]
     for name in TEXTS:
         assert (out / f"{name}.wav").read_bytes() == (tmp_path / "clean" / f"{name}.wav").read_bytes()
 

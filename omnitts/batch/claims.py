@@ -9,7 +9,17 @@ the only coordination, through two kinds of small files, both held with `flock`:
   so a file whose writer's lock is free (or gone) belongs to a dead writer and may be deleted.
 - `.<id>.omnitts-claim`: an item is claimed before it runs by creating this file and locking it, and
   released after its result line is written (the file deleted, then unlocked). It names the writer, host
-  and pid, for a person who looks.
+  and pid, for a person who looks, and says whether the item is running (in the engine, not merely
+  claimed ahead).
+
+An item's deaths: a claim whose writer died (its lock free) while the claim said "running" counts one death
+of the item's process while the item ran. Such a claim is not deleted by `sweep`: the next writer to claim the
+item reads it (`Writer.deaths`), and the run decides (batch/outdir.py): an item that was running when its
+process died runs again alone; one whose process died while it ran alone is recorded failed without
+running. The count stays in the claim until the item is recorded. A writer asked to stop (Ctrl-C,
+SIGTERM) marks its running claims as stopping first (`Writer.stopping`), so a kill that follows (a
+scheduler's SIGKILL after its grace period) is not counted; a writer whose device broke leaves its running
+claims as they are (`Writer.abandon_running`): the next claimer counts that as a death too.
 
 A lock, not a lease: the kernel (or the NFS server, once the client's lease ends) drops the locks of a
 process that dies, however it dies, so a killed writer's claims are free at once for the others and no
@@ -26,6 +36,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -99,6 +110,29 @@ def _stamp(fd: int, **fields) -> None:
     os.pwrite(fd, data, 0)
 
 
+def _read_stamp(fd: int) -> dict:
+    """What a claim file says ({} for an empty, torn or foreign one)."""
+    try:
+        stamp = json.loads(os.pread(fd, 1 << 16, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def deaths_in(stamp: dict) -> tuple[int, bool]:
+    """(deaths of the item's process while it ran, whether the last one came while it ran alone), as a claim
+    whose writer is gone tells them: the deaths it carried, and one more if it was running."""
+    count = stamp.get("deaths") if isinstance(stamp.get("deaths"), int) else 0
+    alone = bool(stamp.get("died_alone"))
+    if stamp.get("running") is True:
+        count, alone = count + 1, bool(stamp.get("alone"))
+    return max(0, count), alone and count > 0
+
+
+def _history(deaths: tuple[int, bool]) -> dict:
+    return {"deaths": deaths[0], "died_alone": deaths[1]} if deaths[0] else {}
+
+
 _held: dict[Path, list] = {}  # lock file -> [descriptor, Writers of this process using it]
 
 
@@ -114,6 +148,11 @@ class Writer:
         self.token = writer_token()
         self.lock_path = Path(os.path.realpath(self.out)) / f"{WRITER}{self.token}.lock"
         self.claims: dict[str, int] = {}  # item id -> the locked claim file's descriptor
+        self.deaths: dict[str, tuple[int, bool]] = {}  # item id -> `deaths_in` its claim when claimed (if any)
+        self.running_ids: set[str] = set()  # claims stamped running (`running`)
+        # Claims are made on the run's main thread and released on its saver's: a descriptor is never
+        # written after another thread closed it (its number could name another file by then).
+        self._lock = threading.RLock()
         self._open = False
         held = _held.get(self.lock_path)
         if held is None or not _same_file(held[0], self.lock_path):
@@ -126,29 +165,68 @@ class Writer:
         self._open = True
 
     def claim(self, item_id: str) -> bool:
-        """Claim `item_id` for this writer; False if another live writer holds it. Idempotent."""
-        if item_id in self.claims:
+        """Claim `item_id` for this writer; False if another live writer holds it. Idempotent. A claim a dead
+        writer left behind is read first: its item's deaths go to `deaths` (and stay in the claim)."""
+        with self._lock:
+            if item_id in self.claims:
+                return True
+            fd = _open_locked(self._claim_path(item_id), create=True)
+            if fd is None:
+                return False
+            deaths = deaths_in(_read_stamp(fd))
+            if deaths[0]:
+                self.deaths[item_id] = deaths
+            _stamp(fd, id=item_id, **_history(deaths))
+            self.claims[item_id] = fd
             return True
-        fd = _open_locked(self._claim_path(item_id), create=True)
-        if fd is None:
-            return False
-        _stamp(fd, id=item_id)
-        self.claims[item_id] = fd
-        return True
 
-    def release(self, item_id: str) -> None:
-        """Give `item_id` up (after its result line is written, or unrun): the file goes, then the lock."""
-        fd = self.claims.pop(item_id, None)
-        if fd is not None:
+    def running(self, item_id: str, alone: bool = False) -> None:
+        """`item_id` has entered the engine (`alone`: with no other item beside it): if this process dies
+        from now until the item is released, the next claimer counts a death."""
+        with self._lock:
+            fd = self.claims.get(item_id)
+            if fd is None:
+                return
+            _stamp(fd, id=item_id, running=True, alone=alone, **_history(self.deaths.get(item_id, (0, False))))
+            self.running_ids.add(item_id)
+
+    def stopping(self) -> None:
+        """A stop was asked (a signal): a kill from now on is the stop's doing, not a running item's."""
+        with self._lock:
+            for item_id in list(self.running_ids):
+                _stamp(self.claims[item_id], id=item_id, **_history(self.deaths.get(item_id, (0, False))))
+            self.running_ids.clear()
+
+    def abandon_running(self) -> None:
+        """The device broke under the running items: let their claims go as a dead writer's would (left in
+        place, still saying running), so the next claimer counts a death for each."""
+        with self._lock:
+            for item_id in list(self.running_ids):
+                os.close(self.claims.pop(item_id))
+            self.running_ids.clear()
+
+    def release(self, item_id: str, recorded: bool = True) -> None:
+        """Give `item_id` up: after its result line is written (`recorded`: the file goes, then the lock), or
+        unrun (`recorded` False: a claim that carries deaths keeps them for the next claimer)."""
+        with self._lock:
+            fd = self.claims.pop(item_id, None)
+            self.running_ids.discard(item_id)
+            deaths = self.deaths.pop(item_id, (0, False))
+            if fd is None:
+                return
             try:
-                self._claim_path(item_id).unlink(missing_ok=True)
+                if not recorded and deaths[0]:
+                    _stamp(fd, id=item_id, **_history(deaths))
+                else:
+                    self._claim_path(item_id).unlink(missing_ok=True)
             finally:
                 os.close(fd)
 
     def close(self) -> None:
-        """Release every claim and this writer's lock (a killed process's are dropped by the kernel)."""
-        for item_id in list(self.claims):
-            self.release(item_id)
+        """Release every claim (unrun) and this writer's lock (a killed process's are dropped by the kernel)."""
+        with self._lock:
+            for item_id in list(self.claims):
+                self.release(item_id, recorded=False)
         if not self._open:
             return
         self._open = False
@@ -194,7 +272,8 @@ def live_writers(out: Path) -> set[str]:
 
 
 def sweep(out: Path) -> int:
-    """Delete what dead writers left in `out`: their temporary files and unreleased claims. Returns how many.
+    """Delete what dead writers left in `out`: their temporary files and unreleased claims, except claims
+    that carry an item's deaths (`deaths_in`: the next claimer of the item reads them). Returns how many.
 
     Only names omnitts makes are touched (`io.atomic.is_temp_name`, `.<id>.omnitts-claim`), and only
     regular files; a live writer's files are never touched (its lock is held).
@@ -215,6 +294,8 @@ def sweep(out: Path) -> int:
         if fd is None:
             continue  # a live writer's claim
         try:
+            if deaths_in(_read_stamp(fd))[0]:
+                continue  # an item's deaths: kept for its next claimer
             path.unlink(missing_ok=True)
             removed += 1
         finally:

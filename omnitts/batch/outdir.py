@@ -277,13 +277,24 @@ class Batch:
         return False
 
     def _start(self, job: Job, current: str) -> Job:
+        """A claimed item's job. One whose process died while it ran (its claim says so, `Writer.deaths`)
+        runs alone; one whose process died while it ran alone fails without running."""
         item_id, ledger = job.request.id, self.ledger
         done = ledger.done.get(item_id)
         if not self.settings.force and ((done is not None and not _same(done.fingerprint, current))
                                         or item_id in ledger.failed):
             self.tally.changed += 1
         self._prints[item_id] = current
-        return job
+        deaths, alone = self.writer.deaths.get(item_id, (0, False))
+        if alone:
+            return replace(job, fail=f"the process running this item died {deaths_text(deaths)} while it ran, the "
+                                     "last time alone (a crash, or the out-of-memory killer): it is not run again; "
+                                     "--retry-failed tries it once more")
+        return replace(job, alone=True) if deaths else job
+
+    def started(self, job: Job) -> None:
+        """The pipeline put `job`'s item in its engine: from now a death of this process is counted against it."""
+        self.writer.running(job.request.id, alone=job.alone)
 
     def job(self, item) -> Job:
         """A manifest item as a pipeline job: sampling from the checkpoint, the flags and the item."""
@@ -322,15 +333,17 @@ class Batch:
         if not outcome.ok:
             rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings,
                          fingerprint=self._prints.pop(item_id, None))
+            written = False
             try:
                 self.ledger.write(rec)
+                written = True
             finally:
-                self.writer.release(item_id)
+                self.writer.release(item_id, recorded=written)
             self.tally.fail(item_id, outcome.error)
             return rec
         result, s = outcome.result, self.settings
         name = f"{item_id}.{s.format}"
-        placed = []
+        placed, written = [], False
         try:
             if s.save_codes:  # codes first: the ledger line (written last) vouches for both files
                 _save_npy(self.out / f"{item_id}.codes.npy", result.codes.astype(np.int64))
@@ -348,6 +361,7 @@ class Batch:
                          seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
                          timings=outcome.timings, fingerprint=self._prints.pop(item_id, None))
             self.ledger.write(rec)
+            written = True
         except BaseException as exc:
             if outcome.sink is not None:
                 outcome.sink.abort()
@@ -359,7 +373,7 @@ class Batch:
             error = _too_long(Path(exc.filename or self.out / name), exc)
             return self.save(replace(outcome, result=None, sink=None, error=error))
         finally:
-            self.writer.release(item_id)
+            self.writer.release(item_id, recorded=written)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
         return rec
@@ -377,6 +391,10 @@ class Batch:
         for target in [path] + ([self.out / f"{item_id}.codes.npy"] if self.settings.save_codes else []):
             _check_name(target)
         return AudioSink(path, self.sample_rate, self.settings.loudness)
+
+
+def deaths_text(count: int) -> str:
+    return {1: "once", 2: "twice"}.get(count, f"{count} times")
 
 
 def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,

@@ -29,8 +29,14 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
     at the end. An error raised while saving (a full disk) or by a signal closes the pipeline, which
     aborts the running items' temporary files, and propagates; items finished but not yet saved are
     saved first after a signal, and aborted after a saving error.
+
+    The batch's claims hear what the pipeline does (`Batch.started`: an item entered the engine), that a
+    stop was asked (`Writer.stopping`) and that the device broke (DeviceFailed: `Writer.abandon_running`,
+    after the finished items are saved), so that a death of this process is counted against the items it
+    was running, and only those (batch/claims.py).
     """
     from ..engine.pipeline import Pipeline
+    from ..errors import DeviceFailed
 
     pending = batch.pending(items)
     first = next(pending, _END)  # may be None with claims: "nothing can start now", still work to wait for
@@ -38,13 +44,27 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
         return False
     tts = load()
     batch.sample_rate = tts.sample_rate
-    pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=lambda: stop() or saver.failed,
-                        split=batch.settings.splitter(), sink=batch.sink)
+    asked = []
+
+    def stopping() -> bool:
+        if stop():
+            if not asked:
+                asked.append(True)
+                batch.writer.stopping()
+            return True
+        return saver.failed
+
+    pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping,
+                        split=batch.settings.splitter(), sink=batch.sink, started=batch.started)
     saver = _Saver(batch, report)  # started last: nothing that can raise stands between it and `close`
     try:
         with closing(pipeline.run(_chain(first, pending))) as outcomes:
             for outcome in outcomes:
                 saver.submit(outcome)
+    except DeviceFailed:
+        saver.close()  # what finished is saved (and its claims released) first
+        batch.writer.abandon_running()
+        raise
     finally:
         saver.close()
         if stats is not None:
@@ -118,7 +138,7 @@ class _Saver:
             if outcome.sink is not None:
                 outcome.sink.abort()
         finally:
-            self.batch.writer.release(outcome.job.request.id)
+            self.batch.writer.release(outcome.job.request.id, recorded=False)
 
 
 def _chain(first, rest):

@@ -291,7 +291,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
 
     from rich.console import Console
 
-    from ..workers import Pool, name
+    from ..workers import MAX_RESTARTS, Pool, name
 
     console = Console(stderr=True)
     tally = batch.tally
@@ -317,8 +317,14 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
             elif kind == "error":
                 console.print(f"error: {who}: {event[2]}")
             elif kind == "ended" and not event[1].stopped:
-                rest = "the others take over its items" if pool.alive() else "its items are left for the next run"
-                how = "stopped" if pool.errors.get(index, ("", ""))[1] == "device" else f"died: {event[1].reason}"
+                ended = event[1]
+                if ended.restarted:
+                    rest = f"started again ({ended.restarted} of {MAX_RESTARTS}); the items it was running will run alone"
+                elif pool.alive():
+                    rest = "the others take over its items"
+                else:
+                    rest = "its items are left for the next run"
+                how = "stopped" if ended.broke else f"died: {ended.reason}"
                 console.print(f"{who} {how}; {rest}")
             if progress.task_ids:
                 _advance(progress, tally)

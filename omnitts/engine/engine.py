@@ -29,6 +29,7 @@ whose prompt plus frame budget exceeds the talker's `max_position_embeddings`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 PREFILL_BUDGET_BYTES = 2**30  # estimated activations of one prefill step at most (see prefill_bytes)
@@ -155,6 +156,9 @@ class Engine:
         self.pending = None  # (host copy of the last launched frame, the sequences of its rows)
         self.next_id = 0
         self.steps_run = 0
+        # Told of each request as it is admitted, before its prefill runs (the pipeline tells the output
+        # directory's claims, so that a crash in that very step is counted against the items admitted).
+        self.on_admit: Callable[[Sequence], None] | None = None
 
     # -- requests -------------------------------------------------------------------------------
     def add(self, prompt: Prompt, params: SamplingParams, tag=None) -> Sequence:
@@ -224,6 +228,8 @@ class Engine:
             return
         state = self.state
         for seq in new:
+            if self.on_admit is not None:
+                self.on_admit(seq)
             seq.admitted_at = self.steps_run
             row = seq.slot
             state.reset(row)

@@ -78,6 +78,8 @@ class Job:
     params: SamplingParams
     key: object = None
     prompt: object = None  # an already built Prompt (then the text is not split)
+    alone: bool = False  # run with no other item in the engine (its process died while it ran beside others)
+    fail: str | None = None  # fail at once with this message, nothing run (its process died while it ran alone)
 
 
 @dataclass
@@ -118,6 +120,7 @@ class _Item:
     incremental: bool = True  # audio may leave before its piece ends (False if a retry could undo it)
     tries: dict = field(default_factory=dict)  # piece index -> runaway retries so far
     dropped: bool = False
+    admitted: bool = False  # a request of it has been admitted (`started` was told)
     suspect: bool = False  # running again, alone among suspects, after an engine step failed with it
     involved: int = 0  # engine failures it shared (it fails at MAX_INVOLVED, however the blame fell)
     started: float = field(default_factory=time.perf_counter)
@@ -152,8 +155,10 @@ class Pipeline:
 
     def __init__(self, tts, lookahead: int | None = None, retry_runaway: int = 0,
                  split: Callable[[str, str], list[str]] | None = None, stop: Callable[[], bool] | None = None,
-                 stream_decode: bool = True, sink: Callable[[Job], object] | None = None):
+                 stream_decode: bool = True, sink: Callable[[Job], object] | None = None,
+                 started: Callable[[Job], None] | None = None):
         self.tts = tts
+        self.started = started or (lambda job: None)  # told before an item's first request is admitted
         self.lookahead = lookahead or max(2 * tts.max_batch, 8)
         self.retry_runaway = retry_runaway
         self.split = split or (lambda text, language: split_text(text, language=language))
@@ -187,6 +192,7 @@ class Pipeline:
         self.suspects: deque = deque()  # items waiting for their trial (see `_engine_failed`)
         self.on_trial: _Item | None = None  # the suspect now running (at most one at a time)
         self.failed_in_a_row = 0  # engine failures since the last good step
+        self.solo: _Item | None = None  # the item of an `alone` job running, nothing beside it
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -389,6 +395,8 @@ class Pipeline:
         seed = params.seed
         if seed is None and params.samples:
             seed = random.SystemRandom().randrange(2**31)  # recorded, so every result can be reproduced
+        if job.fail is not None:
+            return None, Outcome(job, error=job.fail, seed=seed, timings={"total": _since(started)})
         item = _Item(job, replace(params, seed=seed), seed, started=started)
         request = job.request
         try:
@@ -448,16 +456,25 @@ class Pipeline:
         return params.with_budget(prompt.text_tokens, request.max_seconds)
 
     def _feed(self, ready: deque, exhausted: bool) -> None:
-        """Move prepared requests into the engine, (re)building it when one does not fit."""
+        """Move prepared requests into the engine, (re)building it when one does not fit. An `alone` job's
+        item waits for the engine to drain, and nothing joins it until it has finished (`solo`)."""
         while ready:
             item, index, params = ready[0]
+            if item.dropped:
+                ready.popleft()
+                continue
+            solo = self.solo
+            if solo is not None and item is not solo and not solo.dropped and solo in self.live:
+                return  # an item runs alone
+            if item.job.alone and item is not solo:
+                if self.engine is not None and self.engine.has_work():
+                    return  # it runs alone: the others finish first
+                self.solo = item
             if self.engine is None or not self._fits(item, index, params):
                 if self.engine is not None and self.engine.has_work():
                     return  # drain the current engine first; it grows afterwards
                 self.engine = self._build(ready, exhausted)
             ready.popleft()
-            if item.dropped:
-                continue
             item.first_added = item.first_added or time.perf_counter()
             self.in_engine.add(self.engine.add(item.pieces[index][1], params, tag=(item, index)))
 
@@ -489,10 +506,21 @@ class Pipeline:
         if idle is not None and _covers(idle.config, config):
             self._graphs_before.subtract(idle.graph_stats())  # count only what this run captures
             idle.scheduler.longest_first = False  # the last run's end game; this run's jobs are still coming
+            idle.on_admit = self._admitted
             return idle
         idle = None  # freed before the new engine allocates
         self.engines_built += 1
-        return Engine(tts.ckpt, config)
+        engine = Engine(tts.ckpt, config)
+        engine.on_admit = self._admitted
+        return engine
+
+    def _admitted(self, seq) -> None:
+        """The engine is about to prefill `seq` (its step may not return): the first time for an item,
+        `started` hears of it."""
+        item = seq.tag[0]
+        if not item.admitted:
+            item.admitted = True
+            self.started(item.job)
 
     def _park_engine(self) -> None:
         """At the end of a run, hand an idle engine with graphs back to the TTS for the next call (a notebook's
