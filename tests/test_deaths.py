@@ -73,6 +73,39 @@ def test_a_stop_clears_the_running_marks_so_a_kill_after_it_counts_no_death(tmp_
     assert sweep(tmp_path) == 0 and list(tmp_path.iterdir()) == []
 
 
+def test_an_item_out_of_the_engine_counts_no_death(tmp_path):
+    """Finished and waiting to be saved (or being saved): a death now is not the item's doing."""
+    w = Writer(tmp_path)
+    assert w.claim("x")
+    w.running("x")
+    w.settled("x")
+    assert "running" not in _stamp(tmp_path, "x")
+    w.abandon_running()
+    w.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_kill_between_an_items_record_and_its_release_counts_no_death(ckpt_dir, tmp_path):
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    code, err = _synth(tmp_path, ckpt, out, kill_after_record="c")
+    assert code == -signal.SIGKILL, err
+    assert "running" not in _claims(out).get("c", {})  # it had left the engine before its record
+    code, err = _synth(tmp_path, ckpt, out)
+    assert code == 0, err
+    assert _claims(out) == {} and all(r["status"] == "ok" for r in read_results(out).values())
+
+
+def test_a_death_recorded_for_an_item_that_is_done_is_cleared_by_the_next_run(ckpt_dir, tmp_path):
+    """A writer killed after an item's record and before its claim went leaves a claim that says running;
+    the next run finds the item done and deletes that claim (it is never claimed again otherwise)."""
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    assert _synth(tmp_path, ckpt, out)[0] == 0
+    (out / f".a{CLAIM}").write_text(json.dumps({"id": "a", "running": True, "deaths": 1, "alone": True}))
+    code, err = _synth(tmp_path, ckpt, out)
+    assert code == 0 and f"{len(TEXTS)} items already done" in err, err
+    assert _claims(out) == {}
+
+
 def test_deaths_in_reads_what_any_claim_says():
     assert deaths_in({}) == (0, False)
     assert deaths_in({"running": True}) == (1, False)
@@ -134,16 +167,29 @@ if os.environ.get("TEST_KILL_ON"):  # SIGKILL this process once item TEST_KILL_O
         return step(self)
 
     engine.Engine.step = killing
+
+if os.environ.get("TEST_KILL_AFTER_RECORD"):  # SIGKILL this process once that item's record is written
+    from omnitts.batch import ledger
+
+    write, target = ledger.Ledger.write, os.environ["TEST_KILL_AFTER_RECORD"]
+
+    def recording(self, record):
+        write(self, record)
+        if record["id"] == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    ledger.Ledger.write = recording
 """
 
 
-def _synth(tmp_path, ckpt, out, *extra, kill_on=None):
+def _synth(tmp_path, ckpt, out, *extra, kill_on=None, kill_after_record=None):
     hooks = tmp_path / "hooks"
     hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(_KILLER)
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps({"id": k, "text": t, "speaker": "ryan"}) + "\n" for k, t in TEXTS.items()))
     env = dict(os.environ, OMP_NUM_THREADS="1", TEST_KILL_ON=kill_on or "",
+               TEST_KILL_AFTER_RECORD=kill_after_record or "",
                PYTHONPATH=os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out), "--greedy",
            "--max-frames", "6", "--max-batch", "4", "--dtype", "float32", "--save-codes", *extra]

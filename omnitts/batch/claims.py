@@ -190,6 +190,13 @@ class Writer:
             _stamp(fd, id=item_id, running=True, alone=alone, **_history(self.deaths.get(item_id, (0, False))))
             self.running_ids.add(item_id)
 
+    def settled(self, item_id: str) -> None:
+        """`item_id` has left the engine (it is being saved): a death from now on is not its doing."""
+        with self._lock:
+            if item_id in self.running_ids:
+                self.running_ids.discard(item_id)
+                _stamp(self.claims[item_id], id=item_id, **_history(self.deaths.get(item_id, (0, False))))
+
     def stopping(self) -> None:
         """A stop was asked (a signal): a kill from now on is the stop's doing, not a running item's."""
         with self._lock:
@@ -271,9 +278,10 @@ def live_writers(out: Path) -> set[str]:
     return live
 
 
-def sweep(out: Path) -> int:
+def sweep(out: Path, kept: set | None = None) -> int:
     """Delete what dead writers left in `out`: their temporary files and unreleased claims, except claims
-    that carry an item's deaths (`deaths_in`: the next claimer of the item reads them). Returns how many.
+    that carry an item's deaths (`deaths_in`: the next claimer of the item reads them; their ids are added
+    to `kept` if given). Returns how many were deleted.
 
     Only names omnitts makes are touched (`io.atomic.is_temp_name`, `.<id>.omnitts-claim`), and only
     regular files; a live writer's files are never touched (its lock is held).
@@ -294,8 +302,10 @@ def sweep(out: Path) -> int:
         if fd is None:
             continue  # a live writer's claim
         try:
-            if deaths_in(_read_stamp(fd))[0]:
-                continue  # an item's deaths: kept for its next claimer
+            if deaths_in(_read_stamp(fd))[0]:  # an item's deaths: kept for its next claimer
+                if kept is not None:
+                    kept.add(path.name[1:-len(CLAIM)])
+                continue
             path.unlink(missing_ok=True)
             removed += 1
         finally:

@@ -155,7 +155,8 @@ class Batch:
             self.out.mkdir(parents=True, exist_ok=True)
             check_log(self.out)
             self.writer = Writer(self.out)
-            self.leftovers = sweep(self.out)
+            self.dead: set[str] = set()  # ids whose claims carry deaths (claims.py): cleared if found done
+            self.leftovers = sweep(self.out, self.dead)
             _probe(self.out)
         except OSError as exc:  # what check_out cannot see (e.g. a filesystem that refuses new files)
             raise OutDirError(f"--out {self.out}: cannot be written ({exc.strerror or exc})") from None
@@ -221,6 +222,10 @@ class Batch:
             job = self.job(item)
             current = self._fingerprint(job)
             if self._skip(item_id, current):
+                if item_id in self.dead:  # recorded after all (its writer died after the record, say)
+                    self.dead.discard(item_id)
+                    if self.writer.claim(item_id):
+                        self.writer.release(item_id)  # recorded: the claim and its deaths go
                 continue
             if not self.writer.claim(item_id):
                 held[item_id] = (job, current)
@@ -330,6 +335,7 @@ class Batch:
         nobody vouches for, and the item runs again on resume.
         """
         item_id = outcome.job.request.id
+        self.writer.settled(item_id)
         if not outcome.ok:
             rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings,
                          fingerprint=self._prints.pop(item_id, None))

@@ -102,6 +102,7 @@ class _Saver:
         if self.error is not None:
             self._drop(outcome)
             raise self.error
+        self.batch.writer.settled(outcome.job.request.id)  # out of the engine: a death now is not its doing
         self.queue.put(outcome)
 
     def check(self) -> None:
