@@ -173,7 +173,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         code = stop.exit_code if stop.count else 0
     except KeyboardInterrupt:
         code = stop.exit_code or 130
-    except DeviceFailed as exc:  # its claims go with it: the others take its items over
+    except DeviceFailed as exc:  # the parent starts it again (a new device context); its running claims count deaths
         send("error", index, str(exc), "device")
         code = 1
     except OmniTTSError as exc:
@@ -349,10 +349,9 @@ class Pool:
 
     def _restartable(self, ended: Ended) -> bool:
         """Killed by a signal not ours, or its device broke; not yet started again MAX_RESTARTS times."""
-        code, error = self.procs[ended.index].exitcode, self.errors.get(ended.index)
-        died = code is not None and code < 0 and error is None
-        broke = error is not None and error[1] == "device"
-        return (died or broke) and not self.stopping and self.starts[ended.index] <= MAX_RESTARTS
+        code = self.procs[ended.index].exitcode
+        died = code is not None and code < 0 and ended.index not in self.errors
+        return (died or ended.broke) and not self.stopping and self.starts[ended.index] <= MAX_RESTARTS
 
     def _count(self, index: int, snapshot: tuple) -> None:
         self.snapshots[index, self.starts[index]] = snapshot

@@ -297,8 +297,8 @@ class Pipeline:
         if broken is not None:
             why = fault if broken == fault else f"{fault}; then a test computation raised {broken}"
             raise DeviceFailed(f"the {device} device stopped working ({why})") from exc
-        raise DeviceFailed(f"{DEVICE_FAILURES} engines in a row failed on the {device} device before running a "
-                           f"single step (last: {fault}); it is taken for broken") from exc
+        raise DeviceFailed(f"{DEVICE_FAILURES} engines in a row failed on the {device} device with no good step "
+                           f"between them (last: {fault}); it is taken for broken") from exc
 
     def _again(self, item: _Item, ready: deque, error: str, exc: Exception, suspect: bool) -> None:
         """Run `item` again from its start (its audio so far deleted): next in `ready`, or as a suspect
