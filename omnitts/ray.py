@@ -189,16 +189,14 @@ class Synthesizer:
         return _row(item_id, status="error", finish_reason="error", error=message)
 
     def _pending(self, items: list, ran: dict) -> Iterator:
-        """`Batch.pending`'s jobs (or None: wait), noting which ids run and whether each was changed (the
-        tally counts a changed item as pending hands its job out)."""
-        tally, pending = self.batch.tally, self.batch.pending(items)
+        """`Batch.pending`'s jobs (or None: wait), noting which ids run and whether each was changed."""
+        pending = self.batch.pending(items)
         while True:
-            before = tally.changed
             job = next(pending, _END)
             if job is _END:
                 return
             if job is not None:
-                ran[job.request.id] = tally.changed > before
+                ran[job.request.id] = job.request.id in self.batch.rerun
             yield job
 
     def close(self) -> None:

@@ -258,7 +258,7 @@ class Pool:
     kills its process alone too is recorded failed (batch/claims.py); the run goes on. A worker that
     stopped for another error (a full disk, a bad checkpoint) is not. `tally` (the parent batch's, holding pass 1's
     bad lines) gets every worker's counts added: done, failed and audio seconds from their records
-    (each item is saved by one worker); changed items summed (counted by the worker that runs
+    (each item is saved by one worker); changed items summed (counted by the worker that records
     them); skipped and earlier failed as the largest any worker saw (every worker walks the whole
     manifest and sees the same earlier results). A worker counts its siblings' items as "others":
     the parent works out the command's own `others` at the end (cli).

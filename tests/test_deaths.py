@@ -106,6 +106,43 @@ def test_a_death_recorded_for_an_item_that_is_done_is_cleared_by_the_next_run(ck
     assert _claims(out) == {}
 
 
+def test_the_deaths_of_an_item_gone_from_the_manifest_are_forgotten_once_the_manifest_is_walked(ckpt_dir,
+                                                                                                 tmp_path):
+    """An item that died and was then taken out of the manifest is never claimed again: a run that walks
+    the whole manifest deletes its claim. Not a walk of one batch of it (Ray's), nor an item of another
+    shard, nor an item still in the manifest."""
+    from omnitts.batch.manifest import BadLine, iter_manifest
+    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.batch.shard import in_shard
+    from omnitts.config import load_config
+
+    ckpt = ckpt_dir("custom_voice")
+    cfg = load_config(ckpt)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": k, "text": t, "speaker": "ryan"}) + "\n" for k, t in TEXTS.items()))
+    items = [e for e in iter_manifest(manifest, cfg) if not isinstance(e, BadLine)]
+    out = tmp_path / "out"
+    out.mkdir()
+    gone = [f"gone-{i}" for i in range(8)]
+    for item_id in [*gone, "a"]:
+        (out / f".{item_id}{CLAIM}").write_text(json.dumps({"id": item_id, "deaths": 1}))
+
+    def walk(whole, shard=None):
+        with Batch(out, Settings(greedy=True), cfg, "ckpt", shard=shard) as batch:
+            jobs = [job for job in batch.pending(items, whole=whole) if job is not None]
+            for job in jobs:
+                batch.writer.release(job.request.id, recorded=False)  # not run: a's deaths stay
+            return {job.request.id: job.alone for job in jobs}
+
+    assert walk(whole=False) == {**dict.fromkeys(TEXTS, False), "a": True}  # one batch of the manifest
+    assert set(_claims(out)) == {*gone, "a"}
+    assert not all(in_shard(i, 0, 2) for i in gone) and any(in_shard(i, 0, 2) for i in gone)
+    walk(whole=True, shard=(0, 2))
+    assert set(_claims(out)) == {i for i in gone if not in_shard(i, 0, 2)} | {"a"}  # the other shard's stay
+    walk(whole=True)
+    assert set(_claims(out)) == {"a"} and _claims(out)["a"]["deaths"] == 1
+
+
 def test_deaths_in_reads_what_any_claim_says():
     assert deaths_in({}) == (0, False)
     assert deaths_in({"running": True}) == (1, False)
@@ -237,11 +274,14 @@ def test_an_item_that_kills_its_process_is_run_alone_then_recorded_failed(ckpt_d
 
 def test_with_workers_one_command_pins_the_item_and_finishes_the_rest(ckpt_dir, tmp_path):
     """A worker killed by its item is started again; the item runs alone, kills that worker too, and is
-    recorded failed by the next; every other item is done, in one command."""
+    recorded failed by the next; every other item is done, in one command. The items were done before
+    with another frame budget: each is counted "run again" once, however many workers took it up."""
     ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    assert _synth(tmp_path, ckpt, out, "--max-frames", "5")[0] == 0
     code, err = _synth(tmp_path, ckpt, out, "--workers", "2", kill_on="b")
     assert code == 1, err
     assert err.count("died: killed by SIGKILL; started again") == 2, err
+    assert f"{len(TEXTS)} items run again: their line or the options changed" in err, err
     assert "the items it was running will run alone" in err
     records = read_results(out)
     assert {k: r["status"] for k, r in records.items()} == {**dict.fromkeys(TEXTS, "ok"), "b": "error"}

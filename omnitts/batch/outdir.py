@@ -110,13 +110,13 @@ class Tally:
     failed: int = 0
     skipped: int = 0  # not run: done earlier, or failed earlier (below)
     earlier_failed: int = 0  # skipped because an earlier run failed them (no audio; --retry-failed runs them)
-    changed: int = 0  # run again because the line or the options changed since their record
+    changed: int = 0  # recorded again because the line or the options changed since their record
     others: int = 0  # recorded by another writer of the same directory during this run (not run here)
     seconds: float = 0.0  # audio written in this run
     errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
     started: float = field(default_factory=time.time)
-    # done, seconds and failures are counted on the run's saver thread (batch/run.py), the rest on its main
-    # thread; failures on both (bad lines are recorded as the manifest is read).
+    # done, changed, seconds and failures are counted on the run's saver thread (batch/run.py), the rest on
+    # its main thread; failures on both (bad lines are recorded as the manifest is read).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def fail(self, item_id: str, message: str) -> None:
@@ -163,6 +163,10 @@ class Batch:
         self.ledger = Ledger(self.out, since)  # since: where the run this writer belongs to began (Ledger)
         self.tally = Tally()
         self._prints: dict[str, str] = {}  # id -> fingerprint, for the jobs handed out and not yet saved
+        # Jobs handed out and not yet saved that run an item again because its line or the options changed:
+        # `tally.changed` counts them as their records are written, so an item that two processes take up
+        # (a worker started again after it died) counts once, as it is recorded once.
+        self.rerun: set[str] = set()
         self._looked = 0.0  # when held items were last looked at
 
     def __enter__(self) -> "Batch":
@@ -201,24 +205,30 @@ class Batch:
         finally:
             self.writer.release(item_id)
 
-    def pending(self, items: Iterable) -> Iterator[Job | None]:
+    def pending(self, items: Iterable, whole: bool = False) -> Iterator[Job | None]:
         """Jobs for the items an earlier run (or another writer) has not finished *as they are now*.
 
         Skipped: an item whose last record is good, whose file is intact and whose fingerprint matches
         (the same line and options made it); one that failed with the same fingerprint, unless
         `retry_failed`; one another writer recorded during this run (`tally.others`). Run: everything
         else - new items, damaged files, and items whose line or options changed since their record
-        (`tally.changed`; the old file is replaced atomically). `force` runs every item once.
+        (`rerun`, counted in `tally.changed` when saved; the old file is replaced atomically). `force` runs
+        every item once.
 
         Each job is claimed before it is yielded (released by `save`). An item another live writer
         holds is looked at again later: it is usually recorded by then; if its writer died, it is run
         here. While only such items are left, None is yielded ("nothing now, ask again").
+
+        `whole`: `items` is the whole manifest (not one batch of it, as Ray's are); once it is walked, the
+        deaths of items it no longer holds are forgotten (`_forget_dead`).
         """
         held: dict[str, tuple[Job, str]] = {}  # id -> (job, fingerprint): another writer held it
+        unseen = {item_id for item_id in self.dead if self.mine(item_id)} if whole else set()
         for item in items:
             item_id = item.request.id
             if not self.mine(item_id):
                 continue
+            unseen.discard(item_id)
             job = self.job(item)
             current = self._fingerprint(job)
             if self._skip(item_id, current):
@@ -234,10 +244,19 @@ class Batch:
                 continue
             if self._still_to_run(item_id, current):
                 yield self._start(job, current)
+        self._forget_dead(unseen)
         while held:
             yield from self._look(held, wait=True)
             if held:
                 yield None
+
+    def _forget_dead(self, ids: set) -> None:
+        """Delete the claims (and the deaths they carry) of `ids`: items that died in an earlier run and are
+        gone from the manifest since, which no writer of it will claim again."""
+        for item_id in ids:
+            self.dead.discard(item_id)
+            if self.writer.claim(item_id):  # not if another writer (of another manifest) holds it now
+                self.writer.release(item_id)
 
     def _look(self, held: dict, wait: bool) -> Iterator[Job]:
         """Jobs of `held` items whose writers let them go without recording them (they died)."""
@@ -288,7 +307,7 @@ class Batch:
         done = ledger.done.get(item_id)
         if not self.settings.force and ((done is not None and not _same(done.fingerprint, current))
                                         or item_id in ledger.failed):
-            self.tally.changed += 1
+            self.rerun.add(item_id)
         self._prints[item_id] = current
         deaths, alone = self.writer.deaths.get(item_id, (0, False))
         if alone:
@@ -346,6 +365,7 @@ class Batch:
             finally:
                 self.writer.release(item_id, recorded=written)
             self.tally.fail(item_id, outcome.error)
+            self._count_rerun(item_id)
             return rec
         result, s = outcome.result, self.settings
         name = f"{item_id}.{s.format}"
@@ -382,7 +402,13 @@ class Batch:
             self.writer.release(item_id, recorded=written)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
+        self._count_rerun(item_id)
         return rec
+
+    def _count_rerun(self, item_id: str) -> None:
+        if item_id in self.rerun:
+            self.rerun.discard(item_id)
+            self.tally.changed += 1
 
     def sink(self, job: Job):
         """Where a job's audio streams to: a temporary file in `out`, renamed by `save`.

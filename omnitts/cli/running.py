@@ -178,6 +178,7 @@ def _count_row(row: dict, before, tally, console) -> None:
         tally.changed += bool(row["changed"])
     else:
         tally.fail(row["id"], row["error"])
+        tally.changed += bool(row["changed"])
         console.print(f"error: {row['id']}: {row['error']}")
 
 
