@@ -107,6 +107,8 @@ def test_stream_errors_name_the_item(cv):
         list(cv.stream(["just a string"]))
     with pytest.raises(RequestError, match=r"requests\[0\]: a pair must be"):
         list(cv.stream([({"text": "Hi.", "speaker": "ryan"}, {"top_k": 3})]))
+    with pytest.raises(RequestError, match=r"text: a lone surrogate '\\ud800' at character 6 is not text"):
+        cv.synthesize("Half \ud800 of a pair.", speaker="ryan", max_frames=3)
 
 
 @pytest.mark.parametrize("kind,preset", [("custom_voice", "tiny-0.6b"), ("custom_voice", "tiny-1.7b"),

@@ -560,3 +560,15 @@ def test_a_pipeline_that_cannot_be_built_leaves_no_saver_thread_behind(ckpt_dir,
                                  str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"), "--max-frames", "3", "-q"])
     assert result.exit_code != 0
     assert not [t for t in threading.enumerate() if t.name == "omnitts-saver"]
+
+
+def test_a_record_whose_error_names_a_file_that_is_not_utf8_is_written_and_read_back(tmp_path):
+    """A file name of bytes that are not UTF-8 reaches Python as lone surrogates; an error message that
+    names one is logged with the JSON escape, not lost to an encoding error (which would end the run)."""
+    from omnitts.batch.ledger import Ledger, read_results
+    from omnitts.batch.outdir import record
+
+    message = "cannot read audio: /refs/caf\udce9.wav"
+    Ledger(tmp_path).write(record("x", "error", error=message))
+    assert b"caf\\udce9.wav" in (tmp_path / "results.jsonl").read_bytes()
+    assert read_results(tmp_path)["x"]["error"] == message and Ledger(tmp_path).failed == {"x": message}

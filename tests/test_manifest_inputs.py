@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from omnitts.batch.manifest import BadLine, Item, column_map, count_rows, iter_manifest
 from omnitts.cli import app
 from omnitts.config import load_config
+from omnitts.errors import OmniTTSError
 
 runner = CliRunner()
 
@@ -305,6 +306,54 @@ def test_synth_on_csv_with_column_options_matches_jsonl(ckpt_dir, tmp_path):
         for row in ROWS:
             np.testing.assert_array_equal(np.load(tmp_path / kind / f"{row['id']}.codes.npy"),
                                           np.load(tmp_path / "jsonl" / f"{row['id']}.codes.npy"))
+
+
+def test_a_line_that_is_not_utf8_is_one_bad_line_and_the_lines_after_it_are_read(ckpt_dir, tmp_path):
+    """A manifest saved in another encoding (Latin-1, say) has bytes that are not UTF-8: the line holding
+    them is a bad line naming the byte and its column, in JSONL and CSV alike, and the run goes on."""
+    cfg = load_config(ckpt_dir("custom_voice"))
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_bytes(b'\xef\xbb\xbf{"id": "first", "text": "Hi.", "speaker": "ryan"}\r\n'
+                      b'{"id": "cafe", "text": "Caf\xe9 au lait.", "speaker": "ryan"}\r\n'
+                      b'{"id": "last", "text": "Bye.", "speaker": "ryan"}\r\n')
+    csv = tmp_path / "m.csv"
+    csv.write_bytes(b"id,text,speaker\nfirst,Hi.,ryan\ncafe,Caf\xe9 au lait.,ryan\nlast,Bye.,ryan\n")
+    for path, line in ((jsonl, 2), (csv, 3)):
+        entries = list(iter_manifest(path, cfg))
+        assert [type(e) for e in entries] == [Item, BadLine, Item], entries
+        column = 28 if path is jsonl else 9
+        assert entries[1].message == f"{path}:{line}: not UTF-8 text (byte 0xe9 at column {column}; save the file as UTF-8)"
+        assert [e.request.id for e in (entries[0], entries[2])] == ["first", "last"]
+        assert count_rows(path) == 3
+    result = runner.invoke(app, ["validate", str(jsonl), "-m", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 1 and result.output.splitlines()[-1] == f"{jsonl}: 2 good, 1 bad", result.output
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(jsonl), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                 "--greedy", "--max-frames", "3", "--quiet"])
+    assert result.exit_code == 1 and f"{jsonl}:2: not UTF-8 text (byte 0xe9" in result.output, result.output
+    records = {r["id"]: r["status"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert records == {"first": "ok", "line:2": "error", "last": "ok"}
+    header = tmp_path / "h.csv"
+    header.write_bytes(b"id,t\xe9xt,speaker\nfirst,Hi.,ryan\n")
+    with pytest.raises(OmniTTSError, match=r"h\.csv:1: the header line is not UTF-8 text \(byte 0xe9 at column 5"):
+        list(iter_manifest(header, cfg))
+
+
+@pytest.mark.parametrize("field", ["id", "text", "speaker", "language"])
+def test_a_lone_surrogate_escape_is_a_bad_line_naming_its_field(ckpt_dir, tmp_path, field):
+    """JSON can escape half of a surrogate pair ("\\ud83d" alone), which is no text: no file name, tokenizer
+    or log line can hold it. The line is bad, naming the field and the character."""
+    row = {"id": "ok", "text": "Hi there.", "speaker": "ryan", "language": "english"}
+    line = json.dumps(row).replace(f'"{field}": "', f'"{field}": "x\\ud83d', 1)
+    path = tmp_path / "m.jsonl"
+    path.write_text(_line(GOOD[0]) + "\n" + line + "\n", encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert isinstance(entries[0], Item) and isinstance(entries[1], BadLine), entries
+    assert entries[1].message == (f"{path}:2: {field}: a lone surrogate '\\ud83d' at character 2 is not text (write "
+                                  "the character itself, or both halves of its surrogate pair)")
+    pair = json.dumps(row).replace('"text": "', '"text": "\\ud83d\\ude00 ', 1)  # a whole pair is a character
+    path.write_text(pair + "\n", encoding="utf-8")
+    assert [e.request.text for e in iter_manifest(path, load_config(ckpt_dir("custom_voice")))] == ["\U0001F600 Hi there."]
 
 
 def test_table_errors_name_rows_fields_and_columns(ckpt_dir, tmp_path):

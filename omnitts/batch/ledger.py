@@ -124,7 +124,9 @@ class Ledger:
             size = os.lseek(fd, 0, os.SEEK_END)
             if size > self.offset:
                 self._read(upto=size)  # the others' lines first: ours comes after them
-            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+            # A lone surrogate (a file name that is not UTF-8, inside an error message) is written as its
+            # JSON escape: inside a JSON string, backslashreplace's "\udcff" is one.
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
             if size and not _ends_with_newline(self.path):
                 line = b"\n" + line
             try:

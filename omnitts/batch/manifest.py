@@ -28,7 +28,7 @@ from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError
 from ..request import Request
-from ..text.prompt import resolve
+from ..text.prompt import not_text, resolve
 from ..text.split import MAX_PIECES, pieces_problem, split_text
 from .sources import JsonlSource, open_source
 
@@ -100,6 +100,8 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
         if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
             expected = "number" if kind == NUMBER else kind.__name__
             raise RequestError(f"{name}: expected {expected}, got {type(value).__name__}")
+        if isinstance(value, str) and (problem := not_text(value)):
+            raise RequestError(f"{name}: {problem}")
     _check_ranges(obj)
     item_id = obj.get("id")
     if not item_id:

@@ -26,6 +26,27 @@ BATCH_ROWS = 1024  # rows per record batch for the columnar readers
 PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
 
 
+def _open_text(path: Path, **kwargs):
+    """A text manifest, read as UTF-8 (a byte order mark, as Windows editors write, is dropped). Bytes that
+    are not UTF-8 are kept as lone surrogates (`surrogateescape`), so that one bad line is reported as
+    such (`_not_utf8`) and the lines after it are still read."""
+    try:
+        return open(path, encoding="utf-8-sig", errors="surrogateescape", **kwargs)
+    except OSError as exc:
+        raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
+
+
+def _not_utf8(text: str) -> str | None:
+    """What is wrong with a line read by `_open_text` whose bytes were not all UTF-8 (None: nothing)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = text[exc.start]
+        what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"character {char!r}"
+        return f"not UTF-8 text ({what} at column {exc.start + 1}; save the file as UTF-8)"
+    return None
+
+
 class JsonlSource:
     """One JSON object per line; blank lines are skipped."""
 
@@ -35,15 +56,15 @@ class JsonlSource:
         self.path = path
 
     def _open(self):
-        try:
-            return open(self.path, encoding="utf-8-sig")  # a UTF-8 byte order mark (Windows editors) is dropped
-        except OSError as exc:
-            raise OmniTTSError(f"{self.path}: cannot open manifest ({exc.strerror})") from None
+        return _open_text(self.path)
 
     def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
         with self._open() as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
+                    continue
+                if (problem := _not_utf8(line)) is not None:
+                    yield number, problem
                     continue
                 try:
                     obj = json.loads(line)
@@ -68,13 +89,12 @@ class CsvSource:
             header = next(csv.reader(handle, delimiter=delimiter), None)
         if not header:
             raise OmniTTSError(f"{path}: empty CSV file (the first line must name the columns)")
+        if (problem := _not_utf8(delimiter.join(header))) is not None:
+            raise OmniTTSError(f"{path}:1: the header line is {problem}")
         self.columns = [name.strip() for name in header]
 
     def _open(self):
-        try:
-            return open(self.path, encoding="utf-8-sig", newline="")
-        except OSError as exc:
-            raise OmniTTSError(f"{self.path}: cannot open manifest ({exc.strerror})") from None
+        return _open_text(self.path, newline="")
 
     def _records(self, handle) -> Iterator[tuple[int, list[str]]]:
         """(first line of the record, cells) for every non-blank record after the header."""
@@ -100,6 +120,8 @@ class CsvSource:
             for number, cells in self._records(handle):
                 if isinstance(cells, str):
                     yield number, cells
+                elif (problem := _not_utf8(self.delimiter.join(cells))) is not None:
+                    yield number, problem
                 elif len(cells) > width:
                     yield number, (f"{len(cells)} cells but the header names {width} columns "
                                    "(quote cells that contain the delimiter)")

@@ -44,11 +44,26 @@ class Resolved:
     non_streaming: bool
 
 
+def not_text(value: str) -> str | None:
+    """What makes `value` no text (None: nothing): a lone surrogate, which no encoding can write and no
+    tokenizer reads (a JSON escape such as "\\ud800" without its pair makes one)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"a lone surrogate {value[exc.start]!r} at character {exc.start + 1} is not text (write the "
+                "character itself, or both halves of its surrogate pair)")
+    return None
+
+
 def resolve(cfg, req: Request) -> Resolved:
     """Check `req` against what checkpoint config `cfg` can do; raise RequestError naming the field."""
     tcfg, kind = cfg.talker, cfg.model_type
     if not isinstance(req.text, str) or not req.text.strip():
         raise RequestError("text: empty; give the words to speak")
+    for name in ("text", "instruct", "ref_text"):
+        value = getattr(req, name)
+        if isinstance(value, str) and (problem := not_text(value)):
+            raise RequestError(f"{name}: {problem}")
     language = (req.language or "auto").lower()
     if language not in tcfg.languages:
         raise RequestError(f"language: {req.language!r} is not known to this checkpoint; "
