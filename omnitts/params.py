@@ -12,6 +12,11 @@ from .sampling import seed_word
 
 FRAMES_PER_SECOND = 12.5
 GUARD_BASE_FRAMES, GUARD_FRAMES_PER_TOKEN = 40, 10  # runaway guard (see SamplingParams.with_budget)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+# The largest value of each number a request may set: the sampling values become float32 (and top_k an
+# int64) on the device; a budget in seconds beyond any checkpoint's frame cap is cut to the cap anyway.
+LARGEST = dict(temperature=FLOAT32_MAX, subtalker_temperature=FLOAT32_MAX, repetition_penalty=FLOAT32_MAX,
+               top_p=1.0, subtalker_top_p=1.0, top_k=2**63 - 1, subtalker_top_k=2**63 - 1, max_seconds=FLOAT32_MAX)
 
 # The official wrapper's hard defaults, used where generation_config.json is silent.
 _DEFAULTS = dict(
@@ -98,6 +103,9 @@ class SamplingParams:
         for name in ("top_k", "subtalker_top_k"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        for name in ("temperature", "subtalker_temperature", "repetition_penalty", "top_k", "subtalker_top_k"):
+            if getattr(self, name) > LARGEST[name]:
+                raise ValueError(f"{name} must be at most {LARGEST[name]:.4g}, got {getattr(self, name)}")
         if self.max_frames is not None and self.max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
 
@@ -129,7 +137,7 @@ class SamplingParams:
         if self.max_frames is not None:
             frames = self.max_frames
         elif max_seconds is not None:
-            frames = max(1, round(max_seconds * FRAMES_PER_SECOND))
+            frames = frames_in(max_seconds)
         else:
             frames = GUARD_BASE_FRAMES + GUARD_FRAMES_PER_TOKEN * text_tokens
         return replace(self, max_frames=min(frames, self.frame_cap))
@@ -137,6 +145,11 @@ class SamplingParams:
     def greedy(self) -> "SamplingParams":
         """Argmax in talker and sub-talker (penalty and suppression still apply, as officially)."""
         return replace(self, do_sample=False, subtalker_dosample=False)
+
+
+def frames_in(seconds: float) -> int:
+    """A budget of `seconds` in frames: at least one; an enormous one is cut to 2**31 (past any frame cap)."""
+    return max(1, round(min(seconds * FRAMES_PER_SECOND, 2**31)))
 
 
 def put(tensor: torch.Tensor, row: int, value) -> None:

@@ -196,3 +196,16 @@ def test_peak_memory_of_a_100k_character_line_is_bounded(ckpt_dir, tmp_path):
                                         "--split-chars", "0")
     assert "GiB to prefill" in records["blob"]["error"] and records["short"]["frames"] == 10
     assert max(peak, peak_unsplit) - base < 200 * 2**20, (base, peak, peak_unsplit)
+
+
+def test_numbers_past_what_the_engine_holds_are_refused_and_a_huge_budget_is_cut_to_the_cap():
+    """The sampling values become float32 (top_k an int64) on the device: a larger one is a clear
+    ValueError, not an overflow in the middle of a run; a budget of seconds beyond any cap is the cap."""
+    from omnitts.params import SamplingParams, frames_in
+
+    for name, value in (("repetition_penalty", 1e300), ("temperature", float("inf")), ("top_k", 2**64)):
+        with pytest.raises(ValueError, match=rf"^{name} must be at most "):
+            SamplingParams(**{name: value})
+    assert frames_in(1e308) == 2**31 and frames_in(1e-9) == 1 and frames_in(2.0) == 25
+    params = SamplingParams(frame_cap=100)
+    assert params.with_budget(10, max_seconds=1e308).max_frames == 100

@@ -57,6 +57,13 @@ BAD = [
     ({"id": "topp", "text": "Hi.", "speaker": "ryan", "top_p": 1.5}, "top_p: must be in (0, 1]"),
     ({"id": "rep", "text": "Hi.", "speaker": "ryan", "repetition_penalty": -1}, "repetition_penalty: must be > 0"),
     ({"id": "secs", "text": "Hi.", "speaker": "ryan", "max_seconds": 0}, "max_seconds: must be > 0"),
+    ({"id": "nan", "text": "Hi.", "speaker": "ryan", "temperature": float("nan")}, "temperature: must be > 0, got nan"),
+    ({"id": "inf", "text": "Hi.", "speaker": "ryan", "temperature": float("inf")},
+     "temperature: must be at most 3.403e+38, got inf"),
+    ({"id": "huge", "text": "Hi.", "speaker": "ryan", "repetition_penalty": 1e300},
+     "repetition_penalty: must be at most 3.403e+38, got 1e+300"),
+    ({"id": "ages", "text": "Hi.", "speaker": "ryan", "max_seconds": 1e308}, "max_seconds: must be at most 3.403e+38"),
+    ({"id": "bigk", "text": "Hi.", "speaker": "ryan", "top_k": 10**30}, "top_k: must be at most 9.223e+18"),
 ]
 SPECIFIC = {"short": "is 0.20 s long; at least 0.5 s is needed", "wavvoice": "is not a .safetensors voice file"}
 

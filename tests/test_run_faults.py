@@ -24,7 +24,7 @@ from omnitts.device.base import Backend
 from omnitts.engine import engine as engine_module
 from omnitts.engine import pipeline as pipeline_module
 from omnitts.engine.pipeline import Job, Pipeline
-from omnitts.errors import DeviceFailed
+from omnitts.errors import DeviceFailed, OmniTTSError
 from omnitts.models.codec_streams import CodecStreams
 from omnitts.request import Request
 
@@ -581,3 +581,54 @@ def test_the_device_check_passes_on_a_working_device_and_reports_a_sticky_error(
     backend.api.synchronize = sticky
     assert backend.broken() == ("RuntimeError: CUDA error: an illegal memory access was encountered CUDA kernel "
                                 "errors might be asynchronously reported")
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def test_out_of_memory_knows_each_devices_allocation_failure():
+    from omnitts.device import out_of_memory
+
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name (CUDA)
+        pass
+
+    assert out_of_memory(MemoryError()) and out_of_memory(OutOfMemoryError("CUDA out of memory. Tried to ..."))
+    assert out_of_memory(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate "
+                                      "memory: you tried to allocate 25600000000 bytes"))
+    assert out_of_memory(RuntimeError("NPU out of memory. Tried to allocate 2.00 GiB"))
+    assert not out_of_memory(RuntimeError("index 5 is out of bounds")) and not out_of_memory(ValueError("memory"))
+
+
+def test_the_codec_states_size_is_known_before_it_is_allocated(tts_factory):
+    from omnitts.models.codec_stream import StreamingCodec
+
+    codec = StreamingCodec(tts_factory("custom_voice").ckpt.codec)
+    for batch in (1, 3):
+        assert codec.state_bytes(batch) == sum(t.numel() * t.element_size() for t in codec.new_state(batch).values())
+    assert codec.state_bytes(3) == 3 * codec.state_bytes(1) > 0
+
+
+def test_a_max_batch_too_large_for_memory_is_one_line_naming_it(ckpt_dir, tmp_path, tts_factory, monkeypatch):
+    """The codec's state for max_batch streams is allocated when a run starts: more than half the free memory
+    is refused with one line (a CPU would otherwise swap, or the out-of-memory killer end the process without
+    a word); an engine that does not fit (a device's OutOfMemoryError) says the same. Nothing is recorded."""
+    manifest, out = _manifest(tmp_path, ["a"]), tmp_path / "out"
+    result = _synth(ckpt_dir, manifest, out, "--max-batch", str(10**9))
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: max batch {10**9}: the codec's state for that many streams does not fit "
+                                    "in cpu memory ("), result.output
+    assert result.output.rstrip().endswith("free); lower --max-batch") and result.output.count("\n") == 1
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
+    tts = tts_factory("custom_voice")
+    monkeypatch.setattr(Backend, "free_memory", lambda self: 1000)  # the library says it too
+    with pytest.raises(OmniTTSError, match=r"^max batch 8: the codec's state for that many streams does not fit in "
+                                           r"cpu memory \(0\.0 GB of state, 0\.1 MB a stream, against 0\.0 GB free\)"):
+        tts.synthesize("Hello.", speaker="ryan", max_frames=2)
+    monkeypatch.setattr(Backend, "free_memory", lambda self: None)
+
+    def no_room(self, ckpt, config):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(pipeline_module.Engine, "__init__", no_room)
+    with pytest.raises(OmniTTSError, match=r"^max batch 8: an engine of \d+ rows x \d+ positions does not fit in cpu "
+                                           r"memory \(CUDA out of memory\. Tried to allocate 20\.00 GiB\); lower "
+                                           "--max-batch$"):
+        tts.synthesize("Hello.", speaker="ryan", max_frames=2)

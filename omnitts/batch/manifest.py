@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError
+from ..params import LARGEST
 from ..request import Request
 from ..text.prompt import not_text, resolve
 from ..text.split import MAX_PIECES, pieces_problem, split_text
@@ -143,8 +144,12 @@ def _check_ranges(obj: dict) -> None:
                            ("repetition_penalty", "> 0", lambda v: v > 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
                            ("top_k", ">= 0 (0 = off)", lambda v: v >= 0)):
         value = obj.get(name)
-        if value is not None and not (math.isfinite(value) and ok(value)):
+        if value is None:
+            continue
+        if math.isnan(value) or not ok(value):
             raise RequestError(f"{name}: must be {rule}, got {value}")
+        if value > LARGEST[name]:  # infinity, or past what the engine's float32 / int64 tensors hold
+            raise RequestError(f"{name}: must be at most {LARGEST[name]:.4g}, got {value}")
 
 
 def _path(value: str | None, base: Path) -> Path | None:

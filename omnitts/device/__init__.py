@@ -13,6 +13,15 @@ from ..models.loader import Models
 from .base import Backend
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is an allocation that did not fit: torch's OutOfMemoryError (CUDA), the CPU allocator's
+    and torch_npu's RuntimeErrors (their messages), or Python's MemoryError."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
 def get_backend(name: str, eager: bool = False) -> Backend:
     """`cpu` (eager), `cuda` (CUDA graphs) or `npu` (Ascend NPU graphs; imports torch_npu)."""
     if name == "cpu":

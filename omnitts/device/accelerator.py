@@ -93,6 +93,14 @@ class AcceleratorBackend(Backend):
             return f"{type(exc).__name__}: {' '.join(str(exc).split()) or '(no message)'}"
         return None if total == 12.0 else f"a test computation gave {total} instead of 12"
 
+    def free_memory(self) -> int | None:
+        """The device's free memory (`mem_get_info`), plus what torch's caching allocator holds unused."""
+        info = getattr(self.api, "mem_get_info", None)
+        if info is None:
+            return None
+        free, _ = info()
+        return free + self.api.memory_reserved() - self.api.memory_allocated()
+
     def graph_pool(self):
         return self.api.graph_pool_handle()
 

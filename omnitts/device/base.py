@@ -270,6 +270,18 @@ class Backend:
         break this way (a fault there is the item's or the code's)."""
         return None
 
+    def free_memory(self) -> int | None:
+        """Bytes the device can still allocate (None: unknown). The CPU's is Linux's MemAvailable: free
+        memory and what the kernel can reclaim (file caches), without swapping."""
+        try:
+            with open("/proc/meminfo") as handle:
+                for line in handle:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def predictor_attention(self):
         """None, or a kernel `(q, k, v, mask, causal) -> out` (see models.layers.sdpa_attention) that
         asks for the code predictor's fixed-shape frame cache (all G positions under a mask)."""

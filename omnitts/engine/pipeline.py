@@ -58,12 +58,12 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from ..device import get_backend
+from ..device import get_backend, out_of_memory
 from ..device.copies import uploader
 from ..errors import OmniTTSError
 from ..models.codec_streams import CodecStreams
 from ..errors import DeviceFailed, RequestError
-from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, share_frames
+from ..params import SamplingParams, derive_seed, frames_in, share_frames
 from ..request import Request
 from ..text.split import pieces_problem, split_text
 from .engine import Engine, plan
@@ -178,12 +178,19 @@ class Pipeline:
         alone = tts.deterministic
         self.full_batch = alone and backend.supports_graphs
         self.warned_small = False  # a deterministic run warned that an engine had fewer rows than max_batch
-        self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
-                                     tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
-                                     to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
-                                     fixed=fixed, max_rows=1 if alone else None,
-                                     graphs=backend.call_graphs("codec", False if alone else None) if fixed else None)
-                        if stream_decode else None)
+        try:
+            self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
+                                         tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
+                                         to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
+                                         fixed=fixed, max_rows=1 if alone else None,
+                                         graphs=backend.call_graphs("codec", False if alone else None) if fixed
+                                         else None, free_memory=backend.free_memory())
+                            if stream_decode else None)
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            raise OmniTTSError(f"max batch {tts.max_batch}: the codec's state for that many streams does not fit in "
+                               f"{tts.ckpt.device.type} memory ({_one_line(exc)}); lower --max-batch") from None
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
         self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device
         self.starved = False  # the jobs source last said "nothing now" (None)
@@ -510,7 +517,14 @@ class Pipeline:
             return idle
         idle = None  # freed before the new engine allocates
         self.engines_built += 1
-        engine = Engine(tts.ckpt, config)
+        try:
+            engine = Engine(tts.ckpt, config)
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            raise OmniTTSError(f"max batch {tts.max_batch}: an engine of {config.max_num_seqs} rows x "
+                               f"{config.max_positions} positions does not fit in {tts.ckpt.device.type} memory "
+                               f"({_one_line(exc)}); lower --max-batch") from None
         engine.on_admit = self._admitted
         return engine
 
@@ -720,7 +734,7 @@ def _shares(item: _Item) -> list[int] | None:
     # The whole item's budget (each share is then capped at frame_cap, as one utterance is).
     total = params.max_frames
     if total is None:
-        total = max(1, round(request.max_seconds * FRAMES_PER_SECOND))
+        total = frames_in(request.max_seconds)
     if total < len(item.pieces):
         name = "max_frames" if params.max_frames is not None else "max_seconds"
         raise RequestError(f"{name}: the item's budget of {total} frames cannot be shared by its {len(item.pieces)} "

@@ -93,9 +93,14 @@ class StreamingCodec:
     def dtype(self):
         return self.codec.pre_conv.conv.weight.dtype
 
-    def new_state(self, batch: int) -> dict[str, torch.Tensor]:
-        """Zero state for `batch` fresh streams (batch is dim 0 of every tensor)."""
-        state, like = {}, dict(device=self.device, dtype=self.dtype)
+    def state_bytes(self, batch: int) -> int:
+        """What `new_state(batch)` allocates, in bytes (worked out without allocating it)."""
+        return sum(t.numel() * t.element_size() for t in self.new_state(batch, device="meta").values())
+
+    def new_state(self, batch: int, device=None) -> dict[str, torch.Tensor]:
+        """Zero state for `batch` fresh streams (batch is dim 0 of every tensor), on the codec's device
+        (or `device`)."""
+        state, like = {}, dict(device=device or self.device, dtype=self.dtype)
         for module, name in self.names.items():
             if isinstance(module, CausalConv) and module.span > 1:
                 assert module.stride == 1, "the codec decoder's convs all have stride 1"

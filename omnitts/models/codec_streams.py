@@ -44,6 +44,9 @@ HOLD = KV_ALIGN - 1  # frames that must follow a chunk whose window length is no
 # codec call of 32 rows x 39 frames holds ~1 GB per activation of its last layers (96 channels x 1920 samples
 # per frame, float32); every shape's graph keeps its activations.
 MAX_FIXED_ROWS = 32
+# The share of the device's free memory the streams' state may take (`free_memory`): the engine's K/V
+# cache, the calls' activations and the graphs come after it.
+FREE_SHARE = 0.5
 
 
 @dataclass
@@ -143,7 +146,7 @@ class CodecStreams:
     def __init__(self, codec: CodecDecoder, chunk_frames: int = 25, max_streams: int = 16,
                  window_frames: int = 300, left_context: int = 25, tile_frames: int | None = TILE_FRAMES,
                  upload=None, to_host=None, gather: int = 0, fixed: bool = False, graphs=None,
-                 max_rows: int | None = None):
+                 max_rows: int | None = None, free_memory: int | None = None):
         """`tile_frames`: see `StreamingCodec` (the device backend's `codec_tile_frames`); `upload(host
         tensor) -> device tensor` and `to_host(device tensor) -> handle with result()`: the device layer's
         copies (`device.copies.uploader`, `Backend.to_host`); the defaults copy plainly, at once.
@@ -163,6 +166,9 @@ class CodecStreams:
         after a window's end). That is what a device graph needs, and on a GPU it keeps cuDNN's and
         attention's per-shape plans few.
         `graphs` (`device.base.CallGraphs`, or None: eager): captures each shape's call once and replays it.
+        `free_memory` (bytes, the backend's `free_memory()`; None: unknown): state that would take more than
+        FREE_SHARE of it raises MemoryError instead of being allocated (a CPU would swap, or the out-of-memory
+        killer end the process without a word).
         Not bitwise the unpadded decode (other call shapes round differently), within float rounding of it."""
         assert 0 < left_context <= window_frames
         self.fixed, self.graphs = fixed, graphs
@@ -178,7 +184,12 @@ class CodecStreams:
         self.gather = gather
         self.spf = self.codec.samples_per_frame
         # fixed: one more slot, the padding rows' (never handed out)
-        self.state = self.codec.new_state(max_streams + 1 if fixed else max_streams)
+        slots = max_streams + 1 if fixed else max_streams
+        need = self.codec.state_bytes(slots)
+        if free_memory is not None and need > FREE_SHARE * free_memory:  # refused, not left to the OOM killer
+            raise MemoryError(f"{need / 1e9:.1f} GB of state, {need / slots / 1e6:.1f} MB a stream, against "
+                              f"{free_memory / 1e9:.1f} GB free")
+        self.state = self.codec.new_state(slots)
         self.spare = max_streams
         self.calls: dict[tuple[int, int], _Call] = {}  # (rows, frames) -> its buffers and graph (fixed)
         self.free = list(range(max_streams))[::-1]
