@@ -48,6 +48,8 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
         if not path.is_file():
             what = "is a directory, not an audio file" if path.is_dir() else "file not found"
             raise AudioError(f"{path}: reference audio {what}")
+        if path.stat().st_size == 0:
+            raise AudioError(f"{path}: reference audio file is empty (0 bytes)")
         try:
             with warnings.catch_warnings():  # librosa warns while falling back to audioread; we raise instead
                 warnings.simplefilter("ignore")
