@@ -41,6 +41,7 @@ import torch
 
 from .errors import CheckpointError, VoiceError
 from .io.atomic import atomic_write
+from .models.safetensors_io import MAX_HEADER
 from .version import __version__
 
 FORMAT = "omnitts-voice"
@@ -102,8 +103,12 @@ def _hash_file(digest, path: Path, prefix: str) -> None:
     try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
+            if length > MAX_HEADER:
+                raise ValueError(f"header of {length} bytes")
             raw = f.read(length)
             header = json.loads(raw)
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
             digest.update(path.name.encode() + b"\n" + raw)
             for name in sorted(k for k in header if k.startswith(prefix)):
                 start, end = header[name]["data_offsets"]

@@ -42,6 +42,32 @@ def test_missing_speech_tokenizer_weights(cv_copy):
         omnitts.load(cv_copy)
 
 
+@pytest.mark.parametrize("content, problem", [
+    (b"\xff" * 100, "header of 18446744073709551615 bytes"),  # a length field of garbage: no read of it
+    (b"\x07\x00\x00\x00\x00\x00\x00\x00[1,2,3]", "header is not a JSON object"),
+    (b"abc", "unpack requires a buffer of 8 bytes"),
+], ids=["length", "not-an-object", "short"])
+@pytest.mark.parametrize("name", ["model.safetensors", "speech_tokenizer/model.safetensors"])
+def test_a_damaged_weights_file_is_one_checkpoint_error_from_the_cli_and_the_library(cv_copy, tmp_path, name, content,
+                                                                                      problem):
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+    from omnitts.voice import checkpoint_identity
+
+    (cv_copy / name).write_bytes(content)
+    message = f"{cv_copy / name}: not a readable safetensors file ({problem})"
+    with pytest.raises(CheckpointError) as caught:
+        checkpoint_identity(cv_copy)  # what synth reads first (every record's fingerprint holds it)
+    assert str(caught.value) == message
+    with pytest.raises(CheckpointError):
+        omnitts.load(cv_copy)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Hi.", "speaker": "ryan"}) + "\n")
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(cv_copy), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
+
+
 def _rewrite_weights(path, change):
     tensors = load_file(str(path))
     change(tensors)

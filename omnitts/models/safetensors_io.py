@@ -22,11 +22,14 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
           "BOOL": torch.bool}
 
 
+MAX_HEADER = 100 * 2**20  # bytes of JSON header at most (a larger length field is a damaged file, not a header)
+
+
 def read_header(path: Path) -> tuple[dict, int]:
     """(header without `__metadata__`, offset of the data section). Raises OSError/ValueError if malformed."""
     with open(path, "rb") as handle:
         (size,) = struct.unpack("<Q", handle.read(8))
-        if size > 100 * 2**20:
+        if size > MAX_HEADER:
             raise ValueError(f"header of {size} bytes")
         header = json.loads(handle.read(size))
     if not isinstance(header, dict):
