@@ -29,7 +29,7 @@ from .engine.reference import decode_codes, generate_codes
 from .errors import OmniTTSError, RequestError, VoiceError
 from .info import checkpoint_info
 from .io.audio import load_reference
-from .params import SamplingParams
+from .params import SamplingParams, check_seed
 from .request import Request, Voice
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .text.prompt import Prompt, PromptBuilder, resolve
@@ -230,7 +230,13 @@ class TTS:
             An `Audio` (samples, sample_rate, codes, ...; `.save(path)`; plays inline in Jupyter),
             or a list of them for a list of texts. Their ids are "0", "1", ...
         """
+        if not isinstance(text, (str, list, tuple)):
+            raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
+        check_seed(seed)
         texts = [text] if isinstance(text, str) else list(text)
+        for i, item in enumerate(texts):
+            if not isinstance(item, str):
+                raise TypeError(f"text[{i}]: expected a string, got {type(item).__name__}")
         if ref_audio is not None and voice is None and len(texts) > 1:
             voice = self.clone_voice(ref_audio, ref_text, x_vector_only)
         jobs = []
@@ -268,6 +274,8 @@ class TTS:
         Raises:
             RequestError: an item is malformed or does not fit the checkpoint (the message names it).
         """
+        check_seed(seed)
+
         def jobs():
             seen = set()
             for i, item in enumerate(requests):

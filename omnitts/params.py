@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
 import random
 from dataclasses import dataclass, fields, replace
 
@@ -94,6 +95,13 @@ class SamplingParams:
     frame_cap: int = 8191
 
     def __post_init__(self):
+        for name, kind in _KINDS.items():
+            value = getattr(self, name)
+            if value is None and name in ("max_frames", "seed"):
+                continue
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+                expected = {bool: "a bool", INT: "an int", NUMBER: "a number"}[kind]
+                raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
         for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -145,6 +153,18 @@ class SamplingParams:
     def greedy(self) -> "SamplingParams":
         """Argmax in talker and sub-talker (penalty and suppression still apply, as officially)."""
         return replace(self, do_sample=False, subtalker_dosample=False)
+
+
+NUMBER, INT = numbers.Real, numbers.Integral  # numpy's numbers too
+
+
+def check_seed(seed) -> None:
+    """A seed is an int or None (TypeError otherwise, before any arithmetic on it)."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, INT)):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+_KINDS = dict(do_sample=bool, temperature=NUMBER, top_k=INT, top_p=NUMBER, repetition_penalty=NUMBER,
+              subtalker_dosample=bool, subtalker_temperature=NUMBER, subtalker_top_k=INT, subtalker_top_p=NUMBER,
+              max_frames=INT, seed=INT, frame_cap=INT)  # SamplingParams' fields' types, checked at construction
 
 
 def frames_in(seconds: float) -> int:

@@ -179,3 +179,22 @@ def test_stream_yields_results_in_the_order_they_finish(cv):
     lines = [{"id": "long", "text": "A long one.", "speaker": "ryan", "max_seconds": 0.8},
              {"id": "short", "text": "A short one.", "speaker": "ryan", "max_seconds": 0.16}]
     assert [a.id for a in cv.stream(lines, greedy=True)] == ["short", "long"]
+
+
+def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):
+    """Before any arithmetic on them: a seed of the wrong type is not "can only concatenate str"."""
+    with pytest.raises(TypeError, match=r"^seed: expected an int, got str$"):
+        cv.synthesize("Hi.", speaker="ryan", seed="7")
+    with pytest.raises(TypeError, match=r"^seed: expected an int, got float$"):
+        list(cv.stream([{"text": "Hi.", "speaker": "ryan"}], seed=1.5))
+    with pytest.raises(TypeError, match=r"^text: expected a string or a list of strings, got NoneType$"):
+        cv.synthesize(None, speaker="ryan")
+    with pytest.raises(TypeError, match=r"^text\[1\]: expected a string, got int$"):
+        cv.synthesize(["Hi.", 3], speaker="ryan")
+    with pytest.raises(TypeError, match=r"^temperature: expected a number, got str$"):
+        cv.synthesize("Hi.", speaker="ryan", temperature="hot")
+    with pytest.raises(TypeError, match=r"^top_k: expected an int, got float$"):
+        omnitts.SamplingParams(top_k=2.5)
+    with pytest.raises(TypeError, match=r"^do_sample: expected a bool, got int$"):
+        omnitts.SamplingParams(do_sample=1)
+    assert omnitts.SamplingParams(seed=np.int64(3), temperature=np.float32(0.5), top_p=1).seed == 3  # numpy's too
