@@ -529,3 +529,12 @@ def test_synth_applies_per_item_sampling_overrides(ckpt_dir, tmp_path, monkeypat
     assert (middle.temperature, middle.top_k, middle.top_p, middle.repetition_penalty, middle.seed) == (0.7, 10, 0.9, 1.1, 3)
     assert first == last and (first.temperature, first.top_k, first.seed) == (0.9, 50, 9)
     assert middle.subtalker_temperature == first.subtalker_temperature  # overrides are the talker's only
+
+
+def test_a_manifest_on_standard_input_is_refused_with_what_to_do(ckpt_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file named "-" here
+    for command in (["validate", "-"], ["synth", "-", "-o", str(tmp_path / "out")]):
+        result = runner.invoke(app, [*command, "-m", str(ckpt_dir("custom_voice"))], input=_line(GOOD[0]) + "\n")
+        assert result.exit_code == 2, result.output
+        assert result.output == ("error: -: a manifest is read more than once (checked, counted, run), so it is a "
+                                 "file, not standard input: save it first (... > lines.jsonl)\n")
