@@ -572,3 +572,22 @@ def test_a_record_whose_error_names_a_file_that_is_not_utf8_is_written_and_read_
     Ledger(tmp_path).write(record("x", "error", error=message))
     assert b"caf\\udce9.wav" in (tmp_path / "results.jsonl").read_bytes()
     assert read_results(tmp_path)["x"]["error"] == message and Ledger(tmp_path).failed == {"x": message}
+
+
+def test_a_good_record_without_its_file_or_length_is_passed_over_as_a_torn_line(tmp_path):
+    """results.jsonl edited by hand (or by another tool): an "ok" line that does not name a plain file in
+    the directory and its length is no record: its item runs again, not a KeyError; nothing outside the
+    directory is ever named by the log."""
+    from omnitts.batch.ledger import Ledger, read_results
+    from omnitts.batch.outdir import record
+
+    good = record("x", "ok", path="x.wav", seconds=0.08, samples=1920, frames=1, seed=1)
+    lines = [{"id": "a", "status": "ok"}, {**good, "id": "b", "path": "../../etc/passwd"},
+             {**good, "id": "c", "path": ".hidden.wav"}, {**good, "id": "d", "seconds": "long"},
+             {**good, "id": "e", "frames": None}, {**good, "id": "f", "samples": 1.5}, good,
+             {"id": "g", "status": "error"}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    sf.write(tmp_path / "x.wav", np.zeros(1920, dtype=np.float32), 24000)
+    ledger = Ledger(tmp_path)
+    assert set(ledger.done) == {"x"} and ledger.is_done("x", tmp_path) and set(ledger.failed) == {"g"}
+    assert set(read_results(tmp_path)) == {"x", "g"}

@@ -174,12 +174,26 @@ class Ledger:
 
 
 def _parse(line: bytes) -> dict | None:
-    """A record, or None for a line torn by a kill (that item simply runs again) or not a record."""
+    """A record, or None for a line torn by a kill (that item simply runs again) or not a record: a good
+    one names its file in `out` (a plain name) and says how long it is; a line edited by hand or written
+    by another tool without that is passed over, as a torn one is."""
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("id"), str) else None
+    if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+        return None
+    if record.get("status") == "ok":
+        path, samples = record.get("path"), record.get("samples")
+        if not (isinstance(path, str) and path and Path(path).name == path and not path.startswith(".")
+                and _number(record.get("seconds")) and isinstance(record.get("frames"), int)
+                and (samples is None or isinstance(samples, int))):
+            return None
+    return record
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def audio_problem(path: Path, record: Done) -> str | None:
