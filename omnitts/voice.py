@@ -184,7 +184,7 @@ def load_voice(path) -> tuple[Voice, dict]:
         raise VoiceError(f"{path}: no checkpoint identity in the metadata")
     expected = {"x_vector", "ref_codes"} if mode == "icl" else {"x_vector"}
     if set(tensors) != expected:
-        raise VoiceError(f"{path}: a {mode} voice holds tensors {', '.join(sorted(expected))}; "
+        raise VoiceError(f"{path}: a voice of mode {mode} holds tensors {', '.join(sorted(expected))}; "
                          f"this file holds {', '.join(sorted(tensors)) or 'none'}")
     x_vector, ref_codes = tensors["x_vector"], tensors.get("ref_codes")
     if x_vector.dim() != 1 or x_vector.dtype != torch.float32 or not torch.isfinite(x_vector).all():

@@ -126,7 +126,7 @@ def test_malformed_files_are_refused_naming_the_file(tts_factory, ckpt_dir, ref_
     _, meta = load_voice(good)
     broken = tmp_path / "broken.safetensors"
     save_file({"x_vector": torch.zeros(64)}, str(broken), metadata=meta)  # icl metadata, no ref_codes
-    with pytest.raises(VoiceError, match="broken.safetensors: a icl voice holds tensors ref_codes, x_vector"):
+    with pytest.raises(VoiceError, match="broken.safetensors: a voice of mode icl holds tensors ref_codes, x_vector"):
         load_voice(broken)
     save_file({"x_vector": torch.zeros(64)}, str(broken), metadata={**meta, "format_version": "99"})
     with pytest.raises(VoiceError, match="version '99' is not supported"):
