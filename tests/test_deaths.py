@@ -106,43 +106,6 @@ def test_a_death_recorded_for_an_item_that_is_done_is_cleared_by_the_next_run(ck
     assert _claims(out) == {}
 
 
-def test_the_deaths_of_an_item_gone_from_the_manifest_are_forgotten_once_the_manifest_is_walked(ckpt_dir,
-                                                                                                 tmp_path):
-    """An item that died and was then taken out of the manifest is never claimed again: a run that walks
-    the whole manifest deletes its claim. Not a walk of one batch of it (Ray's), nor an item of another
-    shard, nor an item still in the manifest."""
-    from omnitts.batch.manifest import BadLine, iter_manifest
-    from omnitts.batch.outdir import Batch, Settings
-    from omnitts.batch.shard import in_shard
-    from omnitts.config import load_config
-
-    ckpt = ckpt_dir("custom_voice")
-    cfg = load_config(ckpt)
-    manifest = tmp_path / "m.jsonl"
-    manifest.write_text("".join(json.dumps({"id": k, "text": t, "speaker": "ryan"}) + "\n" for k, t in TEXTS.items()))
-    items = [e for e in iter_manifest(manifest, cfg) if not isinstance(e, BadLine)]
-    out = tmp_path / "out"
-    out.mkdir()
-    gone = [f"gone-{i}" for i in range(8)]
-    for item_id in [*gone, "a"]:
-        (out / f".{item_id}{CLAIM}").write_text(json.dumps({"id": item_id, "deaths": 1}))
-
-    def walk(whole, shard=None):
-        with Batch(out, Settings(greedy=True), cfg, "ckpt", shard=shard) as batch:
-            jobs = [job for job in batch.pending(items, whole=whole) if job is not None]
-            for job in jobs:
-                batch.writer.release(job.request.id, recorded=False)  # not run: a's deaths stay
-            return {job.request.id: job.alone for job in jobs}
-
-    assert walk(whole=False) == {**dict.fromkeys(TEXTS, False), "a": True}  # one batch of the manifest
-    assert set(_claims(out)) == {*gone, "a"}
-    assert not all(in_shard(i, 0, 2) for i in gone) and any(in_shard(i, 0, 2) for i in gone)
-    walk(whole=True, shard=(0, 2))
-    assert set(_claims(out)) == {i for i in gone if not in_shard(i, 0, 2)} | {"a"}  # the other shard's stay
-    walk(whole=True)
-    assert set(_claims(out)) == {"a"} and _claims(out)["a"]["deaths"] == 1
-
-
 def test_deaths_in_reads_what_any_claim_says():
     assert deaths_in({}) == (0, False)
     assert deaths_in({"running": True}) == (1, False)

@@ -205,7 +205,7 @@ class Batch:
         finally:
             self.writer.release(item_id)
 
-    def pending(self, items: Iterable, whole: bool = False) -> Iterator[Job | None]:
+    def pending(self, items: Iterable) -> Iterator[Job | None]:
         """Jobs for the items an earlier run (or another writer) has not finished *as they are now*.
 
         Skipped: an item whose last record is good, whose file is intact and whose fingerprint matches
@@ -218,17 +218,12 @@ class Batch:
         Each job is claimed before it is yielded (released by `save`). An item another live writer
         holds is looked at again later: it is usually recorded by then; if its writer died, it is run
         here. While only such items are left, None is yielded ("nothing now, ask again").
-
-        `whole`: `items` is the whole manifest (not one batch of it, as Ray's are); once it is walked, the
-        deaths of items it no longer holds are forgotten (`_forget_dead`).
         """
         held: dict[str, tuple[Job, str]] = {}  # id -> (job, fingerprint): another writer held it
-        unseen = {item_id for item_id in self.dead if self.mine(item_id)} if whole else set()
         for item in items:
             item_id = item.request.id
             if not self.mine(item_id):
                 continue
-            unseen.discard(item_id)
             job = self.job(item)
             current = self._fingerprint(job)
             if self._skip(item_id, current):
@@ -244,19 +239,10 @@ class Batch:
                 continue
             if self._still_to_run(item_id, current):
                 yield self._start(job, current)
-        self._forget_dead(unseen)
         while held:
             yield from self._look(held, wait=True)
             if held:
                 yield None
-
-    def _forget_dead(self, ids: set) -> None:
-        """Delete the claims (and the deaths they carry) of `ids`: items that died in an earlier run and are
-        gone from the manifest since, which no writer of it will claim again."""
-        for item_id in ids:
-            self.dead.discard(item_id)
-            if self.writer.claim(item_id):  # not if another writer (of another manifest) holds it now
-                self.writer.release(item_id)
 
     def _look(self, held: dict, wait: bool) -> Iterator[Job]:
         """Jobs of `held` items whose writers let them go without recording them (they died)."""

@@ -38,7 +38,7 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
     from ..engine.pipeline import Pipeline
     from ..errors import DeviceFailed
 
-    pending = batch.pending(items, whole=True)
+    pending = batch.pending(items)
     first = next(pending, _END)  # may be None with claims: "nothing can start now", still work to wait for
     if first is _END or stop():  # a stop before the load (a worker's early Ctrl-C): nothing starts
         return False
