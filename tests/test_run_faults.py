@@ -632,3 +632,24 @@ def test_a_max_batch_too_large_for_memory_is_one_line_naming_it(ckpt_dir, tmp_pa
                                            r"memory \(CUDA out of memory\. Tried to allocate 20\.00 GiB\); lower "
                                            "--max-batch$"):
         tts.synthesize("Hello.", speaker="ryan", max_frames=2)
+
+
+def test_an_accelerators_free_memory_bounds_the_codec_state_too(tts_factory, monkeypatch):
+    """The accelerator backends' `free_memory` (mem_get_info plus the allocator's unused reserve), through the
+    CPU fake's API; a device that cannot say is no check, never a failed run."""
+    from omnitts.device.fake import FakeGraphBackend
+
+    backend = FakeGraphBackend()
+    assert backend.free_memory() > 0
+    backend.api.mem_get_info = lambda: (1000, 10**9)
+    backend.api.memory_reserved, backend.api.memory_allocated = (lambda: 3000), (lambda: 2500)
+    assert backend.free_memory() == 1500
+    monkeypatch.setattr(pipeline_module, "get_backend", lambda name, eager=False: backend)
+    with pytest.raises(OmniTTSError, match=r"^max batch 8: the codec's state for that many streams does not fit"):
+        tts_factory("custom_voice").synthesize("Hello.", speaker="ryan", max_frames=2)
+
+    def unsupported():
+        raise AttributeError("module 'torch.npu' has no attribute 'mem_get_info'")
+
+    backend.api.mem_get_info = unsupported
+    assert backend.free_memory() is None

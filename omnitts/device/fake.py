@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from .accelerator import AcceleratorBackend
+from .base import Backend
 
 
 class GraphRuleError(RuntimeError):
@@ -205,9 +206,11 @@ class _Stream:
 
 def _fake_api():
     """The slice of the torch.cuda / torch.npu API the accelerator backend uses, on the CPU."""
+    free = Backend().free_memory() or 0  # the CPU's, as the device's
     return types.SimpleNamespace(
         Stream=_Stream, current_stream=_Stream, stream=lambda s: contextlib.nullcontext(),
         graph_pool_handle=object, graph=lambda graph, pool=None: graph.capture(), synchronize=lambda: None,
+        mem_get_info=lambda: (free, free), memory_reserved=lambda: 0, memory_allocated=lambda: 0,
     )
 
 
