@@ -156,15 +156,15 @@ class SamplingParams:
 
 
 NUMBER, INT = numbers.Real, numbers.Integral  # numpy's numbers too
+_KINDS = dict(do_sample=bool, temperature=NUMBER, top_k=INT, top_p=NUMBER, repetition_penalty=NUMBER,
+              subtalker_dosample=bool, subtalker_temperature=NUMBER, subtalker_top_k=INT, subtalker_top_p=NUMBER,
+              max_frames=INT, seed=INT, frame_cap=INT)  # SamplingParams' fields' types, checked at construction
 
 
 def check_seed(seed) -> None:
     """A seed is an int or None (TypeError otherwise, before any arithmetic on it)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, INT)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
-_KINDS = dict(do_sample=bool, temperature=NUMBER, top_k=INT, top_p=NUMBER, repetition_penalty=NUMBER,
-              subtalker_dosample=bool, subtalker_temperature=NUMBER, subtalker_top_k=INT, subtalker_top_p=NUMBER,
-              max_frames=INT, seed=INT, frame_cap=INT)  # SamplingParams' fields' types, checked at construction
 
 
 def frames_in(seconds: float) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OmniTTSError
+from ..text import lone_surrogate
 
 BATCH_ROWS = 1024  # rows per record batch for the columnar readers
 PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
@@ -38,13 +39,12 @@ def _open_text(path: Path, **kwargs):
 
 def _not_utf8(text: str) -> str | None:
     """What is wrong with a line read by `_open_text` whose bytes were not all UTF-8 (None: nothing)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        char = text[exc.start]
-        what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"character {char!r}"
-        return f"not UTF-8 text ({what} at column {exc.start + 1}; save the file as UTF-8)"
-    return None
+    at = lone_surrogate(text)
+    if at is None:
+        return None
+    char = text[at]
+    what = f"byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else f"character {char!r}"
+    return f"not UTF-8 text ({what} at column {at + 1}; save the file as UTF-8)"
 
 
 class JsonlSource:

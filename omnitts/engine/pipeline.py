@@ -52,6 +52,7 @@ import random
 import time
 import warnings
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
@@ -178,7 +179,7 @@ class Pipeline:
         alone = tts.deterministic
         self.full_batch = alone and backend.supports_graphs
         self.warned_small = False  # a deterministic run warned that an engine had fewer rows than max_batch
-        try:
+        with _fitting(tts, "the codec's state for that many streams"):
             self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                          tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
                                          to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
@@ -186,11 +187,6 @@ class Pipeline:
                                          graphs=backend.call_graphs("codec", False if alone else None) if fixed
                                          else None, free_memory=backend.free_memory())
                             if stream_decode else None)
-        except Exception as exc:
-            if not out_of_memory(exc):
-                raise
-            raise OmniTTSError(f"max batch {tts.max_batch}: the codec's state for that many streams does not fit in "
-                               f"{tts.ckpt.device.type} memory ({_one_line(exc)}); lower --max-batch") from None
         self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
         self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device
         self.starved = False  # the jobs source last said "nothing now" (None)
@@ -517,14 +513,8 @@ class Pipeline:
             return idle
         idle = None  # freed before the new engine allocates
         self.engines_built += 1
-        try:
+        with _fitting(tts, f"an engine of {config.max_num_seqs} rows x {config.max_positions} positions"):
             engine = Engine(tts.ckpt, config)
-        except Exception as exc:
-            if not out_of_memory(exc):
-                raise
-            raise OmniTTSError(f"max batch {tts.max_batch}: an engine of {config.max_num_seqs} rows x "
-                               f"{config.max_positions} positions does not fit in {tts.ckpt.device.type} memory "
-                               f"({_one_line(exc)}); lower --max-batch") from None
         engine.on_admit = self._admitted
         return engine
 
@@ -764,6 +754,19 @@ def _piece_seed(item: _Item, index: int) -> int | None:
     if seed is not None and retries:
         seed = derive_seed(seed, "retry", retries)
     return seed
+
+
+@contextmanager
+def _fitting(tts, what: str):
+    """An allocation that does not fit on the device (`device.out_of_memory`) becomes one OmniTTSError saying
+    what did not fit under which max batch, instead of a traceback."""
+    try:
+        yield
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        raise OmniTTSError(f"max batch {tts.max_batch}: {what} does not fit in {tts.ckpt.device.type} memory "
+                           f"({_one_line(exc)}); lower --max-batch") from None
 
 
 def _one_line(exc: BaseException) -> str:

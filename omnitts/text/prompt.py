@@ -23,6 +23,7 @@ import torch
 
 from ..errors import RequestError
 from ..request import Request, Voice
+from . import lone_surrogate
 
 
 @dataclass
@@ -47,12 +48,11 @@ class Resolved:
 def not_text(value: str) -> str | None:
     """What makes `value` no text (None: nothing): a lone surrogate, which no encoding can write and no
     tokenizer reads (a JSON escape such as "\\ud800" without its pair makes one)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"a lone surrogate {value[exc.start]!r} at character {exc.start + 1} is not text (write the "
-                "character itself, or both halves of its surrogate pair)")
-    return None
+    at = lone_surrogate(value)
+    if at is None:
+        return None
+    return (f"a lone surrogate {value[at]!r} at character {at + 1} is not text (write the character itself, or "
+            "both halves of its surrogate pair)")
 
 
 def resolve(cfg, req: Request) -> Resolved:
