@@ -502,7 +502,10 @@ def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatc
 def test_items_are_saved_on_a_thread_of_their_own_while_frames_go_on(ckpt_dir, tmp_path, monkeypatch):
     """A finished item's file work (close, fsync, rename, result line) runs on the saver thread, in the order
     items finish, and the engine keeps stepping meanwhile: a commit that waits for the next engine step
-    would never see one if saving blocked the loop. Every record still has its file."""
+    would never see one if saving blocked the loop. Every record still has its file.
+
+    The loop's next step after a hand-over waits until the saver has begun that commit, so the saver is
+    never left behind the loop's last frame by a slow thread switch (a loaded CI machine)."""
     import threading
     import time
 
@@ -511,14 +514,23 @@ def test_items_are_saved_on_a_thread_of_their_own_while_frames_go_on(ckpt_dir, t
     from omnitts.io import audio
 
     steps, seen, closing = [], [], threading.Event()
-    step, commit, close = Engine.step, audio.AudioSink.commit, run._Saver.close
+    handed, begun = [], []
+    step, commit, close, submit = Engine.step, audio.AudioSink.commit, run._Saver.close, run._Saver.submit
 
     def counted_step(self, *args, **kwargs):
+        deadline = time.monotonic() + 30
+        while len(begun) < len(handed) and time.monotonic() < deadline:
+            time.sleep(0.005)
         steps.append(None)
         return step(self, *args, **kwargs)
 
+    def counted_submit(self, outcome):
+        handed.append(None)
+        return submit(self, outcome)
+
     def waiting_commit(sink):
         start, deadline = len(steps), time.monotonic() + 30
+        begun.append(None)
         while len(steps) == start and not closing.is_set() and time.monotonic() < deadline:
             time.sleep(0.005)
         seen.append((sink.path.stem, threading.current_thread().name, len(steps) > start))
@@ -531,6 +543,7 @@ def test_items_are_saved_on_a_thread_of_their_own_while_frames_go_on(ckpt_dir, t
     monkeypatch.setattr(Engine, "step", counted_step)
     monkeypatch.setattr(audio.AudioSink, "commit", waiting_commit)
     monkeypatch.setattr(run._Saver, "close", noted_close)
+    monkeypatch.setattr(run._Saver, "submit", counted_submit)
     rows = [{"id": f"i{n}", "text": "Saved apart.", "speaker": "ryan", "max_seconds": n * 0.08} for n in (2, 4, 6, 8)]
     out = tmp_path / "out"
     result = runner.invoke(app, ["synth", str(_manifest(tmp_path / "m.jsonl", rows)), "-m",
