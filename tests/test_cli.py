@@ -353,7 +353,7 @@ def test_voice_clone_out_is_a_directory(ckpt_dir, tmp_path, monkeypatch):
     assert old.output.strip() == (f"error: -o {tmp_path / 'hello.flac'}: -o is the output directory, as in synth; "
                                   f"write -o {tmp_path} --id hello --format flac")
     unsafe = runner.invoke(app, args + ["-o", str(tmp_path), "--id", "../up"])
-    assert unsafe.exit_code == 2 and "--id '../up': not a safe file name" in unsafe.output
+    assert unsafe.exit_code == 2 and "--id: '../up' is not a safe file name" in unsafe.output
 
 
 def test_info_and_validate_load_no_weights(ckpt_dir, tmp_path, monkeypatch):

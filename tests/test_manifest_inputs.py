@@ -15,7 +15,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
-from omnitts.batch.manifest import BadLine, Item, column_map, count_rows, iter_manifest
+from omnitts.batch.manifest import SAFE_ID, BadLine, Item, column_map, count_rows, iter_manifest
 from omnitts.cli import app
 from omnitts.config import load_config
 from omnitts.errors import OmniTTSError
@@ -33,6 +33,7 @@ BAD = [
     ("[1, 2]", "expected a JSON object"),
     ({"id": "notext", "speaker": "ryan"}, "text: missing"),
     ({"id": "blank", "text": "   ", "speaker": "ryan"}, "text: empty"),
+    ({"id": "unseen", "text": "\u200b\ufeff \u200d", "speaker": "ryan"}, "text: empty (only invisible characters such as U+200B)"),
     ({"id": "extra", "text": "Hi.", "speaker": "ryan", "volume": 3}, "volume: unknown field"),
     ({"id": "seedtype", "text": "Hi.", "speaker": "ryan", "seed": "7"}, "seed: expected int, got str"),
     ({"id": "flag", "text": "Hi.", "speaker": "ryan", "non_streaming": "yes"}, "non_streaming: expected bool, got str"),
@@ -50,6 +51,7 @@ BAD = [
     ({"id": "cvvoice", "text": "Hi.", "voice": "v.safetensors"}, "voice: a saved voice needs a Base checkpoint"),
     ({"id": "first", "text": "Duplicate id.", "speaker": "ryan"}, "id: 'first' already used on line 1"),
     ({"id": "../evil", "text": "Hi.", "speaker": "ryan"}, "id: '../evil' is not a safe file name"),
+    ({"id": "a" * 201, "text": "Hi.", "speaker": "ryan"}, "id: '" + "a" * 40 + "..." + "a" * 10 + "' is 201 characters long; an id names a file: at most 200"),
     ({"text": "No id.", "speaker": "ryan"}, "id: missing"),
     ({"id": "temp", "text": "Hi.", "speaker": "ryan", "temperature": 0}, "temperature: must be > 0"),
     ({"id": "topk", "text": "Hi.", "speaker": "ryan", "top_k": 1.5}, "top_k: expected int, got float"),
@@ -100,7 +102,7 @@ def _battery(tmp_path):
 
 def _expected_id(row, line, earlier_ids):
     item_id = row.get("id") if isinstance(row, dict) else None
-    safe = isinstance(item_id, str) and not item_id.startswith((".", "-")) and "/" not in item_id
+    safe = isinstance(item_id, str) and SAFE_ID.match(item_id)
     return item_id if safe and item_id not in earlier_ids else f"line:{line}"
 
 

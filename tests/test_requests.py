@@ -34,5 +34,11 @@ def test_icl_needs_ref_text(tts_factory, ref_wav):
 
 
 def test_empty_text(tts_factory):
+    tts = tts_factory("custom_voice")
     with pytest.raises(RequestError, match="text: empty"):
-        tts_factory("custom_voice").synthesize("   ", speaker="ryan")
+        tts.synthesize("   ", speaker="ryan")
+    # Characters that print as nothing (zero-width space, byte order mark, joiner) are no words either.
+    with pytest.raises(RequestError, match=r"text: empty \(only invisible characters such as U\+200B\)"):
+        tts.synthesize("\u200b \ufeff\u200d", speaker="ryan")
+    # A word beside them is text.
+    assert tts.synthesize("\u200bHi.", speaker="ryan", greedy=True, max_frames=2).frames == 2

@@ -29,6 +29,7 @@ from typing import Iterator
 from ..errors import OmniTTSError, RequestError
 from ..params import LARGEST
 from ..request import Request
+from ..text import empty_text
 from ..text.prompt import not_text, resolve
 from ..text.split import MAX_PIECES, pieces_problem, split_text
 from .sources import JsonlSource, open_source
@@ -38,7 +39,8 @@ FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": s
           "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": NUMBER,
           "voice": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER, "repetition_penalty": NUMBER}
 SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")  # per-item SamplingParams overrides
-SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}\Z")  # with .match: \Z, not $ (which allows "id\n")
+MAX_ID = 200  # characters: with a suffix such as ".codes.npy" an id still fits a 255-byte file name
+SAFE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID - 1}}}\Z")  # .match: \Z, not $ (which allows "id\n")
 _TRUE, _FALSE = {"true", "1", "yes", "y", "t"}, {"false", "0", "no", "n", "f"}
 
 
@@ -56,6 +58,16 @@ class BadLine:
     line: int  # 0 for a problem with the whole file
     id: str  # the line's id, or `placeholder(unit, line)` when it has no usable one
     message: str  # "file:line: field: problem" (or "file:row N: field: problem")
+
+
+def id_problem(item_id: str) -> str | None:
+    """Why `item_id` cannot name an output file (None when it can): what is wrong, with the id shortened."""
+    if SAFE_ID.match(item_id):
+        return None
+    shown = repr(item_id if len(item_id) <= 60 else item_id[:40] + "..." + item_id[-10:])
+    if len(item_id) > MAX_ID and SAFE_ID.match(item_id[:MAX_ID]):
+        return f"{shown} is {len(item_id)} characters long; an id names a file: at most {MAX_ID}"
+    return f"{shown} is not a safe file name (letters, digits, '.', '_', '-'; not starting with '.' or '-')"
 
 
 def placeholder(unit: str, number: int) -> str:
@@ -107,13 +119,12 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
     item_id = obj.get("id")
     if not item_id:
         raise RequestError(f"id: missing{_from(columns, 'id')}; every line needs an id (it names the output file)")
-    if not SAFE_ID.match(item_id):
-        raise RequestError(f"id: {item_id!r} is not a safe file name (letters, digits, '.', '_', '-'; "
-                           "not starting with '.' or '-')")
+    if problem := id_problem(item_id):
+        raise RequestError(f"id: {problem}")
     if obj.get("text") is None:
         raise RequestError(f"text: missing{_from(columns, 'text')}; give the words to speak")
-    if not obj["text"].strip():
-        raise RequestError("text: empty; give the words to speak")
+    if problem := empty_text(obj["text"]):
+        raise RequestError(f"text: {problem}; give the words to speak")
     if obj.get("ref_audio") is not None and obj.get("voice") is not None:
         raise RequestError("voice: give either ref_audio or voice, not both")
     ref_audio = _path(obj.get("ref_audio"), base)

@@ -517,7 +517,7 @@ def voice_clone(
     --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format).
     """
     from ..api import load
-    from ..batch.manifest import SAFE_ID
+    from ..batch.manifest import id_problem
     from ..config import load_config
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
@@ -533,8 +533,8 @@ def voice_clone(
     if out is not None and out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():
         fail(f"-o {out}: -o is the output directory, as in synth; write -o {out.parent} --id {out.stem}"
               f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
-    if not SAFE_ID.match(item_id):
-        fail(f"--id {item_id!r}: not a safe file name (letters, digits, '.', '_', '-')")
+    if problem := id_problem(item_id):
+        fail(f"--id: {problem}")
     if save is not None and save.suffix != ".safetensors":
         fail(f"--save {save}: voice files end in .safetensors")
     if x_vector_only and ref_text:

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import RequestError
 from ..request import Request, Voice
-from . import lone_surrogate
+from . import empty_text, lone_surrogate
 
 
 @dataclass
@@ -58,8 +58,8 @@ def not_text(value: str) -> str | None:
 def resolve(cfg, req: Request) -> Resolved:
     """Check `req` against what checkpoint config `cfg` can do; raise RequestError naming the field."""
     tcfg, kind = cfg.talker, cfg.model_type
-    if not isinstance(req.text, str) or not req.text.strip():
-        raise RequestError("text: empty; give the words to speak")
+    if not isinstance(req.text, str) or (problem := empty_text(req.text)):
+        raise RequestError(f"text: {problem or 'empty'}; give the words to speak")
     for name in ("text", "instruct", "ref_text"):
         value = getattr(req, name)
         if isinstance(value, str) and (problem := not_text(value)):
