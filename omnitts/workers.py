@@ -80,12 +80,16 @@ def kind_of(device: str) -> str:
     return device.split(":")[0]
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the system has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_threads(devices: list[str]) -> int | None:
     """Torch threads per CPU worker: the cores split between them (None on accelerators: torch's default)."""
     if kind_of(devices[0]) != "cpu":
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // len(devices))
+    return max(1, cpu_cores() // len(devices))
 
 
 @dataclass

@@ -223,6 +223,23 @@ def test_bad_worker_flags_are_one_line_and_exit_2_before_anything_loads(ckpt_dir
     assert not out.exists()  # refused before the output directory or the manifest were touched
 
 
+@pytest.mark.parametrize("flags", [["--workers", "3"], ["--devices", "cpu,cpu,cpu"]])
+def test_more_cpu_workers_than_cores_are_refused_before_anything_loads(ckpt_dir, tmp_path, monkeypatch, flags):
+    """Each CPU worker loads its own model and the workers split the cores: more workers than cores only
+    oversubscribe them (and, with a real checkpoint, run the machine out of memory)."""
+    from omnitts import workers
+
+    monkeypatch.setattr(workers.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    manifest, _ = _manifest(tmp_path, count=4)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                      *flags])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == ("error: 3 CPU workers: omnitts may use 2 CPU cores here, and CPU workers split "
+                                     "them (each loads its own copy of the model); give at most 2")
+    assert not out.exists()
+
+
 def test_parse_devices_expands_ranges_and_worker_counts():
     assert parse_devices("npu:0-3", None, "cpu") == ["npu:0", "npu:1", "npu:2", "npu:3"]
     assert parse_devices("cuda:0, cuda:2", 2, "cuda") == ["cuda:0", "cuda:2"]

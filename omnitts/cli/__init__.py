@@ -292,13 +292,17 @@ def _worker_devices(engine: dict, device: str | None, workers: int | None, devic
 
 
 def _check_device_indices(devices: list[str]) -> None:
-    """Each accelerator index names a device this machine has (before anything loads)."""
+    """Each accelerator index names a device this machine has, and CPU workers have a core each (more only
+    share the cores and each loads its own copy of the model: slower, and a way to run out of memory)."""
     import torch
 
-    from ..workers import kind_of
+    from ..workers import cpu_cores, kind_of
 
     kind = kind_of(devices[0])
     if kind == "cpu":
+        if len(devices) > (cores := cpu_cores()):
+            fail(f"{len(devices)} CPU workers: omnitts may use {plural(cores, 'CPU core')} here, and CPU workers split "
+                 f"them (each loads its own copy of the model); give at most {cores}")
         return
     count = torch.cuda.device_count() if kind == "cuda" else torch.npu.device_count()
     for name in devices:
