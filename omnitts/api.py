@@ -30,6 +30,7 @@ from .errors import OmniTTSError, RequestError, VoiceError
 from .info import checkpoint_info
 from .io.audio import load_reference
 from .params import SamplingParams, check_seed
+from .recipe import option_problem
 from .request import Request, Voice
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .text.prompt import Prompt, PromptBuilder, resolve
@@ -366,7 +367,15 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
 
     Raises:
         CheckpointError: a file is missing or does not match (the message names it).
+        TypeError, ValueError: an engine option (max_batch, graph_buckets, ...) of the wrong type or range,
+            named, before anything loads; the rule a recipe's keys follow.
     """
+    for name, value in (("max_batch", max_batch), ("eager", eager), ("deterministic", deterministic),
+                        ("graph_buckets", graph_buckets), ("span_buckets", span_buckets),
+                        ("max_prefill_tokens", max_prefill_tokens), ("codec_chunk_frames", codec_chunk_frames)):
+        if problem := option_problem(name, value):
+            kind, message = problem
+            raise kind(f"{name}: {message}")
     _check_deterministic(deterministic, graph_buckets)  # before the checkpoint loads, as `TTS` would after
     if deterministic:
         if device == "npu":

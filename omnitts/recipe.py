@@ -20,6 +20,7 @@ This module knows nothing about torch.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -73,31 +74,12 @@ class Recipe:
 
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
-        for name, kind in (("device", str), ("dtype", str), ("codec_dtype", str), ("max_batch", int),
-                           ("eager", bool), ("deterministic", bool), ("codec_chunk_frames", int), ("max_prefill_tokens", int),
-                           ("graph_buckets", list), ("span_buckets", list), ("env", dict)):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-                raise RecipeError(f"{where}: {name}: expected {_type_name(kind)}, got {_type_name(type(value))}")
-        for name, choices in (("device", DEVICES), ("dtype", DTYPES), ("codec_dtype", CODEC_DTYPES)):
-            value = getattr(self, name)
-            if value is not None and value not in choices:
-                raise RecipeError(f"{where}: {name}: {value!r} is not one of {', '.join(choices)}")
-        for name in ("max_batch", "codec_chunk_frames", "max_prefill_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise RecipeError(f"{where}: {name}: must be > 0, got {value}")
-        for name, what in (("graph_buckets", "batch sizes"), ("span_buckets", "position counts")):
-            sizes = getattr(self, name)
-            if sizes is None:
-                continue
-            if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
-                raise RecipeError(f"{where}: {name}: expected a list of {what} >= 1, got {sizes}")
-            if sizes != sorted(set(sizes)):
-                raise RecipeError(f"{where}: {name}: list each size once, in increasing order, got {sizes}")
+        for name in _KINDS:
+            if problem := option_problem(name, getattr(self, name)):
+                raise RecipeError(f"{where}: {name}: {problem[1]}")
         for key, value in self.env.items():
             if not isinstance(value, str):
-                raise RecipeError(f"{where}: env.{key}: expected a string, got {_type_name(type(value))}")
+                raise RecipeError(f"{where}: env.{key}: expected a string, got {_type_name(type(value), given=True)}")
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
@@ -107,11 +89,43 @@ class Recipe:
 
 
 KEYS = tuple(f.name for f in fields(Recipe) if f.name != "path")
+_KINDS = {"device": str, "dtype": str, "codec_dtype": str, "max_batch": int, "eager": bool, "deterministic": bool,
+          "codec_chunk_frames": int, "max_prefill_tokens": int, "graph_buckets": list, "span_buckets": list,
+          "env": dict}
+_CHOICES = {"device": DEVICES, "dtype": DTYPES, "codec_dtype": CODEC_DTYPES}
+_SIZES = {"graph_buckets": "batch sizes", "span_buckets": "position counts"}
 
 
-def _type_name(kind) -> str:
-    return {str: "a string", int: "an integer", bool: "true or false", list: "a list", dict: "a table",
-            float: "a number"}.get(kind, kind.__name__)
+def option_problem(name: str, value) -> tuple[type[Exception], str] | None:
+    """What is wrong with engine option `name` set to `value`, as (TypeError or ValueError, message without
+    the name), or None: nothing (None itself means "not set"). One rule for recipes and `omnitts.load`.
+    Integers may be numpy's; lists of sizes may be tuples."""
+    kind = _KINDS[name]
+    if value is None:
+        return None
+    if kind is int:
+        fits = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    else:
+        fits = isinstance(value, (list, tuple) if kind is list else kind)
+    if not fits:
+        return TypeError, f"expected {_type_name(kind)}, got {_type_name(type(value), given=True)}"
+    if name in _CHOICES and value not in _CHOICES[name]:
+        return ValueError, f"{value!r} is not one of {', '.join(_CHOICES[name])}"
+    if kind is int and value < 1:
+        return ValueError, f"must be > 0, got {value}"
+    if name in _SIZES:
+        if not value or not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in value):
+            return ValueError, f"expected a list of {_SIZES[name]} >= 1, got {list(value)}"
+        if list(value) != sorted(set(value)):
+            return ValueError, f"list each size once, in increasing order, got {list(value)}"
+    return None
+
+
+def _type_name(kind, given: bool = False) -> str:
+    """How a type is named in "expected X, got Y" (`given`: as Y, where bool is the value's kind)."""
+    if kind is bool:
+        return "a boolean" if given else "true or false"
+    return {str: "a string", int: "an integer", list: "a list", dict: "a table", float: "a number"}.get(kind, kind.__name__)
 
 
 def load_recipe(path) -> Recipe:

@@ -198,3 +198,26 @@ def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):
     with pytest.raises(TypeError, match=r"^do_sample: expected a bool, got int$"):
         omnitts.SamplingParams(do_sample=1)
     assert omnitts.SamplingParams(seed=np.int64(3), temperature=np.float32(0.5), top_p=1).seed == 3  # numpy's too
+
+
+@pytest.mark.parametrize("options,error,message", [
+    ({"max_batch": 0}, ValueError, "max_batch: must be > 0, got 0"),
+    ({"max_batch": "8"}, TypeError, "max_batch: expected an integer, got a string"),
+    ({"max_batch": 2.5}, TypeError, "max_batch: expected an integer, got a number"),
+    ({"max_batch": True}, TypeError, "max_batch: expected an integer, got a boolean"),
+    ({"graph_buckets": [4, 2]}, ValueError, "graph_buckets: list each size once, in increasing order, got [4, 2]"),
+    ({"span_buckets": [0]}, ValueError, "span_buckets: expected a list of position counts >= 1, got [0]"),
+    ({"codec_chunk_frames": -1}, ValueError, "codec_chunk_frames: must be > 0, got -1"),
+    ({"max_prefill_tokens": 0}, ValueError, "max_prefill_tokens: must be > 0, got 0"),
+    ({"eager": "no"}, TypeError, "eager: expected true or false, got a string"),
+])
+def test_load_refuses_engine_options_as_a_recipe_does(ckpt_dir, options, error, message):
+    """Before the checkpoint loads, with the recipe's rule: `max_batch=0` used to fail in the first
+    synthesize with a talker-cache message, `-3` with a negative tensor dimension."""
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        omnitts.load(ckpt_dir("custom_voice"), **options)
+
+
+def test_load_takes_numpy_sizes_and_tuples(ckpt_dir):
+    tts = omnitts.load(ckpt_dir("custom_voice"), max_batch=np.int64(2), graph_buckets=(1, 2))
+    assert [a.frames for a in tts.synthesize(["Hi.", "Ho."], speaker="ryan", greedy=True, max_frames=3)] == [3, 3]

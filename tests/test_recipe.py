@@ -49,7 +49,7 @@ def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
 
 @pytest.mark.parametrize("text,message", [
     ('max_batch = "8"', "max_batch: expected an integer, got a string"),
-    ("max_batch = true", "max_batch: expected an integer, got true or false"),
+    ("max_batch = true", "max_batch: expected an integer, got a boolean"),
     ("max_batch = 0", "max_batch: must be > 0, got 0"),
     ("codec_chunk_frames = 0", "codec_chunk_frames: must be > 0, got 0"),
     ("codec_chunk_frames = 2.5", "codec_chunk_frames: expected an integer, got a number"),
