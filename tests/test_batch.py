@@ -143,6 +143,14 @@ def test_a_retried_item_appends_a_line_and_every_reader_takes_the_last(ckpt_dir,
     assert len(_records(out)) == 4
 
 
+def test_read_results_of_a_missing_directory_is_an_error_and_of_an_empty_one_nothing(tmp_path):
+    import omnitts
+
+    assert omnitts.read_results(tmp_path) == {}  # nothing recorded yet
+    with pytest.raises(FileNotFoundError, match="no such output directory"):
+        omnitts.read_results(tmp_path / "ot")  # a mistyped path is not an empty run
+
+
 def test_the_last_record_wins_in_ledger_and_export(tmp_path):
     """Written by hand: an ok line followed by an error line for the same id means failed (and the
     reverse means done), whatever came before; a torn line is skipped."""

@@ -55,7 +55,13 @@ def records(out: Path) -> Iterator[dict]:
 
 
 def read_results(out) -> dict[str, dict]:
-    """{id: its last record} of output directory `out` (the record that counts; see the module docstring)."""
+    """{id: its last record} of output directory `out` (the record that counts; see the module docstring);
+    {} for a directory nothing was recorded in yet.
+
+    Raises:
+        FileNotFoundError: `out` is not a directory (a mistyped path is not an empty run)."""
+    if not Path(out).is_dir():
+        raise FileNotFoundError(f"{out}: no such output directory")
     return {record["id"]: record for record in records(out)}
 
 
