@@ -226,6 +226,8 @@ class ModelConfig:
 def load_config(ckpt: Path) -> ModelConfig:
     """Read and validate the config files of checkpoint directory `ckpt`."""
     ckpt = Path(ckpt)
+    if ckpt.exists() and not ckpt.is_dir():
+        raise CheckpointError(f"{ckpt}: is a file; a checkpoint is a directory (the folder holding config.json)")
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: checkpoint directory not found")
     path = ckpt / "config.json"

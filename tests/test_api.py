@@ -158,6 +158,10 @@ def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir):
     assert "24000 Hz mono, 12.5 frames/s" in text and "english" in text
     missing = CliRunner().invoke(app, ["info", str(path.parent / "nope")])
     assert missing.exit_code == 2 and "checkpoint directory not found" in missing.output
+    weights = path / "model.safetensors"  # a file of the checkpoint, not the checkpoint
+    file = CliRunner().invoke(app, ["info", str(weights)])
+    assert file.exit_code == 2 and file.output.strip() == (f"error: {weights}: is a file; a checkpoint is a directory "
+                                                          "(the folder holding config.json)")
 
 
 def test_the_library_prints_nothing(ckpt_dir, ref_wav, tmp_path, capfd):
