@@ -58,7 +58,7 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
             count = export(out, current, export_dataset)
         except (OSError, OmniTTSError) as exc:
             _export_failed(exc, export_dataset, out, batch)
-        typer.echo(f"exported {count} items to {export_dataset}", err=True)
+        typer.echo(f"exported {plural(count, 'item')} to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(stopped)
     if workers_on is not None:
