@@ -423,6 +423,35 @@ def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp
     assert all(e.message.startswith(f"{path}:{e.line}: ") for e in entries if isinstance(e, BadLine))
 
 
+def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):
+    """The reader takes every line after an unclosed quote as part of that cell: the line is the bad one
+    (not "speaker: required", which the swallowed record used to say), and no later line runs unseen."""
+    path = tmp_path / "m.csv"
+    path.write_text('id,text,speaker\na,"Two\nlines.",ryan\nb,"Never closed,ryan\nc,Hi.,ryan\n', encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert [e.request.id for e in entries if isinstance(e, Item)] == ["a"]
+    (bad,) = [e for e in entries if isinstance(e, BadLine)]
+    assert bad.message == (f"{path}:4: a quoted cell opened on this line is never closed: lines 4-5, the rest of the "
+                           "file, read as one record (close the quote, or double a quote inside a cell)")
+    path.write_text('id,text,speaker\na,"Closed ""here"".",ryan\nb,Hi.,ryan', encoding="utf-8")  # no last newline
+    assert [e.request.text for e in iter_manifest(path, load_config(ckpt_dir("custom_voice")))] == [
+        'Closed "here".', "Hi."]
+
+
+@pytest.mark.parametrize("name,header,message", [
+    ("m.csv", "id,text,speaker,speaker", "the header names column 'speaker' twice; which one to read is unclear"),
+    ("m.tsv", "id,text,speaker", "the header is one column, 'id,text,speaker', holding commas: a .tsv file is read "
+                                 "with tabs; give the file a .csv name"),
+    ("m.csv", "id\ttext\tspeaker", "the header is one column, 'id\\ttext\\tspeaker', holding tabs: a .csv file is "
+                                   "read with commas; give the file a .tsv name"),
+])
+def test_a_csv_header_that_cannot_be_read_is_one_error(ckpt_dir, tmp_path, name, header, message):
+    path = tmp_path / name
+    path.write_text(header + "\n" + header.replace("id", "a").replace("text", "Hi.") + "\n", encoding="utf-8")
+    result = runner.invoke(app, ["validate", str(path), "-m", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 2 and result.output.strip() == f"error: {path}:1: {message}", result.output
+
+
 def test_jsonl_column_mapping_renames_keys(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps({"key": "a", "words": "Hi."}) + "\n"

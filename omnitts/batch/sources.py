@@ -78,6 +78,26 @@ class JsonlSource:
             return sum(1 for line in handle if line.strip())
 
 
+_SEPARATORS = {",": ("commas", ".csv"), "\t": ("tabs", ".tsv")}  # delimiter -> (what it is, its suffix)
+
+
+class _Lines:
+    """The lines of an open text file, for `csv.reader`, noting whether it asked for one past the last."""
+
+    def __init__(self, handle):
+        self.handle, self.ended = handle, False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = self.handle.readline()
+        if not line:
+            self.ended = True
+            raise StopIteration
+        return line
+
+
 class CsvSource:
     """A header line, then one row per record (quoted cells may span lines); every cell is a string."""
 
@@ -92,13 +112,23 @@ class CsvSource:
         if (problem := _not_utf8(delimiter.join(header))) is not None:
             raise OmniTTSError(f"{path}:1: the header line is {problem}")
         self.columns = [name.strip() for name in header]
+        other = "\t" if delimiter == "," else ","
+        if len(self.columns) == 1 and other in self.columns[0]:
+            (mine, _), (theirs, suffix) = _SEPARATORS[delimiter], _SEPARATORS[other]
+            raise OmniTTSError(f"{path}:1: the header is one column, {self.columns[0]!r}, holding {theirs}: a "
+                               f"{path.suffix} file is read with {mine}; give the file a {suffix} name")
+        twice = next((name for i, name in enumerate(self.columns) if name and name in self.columns[:i]), None)
+        if twice is not None:
+            raise OmniTTSError(f"{path}:1: the header names column {twice!r} twice; which one to read is unclear")
 
     def _open(self):
         return _open_text(self.path, newline="")
 
-    def _records(self, handle) -> Iterator[tuple[int, list[str]]]:
-        """(first line of the record, cells) for every non-blank record after the header."""
-        reader = csv.reader(handle, delimiter=self.delimiter)
+    def _records(self, handle) -> Iterator[tuple[int, list[str] | str]]:
+        """(first line of the record, cells) for every non-blank record after the header; (line, problem)
+        for one that cannot be read, which ends the file (the reader cannot resynchronise after it)."""
+        lines = _Lines(handle)
+        reader = csv.reader(lines, delimiter=self.delimiter)
         next(reader, None)
         end = reader.line_num
         while True:
@@ -107,10 +137,14 @@ class CsvSource:
                 cells = next(reader)
             except StopIteration:
                 return
-            except csv.Error as exc:  # the reader cannot resynchronise after this
+            except csv.Error as exc:
                 yield start, f"malformed CSV ({exc})"
                 return
             end = reader.line_num
+            if lines.ended:  # a record ends past the last line only inside quotes
+                yield start, (f"a quoted cell opened on this line is never closed: lines {start}-{end}, the rest "
+                              "of the file, read as one record (close the quote, or double a quote inside a cell)")
+                return
             if cells:
                 yield start, cells
 
