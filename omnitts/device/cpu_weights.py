@@ -117,6 +117,10 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
             return torch.ops.omnitts.linear(x, self.weight, self.out_features, self.bias)
+        if x.numel() == self.in_features:  # one row: see `ONE_ROW`
+            two = x.reshape(1, self.in_features).expand(ONE_ROW, self.in_features).contiguous()
+            out = torch.ops.mkldnn._linear_pointwise(two, self.weight, self.bias, "none", [], "")
+            return out[:1].reshape(*x.shape[:-1], self.out_features)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
@@ -148,6 +152,16 @@ def layout_batch(batch: int) -> int:
 
 
 LAYOUT_BATCH = 32
+
+# oneDNN computes a one-row call with a kernel of its own, which on some CPUs sums in another order than
+# the kernel of two rows or more: measured on a Xeon with AMX (torch 2.4.1 and 2.13), a row's bfloat16
+# result alone differed from the same row among others for input widths 32, 40, 48 and 72 (not 64, 80,
+# 96, 1024: 0 of 100 rows), and a float32 call with a bias (1024 -> 2048) differed in every row. A
+# one-row call therefore runs as two copies of the row (weight-bound at one row, so about the same time).
+# Between 2 and 32 rows each row's bits were the same; above 32 rows that CPU's bfloat16 kernel changes
+# again (33-36 rows, then 37 and more), which only an engine of --max-batch above 32 on this fallback
+# meets (docs/architecture.md, determinism).
+ONE_ROW = 2
 
 
 def pack_linears(module: nn.Module, dtype: torch.dtype | None = None, batch: int = 1,
