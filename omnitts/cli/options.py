@@ -59,7 +59,7 @@ Eager = Annotated[Optional[bool], option("--eager/--no-eager", panel=ENGINE,
 Deterministic = Annotated[bool, option("--deterministic", panel=ENGINE,
                                          help="Bitwise audio in any batch.")]
 Workers = Annotated[Optional[int], option("--workers", panel=ENGINE, metavar="N",
-                                          help="Engine processes, one per device (cpu: cores split); with --ray: actors.")]
+                                          help="Engine processes, one per device (cpu: up to one per core); with --ray: actors.")]
 Devices = Annotated[Optional[str], option("--devices", panel=ENGINE, metavar="LIST",
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
 RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", panel=ENGINE, metavar="FILE",
