@@ -398,6 +398,17 @@ def test_the_summary_lists_the_failed_ids(ckpt_dir, tmp_path):
     assert re.search(r"failed spk: .*speaker: 'bob' is not known", summary) and "failed ok" not in summary
 
 
+def test_quiet_prints_the_summary_alone(ckpt_dir, tmp_path):
+    """No bar, no "loading" line and no blank line before the summary (rich 13.0, the oldest supported,
+    ended even a disabled bar with a newline when the console was not a terminal)."""
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Fine.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+                                 "--max-frames", "2", "-q"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].strip().startswith("omnitts synth ->"), result.output  # the table's title
+    assert "synthesizing" not in result.output and "loading" not in result.output
+
+
 def test_synth_writes_into_out_and_nowhere_else(ckpt_dir, tmp_path, monkeypatch):
     """docs/outputs.md: `synth` writes everything into OUT: the manifest's folder and the working directory
     are left as they were (a bad line is recorded in OUT too)."""

@@ -140,7 +140,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
                                   batch_size=rows, **options)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[rate]}"))
-        with Progress(*columns, console=console, disable=quiet) as progress:
+        with _quiet(Progress(*columns, console=console, disable=quiet), quiet) as progress:
             progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
             for rows in meta.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for row in rows.to_pylist():
@@ -368,7 +368,15 @@ def _progress(console, quiet: bool):
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
-    return Progress(*columns, console=console, disable=quiet)
+    return _quiet(Progress(*columns, console=console, disable=quiet), quiet)
+
+
+def _quiet(progress, quiet: bool):
+    """`progress`, which with `quiet` is never started or stopped: rich 13.0 ends even a disabled bar
+    with a blank line when the console is not a terminal (newer releases do not)."""
+    if quiet:
+        progress.start = progress.stop = lambda: None
+    return progress
 
 
 class _Interrupt(KeyboardInterrupt):
