@@ -42,6 +42,8 @@ BAD = [
     ({"id": "lang", "text": "Hi.", "speaker": "ryan", "language": "elvish"}, "language: 'elvish' is not known"),
     ({"id": "instr", "text": "Hi.", "speaker": "ryan", "instruct": "Loud."}, "instruct: 0.6B CustomVoice checkpoints take no instruction"),
     ({"id": "clone", "text": "Hi.", "speaker": "ryan", "ref_audio": "refs/r.wav", "ref_text": "Words."}, "ref_audio: voice cloning needs a Base checkpoint"),
+    ({"id": "cltext", "text": "Hi.", "speaker": "ryan", "ref_text": "Words."}, "ref_text: voice cloning needs a Base checkpoint; this one is custom_voice"),
+    ({"id": "clxvec", "text": "Hi.", "speaker": "ryan", "x_vector_only": True}, "x_vector_only: voice cloning needs a Base checkpoint; this one is custom_voice"),
     ({"id": "noref", "text": "Hi.", "ref_audio": "missing.wav"}, "ref_audio: file not found"),
     ({"id": "garbage", "text": "Hi.", "ref_audio": "garbage.wav"}, "ref_audio: cannot read audio"),
     ({"id": "short", "text": "Hi.", "ref_audio": "short.wav"}, "ref_audio: "),  # "... is 0.20 s long"

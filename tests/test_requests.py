@@ -42,3 +42,14 @@ def test_empty_text(tts_factory):
         tts.synthesize("\u200b \ufeff\u200d", speaker="ryan")
     # A word beside them is text.
     assert tts.synthesize("\u200bHi.", speaker="ryan", greedy=True, max_frames=2).frames == 2
+
+
+def test_cloning_fields_on_a_checkpoint_that_does_not_clone_are_refused(tts_factory):
+    """A transcript or x_vector_only without a Base checkpoint would do nothing: said, not ignored."""
+    tts = tts_factory("custom_voice")
+    with pytest.raises(RequestError, match=r"^ref_text: voice cloning needs a Base checkpoint; this one is custom_voice$"):
+        tts.synthesize("Hi.", speaker="ryan", ref_text="Reference words.")
+    with pytest.raises(RequestError, match=r"^x_vector_only: voice cloning needs a Base checkpoint"):
+        tts.synthesize("Hi.", speaker="ryan", x_vector_only=True)
+    assert tts.synthesize("Hi.", speaker="ryan", x_vector_only=False, greedy=True, max_frames=2).frames == 2
+

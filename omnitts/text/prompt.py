@@ -95,8 +95,9 @@ def resolve(cfg, req: Request) -> Resolved:
         if req.voice is None and not req.x_vector_only and not (req.ref_text or "").strip():
             raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
                                "or set x_vector_only")
-    elif has_ref:
-        raise RequestError(f"ref_audio: voice cloning needs a Base checkpoint; this one is {kind}")
+    elif has_ref or (req.ref_text or "").strip() or req.x_vector_only:  # a cloning field would do nothing here
+        name = "ref_audio" if has_ref else "ref_text" if (req.ref_text or "").strip() else "x_vector_only"
+        raise RequestError(f"{name}: voice cloning needs a Base checkpoint; this one is {kind}")
     non_streaming = req.non_streaming if req.non_streaming is not None else kind != "base"
     return Resolved(language_id, speaker_id, req.instruct or None, non_streaming)
 
