@@ -398,6 +398,19 @@ def test_the_summary_lists_the_failed_ids(ckpt_dir, tmp_path):
     assert re.search(r"failed spk: .*speaker: 'bob' is not known", summary) and "failed ok" not in summary
 
 
+def test_a_run_says_what_it_loads_with_auto_resolved(ckpt_dir, tmp_path):
+    from omnitts.device.features import resolve_dtype
+
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Fine.", "speaker": "ryan"}])
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"), "--max-frames", "2"]
+    auto = runner.invoke(app, args)
+    assert auto.exit_code == 0, auto.output
+    assert (f"loading checkpoint: cpu, {resolve_dtype('auto', 'cpu')} (auto), codec float32, max batch 8"
+            in auto.output.splitlines()), auto.output
+    pinned = runner.invoke(app, args + ["--force", "--dtype", "float32", "--max-batch", "3"])
+    assert "loading checkpoint: cpu, float32, codec float32, max batch 3" in pinned.output.splitlines(), pinned.output
+
+
 def test_quiet_prints_the_summary_alone(ckpt_dir, tmp_path):
     """No bar, no "loading" line and no blank line before the summary (rich 13.0, the oldest supported,
     ended even a disabled bar with a newline when the console was not a terminal)."""

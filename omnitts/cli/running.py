@@ -243,7 +243,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, 
     with ExitStack() as stack:
         def loaded():  # only when some item is pending: then the bar and the signal handlers start
             if not quiet:
-                console.print("loading checkpoint")
+                console.print(_loading(load_kwargs), soft_wrap=True)
             tts = load(model, **load_kwargs)
             stack.enter_context(stopping)
             stack.enter_context(progress)
@@ -310,7 +310,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
             who = name(index, devices[index])
             if kind == "loading" and not progress.task_ids:
                 if not quiet:
-                    console.print("loading checkpoint")
+                    console.print(_loading(plan.load_kwargs), soft_wrap=True)
                 stack.enter_context(progress)
                 progress.add_task("synthesizing", total=good + bad, rate="")
             elif kind == "record" and event[3] != "ok":
@@ -353,6 +353,16 @@ def _advance(progress, tally) -> None:
     """Show `tally` on a run's progress bar (its one task): items accounted for, audio written, speed."""
     progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped + tally.others,
                     rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
+
+
+def _loading(load_kwargs: dict) -> str:
+    """"loading checkpoint: cpu, bfloat16 (auto), codec float32, max batch 8": what the run is about to
+    use, with `--dtype auto` resolved (bfloat16 on a CPU with native bf16, float32 on another)."""
+    from ..device.features import resolve_dtype
+
+    device, asked = load_kwargs["device"], load_kwargs["dtype"]
+    dtype = resolve_dtype(asked, device) + (" (auto)" if asked == "auto" else "")
+    return f"loading checkpoint: {device}, {dtype}, codec {load_kwargs['codec_dtype']}, max batch {load_kwargs['max_batch']}"
 
 
 def _progress(console, quiet: bool):
