@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, Union
 import torch
 
 from .checkpoint import Checkpoint, load_checkpoint
-from .device import make_deterministic
+from .device import make_deterministic, out_of_memory
 from .engine import EngineConfig
 from .engine.pipeline import Job, Pipeline
 from .engine.reference import decode_codes, generate_codes
@@ -390,8 +390,16 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise OmniTTSError("device cuda: no CUDA device is visible to torch (use --device cpu)")
     elif device not in ("cpu", "cuda"):
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
-    ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer,
-                           max_batch=max_batch, codec_dtype=codec_dtype)
+    try:
+        ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer,
+                               max_batch=max_batch, codec_dtype=codec_dtype)
+    except Exception as exc:
+        if not out_of_memory(exc):
+            raise
+        smaller = " choose a smaller --dtype (bfloat16)," if dtype == "float32" else ""
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        raise OmniTTSError(f"{path}: the model does not fit in {device} memory while loading ({said});{smaller} "
+                           "free memory or use a device with more") from None
     if deterministic:
         make_deterministic(ckpt.model.talker, ckpt.device)
     return TTS(ckpt, max_batch=max_batch, eager=eager, graph_buckets=graph_buckets,

@@ -635,6 +635,32 @@ def test_a_max_batch_too_large_for_memory_is_one_line_naming_it(ckpt_dir, tmp_pa
         tts.synthesize("Hello.", speaker="ryan", max_frames=2)
 
 
+def test_a_model_too_large_for_memory_is_one_line_naming_the_checkpoint(ckpt_dir, tmp_path, monkeypatch):
+    """Weights that do not fit while loading (the CPU allocator's error, a GPU's OutOfMemoryError) are one
+    error naming the checkpoint and what to do, not a traceback; another loading error is left as it is."""
+    import omnitts
+    from omnitts import api
+
+    def no_room(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 7000000000 bytes. "
+                           "Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(api, "load_checkpoint", no_room)
+    model = ckpt_dir("custom_voice")
+    result = _synth(ckpt_dir, _manifest(tmp_path, ["a"]), tmp_path / "out", "--dtype", "float32")
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == (
+        f"error: {model}: the model does not fit in cpu memory while loading (DefaultCPUAllocator: can't allocate "
+        "memory: you tried to allocate 7000000000 bytes. Error code 12 (Cannot allocate memory)); choose a smaller "
+        "--dtype (bfloat16), free memory or use a device with more"), result.output
+    monkeypatch.setattr(api, "load_checkpoint", lambda *args, **kwargs: (_ for _ in ()).throw(MemoryError()))
+    with pytest.raises(OmniTTSError, match=r"does not fit in cpu memory while loading \(MemoryError\); free memory"):
+        omnitts.load(model, dtype="bfloat16")
+    monkeypatch.setattr(api, "load_checkpoint", lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="^other$"):
+        omnitts.load(model)
+
+
 def test_an_accelerators_free_memory_bounds_the_codec_state_too(tts_factory, monkeypatch):
     """The accelerator backends' `free_memory` (mem_get_info plus the allocator's unused reserve), through the
     CPU fake's API; a device that cannot say is no check, never a failed run."""
