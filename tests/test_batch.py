@@ -143,6 +143,23 @@ def test_a_retried_item_appends_a_line_and_every_reader_takes_the_last(ckpt_dir,
     assert len(_records(out)) == 4
 
 
+def test_an_item_run_again_leaves_no_file_of_its_earlier_version(ckpt_dir, tmp_path):
+    """Run 1 writes a.wav and a.codes.npy (seed 1); run 2 (seed 2, flac, no --save-codes) redoes it: the
+    earlier wav and, above all, codes that are no longer the audio's codes are gone once run 2's record is
+    written. A run that skips the item leaves its files alone."""
+    rows = [{"id": "a", "text": "Hi.", "speaker": "ryan"}, {"id": "b", "text": "Hello.", "speaker": "ryan"}]
+    manifest, out = _manifest(tmp_path / "m.jsonl", rows), tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    assert runner.invoke(app, args + ["--seed", "1", "--save-codes"]).exit_code == 0
+    files = lambda: sorted(p.name for p in out.iterdir())  # noqa: E731
+    assert files() == ["a.codes.npy", "a.wav", "b.codes.npy", "b.wav", "results.jsonl"]
+    assert runner.invoke(app, args + ["--seed", "2", "--format", "flac"]).exit_code == 0
+    assert files() == ["a.flac", "b.flac", "results.jsonl"]
+    assert [r["path"] for r in _records(out)[-2:]] == ["a.flac", "b.flac"]
+    assert runner.invoke(app, args + ["--seed", "2", "--format", "flac", "--save-codes"]).exit_code == 0
+    assert files() == ["a.codes.npy", "a.flac", "b.codes.npy", "b.flac", "results.jsonl"]  # a new option: run again
+
+
 def test_read_results_of_a_missing_directory_is_an_error_and_of_an_empty_one_nothing(tmp_path):
     import omnitts
 

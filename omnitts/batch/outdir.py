@@ -327,9 +327,11 @@ class Batch:
         return fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
 
     def _done_as(self, item_id: str, current: str) -> bool:
-        """The id's last record is good, made from fingerprint `current`, and its file is intact."""
+        """The id's last record is good, made from fingerprint `current`, and its file is intact (with
+        `--save-codes`, its codes file is there too: a run that adds the flag writes the codes it lacks)."""
         done = self.ledger.done.get(item_id)
-        return done is not None and _same(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
+        return (done is not None and _same(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
+                and (not self.settings.save_codes or (self.out / f"{item_id}.codes.npy").is_file()))
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, outcome: Outcome) -> dict:
@@ -386,10 +388,27 @@ class Batch:
             return self.save(replace(outcome, result=None, sink=None, error=error))
         finally:
             self.writer.release(item_id, recorded=written)
+        self._drop_earlier(item_id, keep=placed)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
         self._count_rerun(item_id)
         return rec
+
+    def _drop_earlier(self, item_id: str, keep: list) -> None:
+        """Delete the item's files that an earlier run wrote and this one did not: audio in another format
+        (`--format` changed) and codes (`--save-codes` dropped), which would otherwise stay beside the new
+        audio, the codes no longer its codes. Only after the new record is written: the last record never
+        names a file that is gone. Best effort: a file that cannot be deleted stays (it is named by no record
+        that counts)."""
+        from ..io.audio import FORMATS
+
+        kept = {Path(path).name for path in keep}
+        for name in [f"{item_id}.{kind}" for kind in FORMATS] + [f"{item_id}.codes.npy"]:
+            if name not in kept:
+                try:
+                    (self.out / name).unlink(missing_ok=True)
+                except OSError:
+                    pass
 
     def _count_rerun(self, item_id: str) -> None:
         if item_id in self.rerun:
