@@ -183,9 +183,18 @@ def test_base_checkpoint_accepts_a_voice_file_and_wants_ref_text(ckpt_dir, tmp_p
     path = tmp_path / "m.jsonl"
     rows = [{"id": "v", "text": "Saved voice.", "voice": "v.safetensors", "top_k": 0},
             {"id": "icl", "text": "Clone.", "ref_audio": "refs/r.wav"},
-            {"id": "spk", "text": "Clone.", "ref_audio": "refs/r.wav", "x_vector_only": True, "speaker": "ryan"}]
+            {"id": "spk", "text": "Clone.", "ref_audio": "refs/r.wav", "x_vector_only": True, "speaker": "ryan"},
+            {"id": "vtext", "text": "Saved voice.", "voice": "v.safetensors", "ref_text": "Other words."},
+            {"id": "vxvec", "text": "Saved voice.", "voice": "v.safetensors", "x_vector_only": True},
+            {"id": "vfalse", "text": "Saved voice.", "voice": "v.safetensors", "x_vector_only": False, "ref_text": ""}]
     path.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
-    voice, icl, spk = iter_manifest(path, load_config(ckpt_dir("base")))
+    voice, icl, spk, vtext, vxvec, vfalse = iter_manifest(path, load_config(ckpt_dir("base")))
+    # A saved voice's mode and transcript are fixed when it is saved: a field that would change them is said,
+    # not ignored (false and empty say nothing).
+    assert vtext.message == (f"{path}:4: ref_text: a saved voice keeps the mode and transcript it was saved with; "
+                             "remove ref_text (or clone from ref_audio)")
+    assert vxvec.message.startswith(f"{path}:5: x_vector_only: a saved voice keeps the mode")
+    assert isinstance(vfalse, Item)
     assert isinstance(voice, Item) and voice.voice_path == tmp_path / "v.safetensors"
     assert voice.request.voice is None and voice.sampling == {"top_k": 0}
     assert icl.message == f"{path}:2: ref_text: required for in-context cloning; give the reference transcript or set x_vector_only"

@@ -47,6 +47,24 @@ def test_saved_voice_gives_the_same_codes_as_cloning_directly(ckpt_dir, ref_wav,
     np.testing.assert_array_equal(by_path.audio, direct.audio)
 
 
+def test_a_saved_voice_with_a_transcript_or_x_vector_only_beside_it_is_refused(tts_factory, ref_wav):
+    """A saved voice's mode and transcript were fixed when it was cloned: a ref_text or x_vector_only given
+    with it would be ignored, so it is an error naming the field; cloning from ref_audio for a list of texts
+    (encoded once) takes them as ever."""
+    from omnitts.errors import RequestError
+
+    tts = tts_factory("base")
+    voice = tts.clone_voice(ref_wav, REF_TEXT)
+    with pytest.raises(RequestError, match=r"^ref_text: a saved voice keeps the mode and transcript it was saved "
+                                           r"with; remove ref_text \(or clone from ref_audio\)$"):
+        tts.synthesize("Hi.", voice=voice, ref_text="Other words.")
+    with pytest.raises(RequestError, match=r"^x_vector_only: a saved voice keeps the mode"):
+        tts.synthesize("Hi.", voice=voice, x_vector_only=True)
+    both = tts.synthesize(["One.", "Two."], ref_audio=ref_wav, ref_text=REF_TEXT, greedy=True, max_frames=3)
+    alone = tts.synthesize("One.", voice=voice, greedy=True, max_frames=3)
+    np.testing.assert_array_equal(both[0].codes, alone.codes)
+
+
 def test_identity_follows_the_encoder_weights_not_the_folder(ckpt_dir, other_base, tmp_path):
     base = ckpt_dir("base")
     assert checkpoint_identity(base) == checkpoint_identity(base)

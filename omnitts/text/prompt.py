@@ -92,6 +92,10 @@ def resolve(cfg, req: Request) -> Resolved:
     if kind == "base":
         if not has_ref:
             raise RequestError("ref_audio: this Base checkpoint clones a voice; give ref_audio (+ ref_text) or a voice")
+        if req.voice is not None and req.ref_audio is None and ((req.ref_text or "").strip() or req.x_vector_only):
+            name = "ref_text" if (req.ref_text or "").strip() else "x_vector_only"
+            raise RequestError(f"{name}: a saved voice keeps the mode and transcript it was saved with; remove "
+                               f"{name} (or clone from ref_audio)")
         if req.voice is None and not req.x_vector_only and not (req.ref_text or "").strip():
             raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
                                "or set x_vector_only")
