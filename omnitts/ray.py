@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _from_table, check_item, parse_item
+from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
 from .errors import DeviceFailed, OmniTTSError, RequestError
 
 # One metadata row per input row. `skipped`: not run by this call, its metadata is the id's recorded
@@ -138,7 +138,7 @@ class Synthesizer:
         for index, raw in enumerate(rows):
             obj = {name: raw[column] for name, column in self.plan.items() if _present(raw.get(column))}
             try:
-                item = parse_item(_from_table(obj), index + 1, self.base, self.columns)
+                item = parse_item(_typed_values(obj), index + 1, self.base, self.columns)
                 if item.request.id in seen:
                     raise RequestError(f"id: {item.request.id!r} already used by another row of this batch")
                 check_item(self.cfg, item, self.voices, self.settings.split_chars)

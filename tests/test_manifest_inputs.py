@@ -434,6 +434,18 @@ def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp
     assert all(e.message.startswith(f"{path}:{e.line}: ") for e in entries if isinstance(e, BadLine))
 
 
+def test_json_lines_take_integer_ids_and_whole_floats_as_tables_do(ckpt_dir, tmp_path):
+    """pandas' `to_json(orient="records", lines=True)` writes an integer column with gaps as 7.0 and an
+    integer id as 7: read as Parquet's are; a fraction where an integer is expected is still refused."""
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"id": 7, "text": "Hi.", "speaker": "ryan", "seed": 3.0, "top_k": 20.0}\n'
+                    '{"id": "b", "text": "Hi.", "speaker": "ryan", "top_k": 2.5}\n', encoding="utf-8")
+    good, bad = iter_manifest(path, load_config(ckpt_dir("custom_voice")))
+    assert (good.request.id, good.seed, good.sampling) == ("7", 3, {"top_k": 20})
+    assert type(good.seed) is int and type(good.sampling["top_k"]) is int
+    assert bad.message == f"{path}:2: top_k: expected int, got float"
+
+
 def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):
     """The reader takes every line after an unclosed quote as part of that cell: the line is the bad one
     (not "speaker: required", which the swallowed record used to say), and no later line runs unseen."""

@@ -216,8 +216,9 @@ def _from_text(row: dict) -> dict:
     return out
 
 
-def _from_table(row: dict) -> dict:
-    """Typed table values: integer ids become strings, whole floats in integer fields become ints."""
+def _typed_values(row: dict) -> dict:
+    """Typed values (JSON, Parquet, Arrow): integer ids become strings, whole floats in integer fields become
+    ints, as pandas writes them (an integer column with gaps is stored as floats, `to_json` writes 7.0)."""
     out = dict(row)
     if isinstance(out.get("id"), int) and not isinstance(out["id"], bool):
         out["id"] = str(out["id"])
@@ -357,9 +358,10 @@ def iter_manifest(path, cfg=None, columns: dict | None = None,
             if isinstance(row, str):
                 raise RequestError(row)
             if source.columns is None:
-                row = obj = _rename(row, columns)
+                row = _rename(row, columns)
+                obj = _typed_values(row)
             else:
-                obj = _from_table(row) if source.typed else _from_text(row)
+                obj = _typed_values(row) if source.typed else _from_text(row)
             item = parse_item(obj, number, path.parent, columns)
             item_id = item.request.id
             if item_id in seen:
