@@ -97,6 +97,14 @@ class TTS:
             self._identity = checkpoint_identity(self.ckpt.path)
         return self._identity
 
+    def __repr__(self) -> str:
+        """What a notebook shows for a loaded model: its checkpoint and kind, and what it runs on."""
+        ckpt = self.ckpt
+        codec = next(ckpt.codec.parameters()).dtype
+        return (f"TTS({str(ckpt.path)!r}, {ckpt.config.model_type}, {ckpt.device.type}, "
+                f"{str(ckpt.dtype).removeprefix('torch.')}, codec {str(codec).removeprefix('torch.')}, "
+                f"max_batch={self.max_batch})")
+
     def info(self) -> dict:
         """Describe the checkpoint: kind, size, parameter counts, speakers, languages, defaults.
 

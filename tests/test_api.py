@@ -225,3 +225,9 @@ def test_load_refuses_engine_options_as_a_recipe_does(ckpt_dir, options, error, 
 def test_load_takes_numpy_sizes_and_tuples(ckpt_dir):
     tts = omnitts.load(ckpt_dir("custom_voice"), max_batch=np.int64(2), graph_buckets=(1, 2))
     assert [a.frames for a in tts.synthesize(["Hi.", "Ho."], speaker="ryan", greedy=True, max_frames=3)] == [3, 3]
+
+
+def test_a_loaded_model_says_what_it_is_and_runs_on(ckpt_dir):
+    """A notebook shows `repr(tts)`: the checkpoint, its kind, and device, dtypes and max batch as loaded."""
+    tts = omnitts.load(ckpt_dir("base"), dtype="float32", max_batch=3)
+    assert repr(tts) == f"TTS({str(ckpt_dir('base'))!r}, base, cpu, float32, codec float32, max_batch=3)"
