@@ -69,10 +69,17 @@ class Voice:
     def icl(self) -> bool:
         return self.ref_codes is not None
 
+    def __repr__(self) -> str:
+        """One line (the tensors' values would fill a notebook cell): mode, reference, checkpoint."""
+        if self.icl:
+            mode = f"in-context, {len(self.ref_codes)} reference frames, ref_text={self.ref_text!r}"
+        else:
+            mode = "x-vector only"
+        return f"Voice({mode}, checkpoint={self.checkpoint!r})"
+
     def save(self, path) -> Path:
         """Write this voice to `path` (.safetensors), atomically; see `save_voice`."""
         return save_voice(self, path)
-
 
 
 def checkpoint_identity(folder) -> str:

@@ -270,3 +270,11 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and problem in lines[0], result.output
     assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_a_voice_shows_as_one_line(tts_factory, ref_wav):
+    tts = tts_factory("base")
+    icl, xvec = tts.clone_voice(ref_wav, REF_TEXT), tts.clone_voice(ref_wav, x_vector_only=True)
+    assert repr(icl) == (f"Voice(in-context, {len(icl.ref_codes)} reference frames, ref_text={REF_TEXT!r}, "
+                         f"checkpoint={tts.identity!r})")
+    assert repr(xvec) == f"Voice(x-vector only, checkpoint={tts.identity!r})"
