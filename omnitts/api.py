@@ -347,7 +347,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
 
     Args:
         path: the checkpoint directory, exactly as published.
-        device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling).
+        device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling); cuda and
+            npu run on the process's current device (`torch.cuda.set_device`).
         dtype: auto (default: bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs
             with native bf16, AVX512-BF16 or AMX; float32 elsewhere), float32, bfloat16 or float16 for
             the language models. Parity
@@ -397,6 +398,12 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     elif device == "cuda" and not torch.cuda.is_available():
         raise OmniTTSError("device cuda: no CUDA device is visible to torch (use --device cpu)")
     elif device not in ("cpu", "cuda"):
+        kind, _, index = str(device).partition(":")
+        if kind in ("cuda", "npu") and index.isdigit():  # "cuda" means the current device: one per process
+            visible = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ASCEND_RT_VISIBLE_DEVICES"
+            raise OmniTTSError(f"device {device!r}: give the kind, {kind!r}, which runs on the process's current "
+                               f"device: choose it first (torch.{kind}.set_device({index}) before loading, or "
+                               f"{visible}={index} before Python starts; on the command line: --devices {device})")
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
     try:
         ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer,

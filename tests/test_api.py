@@ -231,3 +231,14 @@ def test_a_loaded_model_says_what_it_is_and_runs_on(ckpt_dir):
     """A notebook shows `repr(tts)`: the checkpoint, its kind, and device, dtypes and max batch as loaded."""
     tts = omnitts.load(ckpt_dir("base"), dtype="float32", max_batch=3)
     assert repr(tts) == f"TTS({str(ckpt_dir('base'))!r}, base, cpu, float32, codec float32, max_batch=3)"
+
+
+@pytest.mark.parametrize("device,visible", [("cuda:1", "CUDA_VISIBLE_DEVICES=1"), ("npu:0", "ASCEND_RT_VISIBLE_DEVICES=0")])
+def test_a_device_index_in_load_says_how_to_choose_the_device(ckpt_dir, device, visible):
+    """`load(device="cuda:1")` runs nothing on a wrong device: it says how to make that device the current one."""
+    kind, index = device.split(":")
+    with pytest.raises(omnitts.OmniTTSError, match=re.escape(
+            f"device {device!r}: give the kind, {kind!r}, which runs on the process's current device: choose it "
+            f"first (torch.{kind}.set_device({index}) before loading, or {visible} before Python starts; on the "
+            f"command line: --devices {device})")):
+        omnitts.load(ckpt_dir("custom_voice"), device=device)
