@@ -463,10 +463,10 @@ def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):
 
 @pytest.mark.parametrize("name,header,message", [
     ("m.csv", "id,text,speaker,speaker", "the header names column 'speaker' twice; which one to read is unclear"),
-    ("m.tsv", "id,text,speaker", "the header is one column, 'id,text,speaker', holding commas: a .tsv file is read "
-                                 "with tabs; give the file a .csv name"),
-    ("m.csv", "id\ttext\tspeaker", "the header is one column, 'id\\ttext\\tspeaker', holding tabs: a .csv file is "
-                                   "read with commas; give the file a .tsv name"),
+    ("m.tsv", "id,text,speaker", ("the header is one column, 'id,text,speaker', holding commas: a .tsv file is read "
+                                  "with tabs; give the file a .csv name")),
+    ("m.csv", "id\ttext\tspeaker", ("the header is one column, 'id\\ttext\\tspeaker', holding tabs: a .csv file is "
+                                    "read with commas; give the file a .tsv name")),
 ])
 def test_a_csv_header_that_cannot_be_read_is_one_error(ckpt_dir, tmp_path, name, header, message):
     path = tmp_path / name
