@@ -89,18 +89,19 @@ def resolve(cfg, req: Request) -> Resolved:
         why = ("0.6B CustomVoice checkpoints take no instruction" if kind == "custom_voice"
                else "Base checkpoints take no instruction; describe voices with a VoiceDesign checkpoint")
         raise RequestError(f"instruct: {why}")
+    has_ref_text = bool((req.ref_text or "").strip())
     if kind == "base":
         if not has_ref:
             raise RequestError("ref_audio: this Base checkpoint clones a voice; give ref_audio (+ ref_text) or a voice")
-        if req.voice is not None and req.ref_audio is None and ((req.ref_text or "").strip() or req.x_vector_only):
-            name = "ref_text" if (req.ref_text or "").strip() else "x_vector_only"
+        if req.voice is not None and req.ref_audio is None and (has_ref_text or req.x_vector_only):
+            name = "ref_text" if has_ref_text else "x_vector_only"
             raise RequestError(f"{name}: a saved voice keeps the mode and transcript it was saved with; remove "
                                f"{name} (or clone from ref_audio)")
-        if req.voice is None and not req.x_vector_only and not (req.ref_text or "").strip():
+        if req.voice is None and not req.x_vector_only and not has_ref_text:
             raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
                                "or set x_vector_only")
-    elif has_ref or (req.ref_text or "").strip() or req.x_vector_only:  # a cloning field would do nothing here
-        name = "ref_audio" if has_ref else "ref_text" if (req.ref_text or "").strip() else "x_vector_only"
+    elif has_ref or has_ref_text or req.x_vector_only:  # a cloning field would do nothing here
+        name = "ref_audio" if has_ref else "ref_text" if has_ref_text else "x_vector_only"
         raise RequestError(f"{name}: voice cloning needs a Base checkpoint; this one is {kind}")
     non_streaming = req.non_streaming if req.non_streaming is not None else kind != "base"
     return Resolved(language_id, speaker_id, req.instruct or None, non_streaming)
