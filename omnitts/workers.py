@@ -27,6 +27,7 @@ from typing import Iterator
 from .errors import DeviceFailed, OmniTTSError
 
 ACCELERATORS = ("cuda", "npu")
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _ENTRY = re.compile(r"^(cpu|cuda|npu)(?::(\d+)(?:-(\d+))?)?$")
 
 
@@ -111,6 +112,16 @@ def name(index: int, device: str) -> str:
     return f"worker {index} ({device})"
 
 
+def _hold_stop_signals(hold: bool) -> bool:
+    """Block (`hold`) or unblock SIGINT and SIGTERM for this thread: a blocked signal waits, pending, and
+    arrives when unblocked. Returns whether they were held before. Where there are no signal masks
+    (Windows) it does nothing."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return False
+    before = signal.pthread_sigmask(signal.SIG_BLOCK if hold else signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    return signal.SIGINT in before
+
+
 # -- the worker process ------------------------------------------------------------------------------
 
 class _Stop:
@@ -137,8 +148,9 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     """A worker process: the single-process loop on `device`, reporting over `conn`; exits 0, or 130/143
     when a signal stopped it, 2 for an omnitts error (bad checkpoint, device), 1 for any other."""
     stop = _Stop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _STOP_SIGNALS:
         signal.signal(signum, stop.handle)
+    _hold_stop_signals(False)  # started with them held (Pool._spawn): one that came meanwhile arrives now
 
     def send(*event) -> None:
         try:
@@ -291,7 +303,17 @@ class Pool:
         reader, writer = context.Pipe(duplex=False)
         proc = context.Process(target=worker_main, args=(index, self.devices[index], self.plan, writer),
                                name=f"omnitts-worker-{index}", daemon=False)
-        proc.start()
+        # The new process inherits the signal mask: a stop that reaches it while it is still starting
+        # (importing torch, before worker_main has its handlers) waits instead of killing it mid-import.
+        # The resource tracker is started first: starting it unblocks these signals on the way out.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        held = _hold_stop_signals(True)
+        try:
+            proc.start()
+        finally:
+            _hold_stop_signals(held)
         writer.close()  # the worker holds the only write end: its exit is our end-of-file
         self.procs[index] = proc
         self.conns[reader] = index

@@ -201,6 +201,37 @@ def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code)
         assert sf.read(out / record["path"])[0].size == record["samples"]
 
 
+_SLOW_START = """
+import os
+import time
+
+if "spawn_main" in open("/proc/self/cmdline", "rb").read().decode(errors="replace"):  # a worker, starting
+    open(os.path.join(os.environ["TEST_SLOW_START"], str(os.getpid())), "w").close()
+    time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["term", "int"])
+def test_a_signal_while_the_workers_are_still_starting_stops_them_cleanly(ckpt_dir, tmp_path, monkeypatch, sig,
+                                                                            code):
+    """A stop that the parent passes on before a worker has its handlers (still importing, as on a loaded
+    machine) waits for them: the worker stops as asked, not killed mid-import with a traceback."""
+    manifest, _ = _manifest(tmp_path)
+    out, hooks, starting = tmp_path / "out", tmp_path / "hooks", tmp_path / "starting"
+    hooks.mkdir()
+    starting.mkdir()
+    (hooks / "sitecustomize.py").write_text(_SLOW_START)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TEST_SLOW_START", str(starting))
+    proc = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2", wait=False)
+    _wait(lambda: len(os.listdir(starting)) == 2, proc, "two workers starting")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == code, err
+    assert "stopped early" in err and "died" not in err and "Traceback" not in err, err
+    assert not _records(out)
+
+
 @pytest.mark.parametrize("flags,message", [
     (["--devices", "cuda:x"], "--devices 'cuda:x': 'cuda:x' is not a device"),
     (["--devices", "gpu:0"], "'gpu:0' is not a device"),
