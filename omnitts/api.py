@@ -36,6 +36,7 @@ from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .text.prompt import Prompt, PromptBuilder, resolve
 from .voice import check_fits, check_voice, checkpoint_identity, load_voice
 
+_END = object()  # the end of `stream`'s requests
 KV_BUDGET_BYTES = 4 * 2**30  # default talker-cache budget of one generate() call
 
 
@@ -282,23 +283,38 @@ class TTS:
 
         Raises:
             RequestError: an item is malformed or does not fit the checkpoint (the message names it).
+            Nothing already read is lost to it: from the first error on (a bad item, an item that fails
+            while generating, or an exception from `requests` itself) no more requests are read, the ones
+            already under way finish and are yielded, and then the first error is raised.
         """
         check_seed(seed)
+        errors: list[BaseException] = []  # the first error; once there is one, no more requests are read
 
         def jobs():
             seen = set()
-            for i, item in enumerate(requests):
-                request, params = self._stream_item(i, item, greedy, max_frames, seed, sampling)
-                if request.id in seen:
-                    raise RequestError(f"requests[{i}]: id: {request.id!r} is used by an earlier request")
-                seen.add(request.id)
-                yield Job(request, params, key=i)
+            try:
+                source, i = iter(requests), 0
+                while not errors:  # after an error, read nothing more
+                    item = next(source, _END)
+                    if item is _END:
+                        return
+                    request, params = self._stream_item(i, item, greedy, max_frames, seed, sampling)
+                    if request.id in seen:
+                        raise RequestError(f"requests[{i}]: id: {request.id!r} is used by an earlier request")
+                    seen.add(request.id)
+                    yield Job(request, params, key=i)
+                    i += 1
+            except Exception as exc:  # noqa: BLE001 - raised once the requests under way are yielded
+                errors.append(exc)
 
         for outcome in Pipeline(self).run(jobs()):
-            if not outcome.ok:
+            if outcome.ok:
+                yield outcome.result
+            elif not errors:
                 exc = outcome.exception
-                raise type(exc)(f"requests[{outcome.job.key}] (id {outcome.job.request.id!r}): {exc}") from None
-            yield outcome.result
+                errors.append(type(exc)(f"requests[{outcome.job.key}] (id {outcome.job.request.id!r}): {exc}"))
+        if errors:
+            raise errors[0]
 
     def _stream_item(self, i: int, item, greedy, max_frames, seed, sampling) -> tuple[Request, SamplingParams]:
         """One `stream` item -> (Request with an id, SamplingParams)."""

@@ -111,6 +111,35 @@ def test_stream_errors_name_the_item(cv):
         cv.synthesize("Half \ud800 of a pair.", speaker="ryan", max_frames=3)
 
 
+def test_stream_yields_what_it_read_before_an_error_then_raises_it(cv):
+    """An error loses nothing already read: the requests under way finish and are yielded, then the first
+    error is raised; after a malformed item (or a failing source) no more requests are read."""
+    read = []
+
+    def source(bad: int, field: dict, count: int = 6, broken: bool = False):
+        for i in range(count):
+            read.append(i)
+            yield {"id": f"r{i}", "text": "Fine.", "speaker": "ryan", **(field if i == bad else {})}
+        if broken:
+            raise ValueError("the feed broke")
+
+    def gather(requests, error, match) -> list[str]:
+        got = []
+        with pytest.raises(error, match=match):
+            for audio in cv.stream(requests, max_frames=3):
+                assert audio.samples.size and audio.frames == 3  # a whole item
+                got.append(audio.id)
+        return got
+
+    assert sorted(gather(source(2, {"volume": 2}), RequestError, r"requests\[2\]: volume")) == ["r0", "r1"]
+    assert read == [0, 1, 2]
+    # A request that fails later (here when prepared): the others already read still finish.
+    got = gather(source(2, {"speaker": "bob"}), RequestError, r"requests\[2\] \(id 'r2'\): speaker: 'bob'")
+    assert sorted(got) == ["r0", "r1", "r3", "r4", "r5"]
+    # The source itself raises: what it gave is yielded, then its own exception.
+    assert sorted(gather(source(-1, {}, count=3, broken=True), ValueError, "the feed broke")) == ["r0", "r1", "r2"]
+
+
 @pytest.mark.parametrize("kind,preset", [("custom_voice", "tiny-0.6b"), ("custom_voice", "tiny-1.7b"),
                                          ("voice_design", "tiny-1.7b"), ("base", "tiny-0.6b")])
 def test_info_describes_each_kind(tts_factory, ckpt_dir, kind, preset):
