@@ -238,6 +238,17 @@ def test_every_option_is_checked_before_the_checkpoint_loads(ckpt_dir, tmp_path,
         assert clone.exit_code == 2 and clone.output.strip() == f"error: {message}", clone.output
 
 
+@pytest.mark.parametrize("flag, value", [("--retry-runaway", "11"), ("--retry-runaway", "-1"), ("--max-batch", "0"),
+                                         ("--max-frames", "0"), ("--split-chars", "-1")])
+def test_numbers_out_of_range_are_refused_before_the_checkpoint_loads(ckpt_dir, tmp_path, monkeypatch, flag, value):
+    _no_load(monkeypatch)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                 str(tmp_path / "o"), flag, value])
+    assert result.exit_code == 2 and f"Invalid value for '{flag}'" in result.output, result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path, monkeypatch):
     _no_load(monkeypatch)
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},

@@ -93,8 +93,17 @@ ShardOpt = Annotated[Optional[str], option("--shard", panel=INPUT, metavar="K/N"
                                            help="Take only shard K of N (by id), e.g. one per Slurm task.")]
 SplitChars = Annotated[Optional[int], option("--split-chars", panel=INPUT, metavar="N", min=0,
                                               help="Split longer texts at sentences (0: never).")]
-RetryRunaway = Annotated[int, option("--retry-runaway", panel=DECODING, metavar="N", min=0, show_default=True,
-                                      help="Retries for items that hit the frame budget.")]
+MAX_RUNAWAY_RETRIES = 10  # each retry costs a whole budget; more is a typo more often than a plan
+
+
+def _runaway_retries(value: int) -> int:
+    if not 0 <= value <= MAX_RUNAWAY_RETRIES:  # checked here, not by min/max: a range widens the help's column
+        raise typer.BadParameter(f"{value}: choose 0 to {MAX_RUNAWAY_RETRIES}")
+    return value
+
+
+RetryRunaway = Annotated[int, option("--retry-runaway", panel=DECODING, metavar="N", callback=_runaway_retries,
+                                      show_default=True, help="Retries for items that hit the frame budget.")]
 UseRay = Annotated[bool, option("--ray", panel=ENGINE, help="Run on a Ray cluster: one engine per actor.")]
 RayAddress = Annotated[Optional[str], option("--ray-address", panel=ENGINE, metavar="ADDR",
                                               help="Ray cluster to join (auto, ray://...). [default: local]")]
