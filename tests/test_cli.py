@@ -138,10 +138,10 @@ def test_max_seconds_field_sets_the_budget(ckpt_dir, tmp_path):
 
 def test_flac_and_ogg_outputs(ckpt_dir, tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Compressed output.", "speaker": "ryan"}])
-    for fmt in ("flac", "ogg"):
-        out = tmp_path / fmt
+    for fmt, given in (("flac", "flac"), ("ogg", "ogg"), ("flac", "FLAC"), ("ogg", ".ogg")):
+        out = tmp_path / given
         result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
-                                     "--max-frames", "4", "--format", fmt, "-q"])
+                                     "--max-frames", "4", "--format", given, "-q"])
         assert result.exit_code == 0, result.output
         info = sf.info(out / f"x.{fmt}")
         assert info.samplerate == 24000 and info.frames == 4 * 1920

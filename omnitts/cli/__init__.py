@@ -127,13 +127,16 @@ def _check_engine(engine: dict, devices: str | None = None) -> None:
             fail(str(exc))
 
 
-def _check_output(audio_format: str, loudness: float | None) -> None:
+def _check_output(audio_format: str, loudness: float | None) -> str:
+    """The audio format as files are named (`FLAC` and `.flac` are `flac`); fails on a bad format or level."""
     from ..io.audio import FORMATS
 
-    if audio_format not in FORMATS:
+    kind = audio_format.strip().lower().removeprefix(".")
+    if kind not in FORMATS:
         fail(f"--format {audio_format!r}: choose {either(tuple(FORMATS))}")
     if loudness is not None and not -70.0 <= loudness <= 0.0:
         fail(f"--loudness {loudness:g}: choose a level from -70 to 0 LUFS (e.g. -23 or -16)")
+    return kind
 
 
 def _engine_options(recipe, **flags) -> dict:
@@ -223,7 +226,7 @@ def synth(
     _check_engine(engine, devices)
     if workers_on is not None:
         _check_device_indices(workers_on)
-    _check_output(audio_format, loudness)
+    audio_format = _check_output(audio_format, loudness)
     try:
         check_out(out)
         if export_dataset is not None:
@@ -529,7 +532,7 @@ def voice_clone(
 
     _show_log(False)
     _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
-    _check_output(audio_format, None)
+    audio_format = _check_output(audio_format, None)
     if save is None and text is None:
         fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
     if (text is None) != (out is None):
