@@ -244,6 +244,7 @@ def bad_clips(tmp_path_factory):
     sf.write(folder / "silent.wav", np.zeros(24000, dtype=np.float32), 24000)
     sf.write(folder / "short.wav", 0.3 * np.sin(np.arange(2400) / 5).astype(np.float32), 24000)
     (folder / "junk.wav").write_bytes(b"RIFF not really a wav")
+    (folder / "text.wav").write_text("not audio at all")  # every decoder refuses it, audioread without a word
     (folder / "empty.wav").write_bytes(b"")
     return folder
 
@@ -252,6 +253,7 @@ def bad_clips(tmp_path_factory):
     ("silent", "reference audio is silent"),
     ("short", "reference audio is 0.10 s long"),
     ("junk", "cannot read audio"),
+    ("text", "cannot read audio (not a format soundfile or audioread decodes)"),
     ("empty", "reference audio file is empty (0 bytes)"),
     ("missing", "reference audio file not found"),
     ("non_base", "voice cloning needs a Base checkpoint"),
@@ -260,7 +262,7 @@ def bad_clips(tmp_path_factory):
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
     ref = {"silent": bad_clips / "silent.wav", "short": bad_clips / "short.wav", "junk": bad_clips / "junk.wav",
-           "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav"}.get(case, ref_wav)
+           "text": bad_clips / "text.wav", "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav"}.get(case, ref_wav)
     model = ckpt_dir("custom_voice" if case == "non_base" else "base")
     args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
     args += [] if case == "no_ref_text" else ["--ref-text", REF_TEXT]

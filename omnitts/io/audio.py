@@ -56,7 +56,8 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
                 # A little past the limit, to tell a clip of exactly the limit from a longer one.
                 wav, sr = librosa.load(str(path), sr=None, mono=True, duration=MAX_REFERENCE_SECONDS + 0.5)
         except Exception as exc:  # soundfile/audioread raise many types; the file is what matters
-            raise AudioError(f"{path}: cannot read audio ({type(exc).__name__}: {exc})") from None
+            why = f"{type(exc).__name__}: {exc}" if str(exc).strip() else "not a format soundfile or audioread decodes"
+            raise AudioError(f"{path}: cannot read audio ({why})") from None
     wav = np.asarray(wav, dtype=np.float32)
     limit = int(MAX_REFERENCE_SECONDS * sr)
     if wav.size > limit:
