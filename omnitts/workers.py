@@ -150,7 +150,6 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     stop = _Stop()
     for signum in _STOP_SIGNALS:
         signal.signal(signum, stop.handle)
-    _hold_stop_signals(False)  # started with them held (Pool._spawn): one that came meanwhile arrives now
 
     def send(*event) -> None:
         try:
@@ -161,6 +160,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     code = 0
     batch = None
     try:
+        _hold_stop_signals(False)  # started with them held (Pool._spawn): one that came meanwhile arrives now
         import torch
 
         if plan.threads is not None:  # before torch does any work: CPU workers split the cores
