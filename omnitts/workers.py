@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -112,14 +113,15 @@ def name(index: int, device: str) -> str:
     return f"worker {index} ({device})"
 
 
-def _hold_stop_signals(hold: bool) -> bool:
-    """Block (`hold`) or unblock SIGINT and SIGTERM for this thread: a blocked signal waits, pending, and
-    arrives when unblocked. Returns whether they were held before. Where there are no signal masks
-    (Windows) it does nothing."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return False
-    before = signal.pthread_sigmask(signal.SIG_BLOCK if hold else signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    return signal.SIGINT in before
+@contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM blocked in this thread meanwhile (one that comes waits, pending, until they are
+    unblocked); the signal mask is then restored as it was."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 # -- the worker process ------------------------------------------------------------------------------
@@ -160,7 +162,8 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     code = 0
     batch = None
     try:
-        _hold_stop_signals(False)  # started with them held (Pool._spawn): one that came meanwhile arrives now
+        # Started with them held (Pool._spawn): one that came meanwhile arrives now, to our handlers.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
         import torch
 
         if plan.threads is not None:  # before torch does any work: CPU workers split the cores
@@ -309,11 +312,8 @@ class Pool:
         from multiprocessing import resource_tracker
 
         resource_tracker.ensure_running()
-        held = _hold_stop_signals(True)
-        try:
+        with _stop_signals_held():
             proc.start()
-        finally:
-            _hold_stop_signals(held)
         writer.close()  # the worker holds the only write end: its exit is our end-of-file
         self.procs[index] = proc
         self.conns[reader] = index
