@@ -1,7 +1,8 @@
-"""Run the test suite under every CPU profile, one after another, on this machine.
+"""Run the tests whose outcome depends on the CPU's kernels under every CPU profile, one after another.
 
-    python scripts/cpu_profiles.py                        # the default tier under each profile
+    python scripts/cpu_profiles.py                        # the `kernels` tests under each profile
     python scripts/cpu_profiles.py --profiles avx2,no-compiler -- tests/test_engine.py -x
+    python scripts/cpu_profiles.py -- -m "not slow"       # the whole default tier under each profile
     python scripts/cpu_profiles.py --logs .cache/ci       # each profile's pytest output in DIR/profile-NAME.log
     python scripts/cpu_profiles.py --rerun                # a failing profile's failed tests once more, alone (CI)
 
@@ -9,7 +10,10 @@ The profiles (docs/devices.md): `native` (this machine as it is), `avx512` (AVX-
 (AVX2 + FMA only), `avx512_bf16` (on request: AVX-512 with bf16, no AMX), `native-off` (OMNITTS_NATIVE=0)
 and `no-compiler` (CXX names no compiler, with an empty cache). The CPU classes are OMNITTS_CPU_PROFILE
 with torch's matching ATEN_CPU_CAPABILITY, both set before pytest starts; a class this CPU lacks is
-skipped with the reason. Prints each profile's time and pytest summary, and a failing profile's failures
+skipped with the reason. Without pytest arguments each profile runs the default tier's tests marked
+`kernels` (pyproject.toml: parity, batch invariance, the native kernels, the engine against its slow path,
+streamed codec against whole, ...), a third of the tier in a third of its time; arguments after `--` replace
+that selection. Prints each profile's time and pytest summary, and a failing profile's failures
 (pytest's tracebacks and FAILED lines: CI's log shows them); exits 1 if any profile failed. With `--rerun`
 a failing profile's failed tests run once more on their own: those that pass then are printed as FLAKY, by
 name, at the end, and do not fail the profile; any that fail again do.
@@ -29,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 DEFAULT = ("native", "avx512", "avx2", "native-off", "no-compiler")
+KERNEL_TESTS = ["-m", "kernels and not slow"]  # the selection without pytest arguments
 SWITCHES = ("OMNITTS_CPU_PROFILE", "ATEN_CPU_CAPABILITY", "OMNITTS_NATIVE", "OMNITTS_NATIVE_MARCH", "CXX")
 
 
@@ -106,8 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rerun", action="store_true",
                         help="run a failing profile's failed tests once more, alone: those that pass then are "
                              "reported as FLAKY by name and do not fail the profile")
-    parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
+    parser.add_argument("pytest_args", nargs="*",
+                        help=f"passed to pytest (after --; default: {' '.join(KERNEL_TESTS)})")
     args = parser.parse_args(argv)
+    args.pytest_args = args.pytest_args or KERNEL_TESTS
     if args.logs:
         args.logs.mkdir(parents=True, exist_ok=True)
     failed, flaky, began = [], [], time.monotonic()

@@ -17,6 +17,8 @@ import omnitts
 from omnitts.models.codec_encoder import mimi_encoder, published_layout
 from omnitts.testing.checkpoint import make_codec_config
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 PUBLISHED_PREFIXES = ("encoder.layers.", "encoder_transformer.layers.", "downsample.conv.",
                       "quantizer.semantic_residual_vector_quantizer.", "quantizer.acoustic_residual_vector_quantizer.")
 

@@ -19,6 +19,8 @@ from omnitts.engine.reference import decode_codes
 from omnitts.models.codec_stream import StreamingCodec
 from omnitts.models.codec_streams import HOLD, CodecStreams
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 ATOL = 1e-5
 
 

@@ -2,7 +2,7 @@
 AVX2-only one, an AVX-512 one without bf16 or one with it; `OMNITTS_NATIVE=0` and a missing compiler turn
 omnitts' kernels off. Each profile, in a fresh process (torch and the kernel library are chosen once per
 process), loads the tiny checkpoint in every `--dtype` and synthesizes through the codec.
-scripts/cpu_profiles.py runs the whole default tier under each one (CI does, on its newest stack)."""
+scripts/cpu_profiles.py runs the default tier's `kernels` tests under each one (CI does, on its newest stack)."""
 
 from __future__ import annotations
 
@@ -208,20 +208,34 @@ def test_the_command_runs_without_native_kernels_on_a_bf16_cpu(ckpt_dir, tmp_pat
     assert len(records) == 2 and not list((tmp_path / "cache").glob("native/*/*.so"))
 
 
-def test_ci_runs_the_default_tier_under_every_profile(load_script):
+def test_ci_runs_the_kernel_tests_under_every_profile_that_computes_differently(load_script):
     """scripts/cpu_profiles.py's default list holds every CPU class but `avx512_bf16` (`native` on CI's bf16
     CPU; a test above runs it on every machine) and both fallbacks, and .ci/run hands it all of them but
-    `native`, the run just before; a profile added to features.PROFILES must join them."""
+    `native`, the run just before, and `no-compiler`, which computes as `native-off` does (its own behaviour,
+    the failed build, is checked in the default tier above); a profile added to features.PROFILES must join
+    them. Without pytest arguments the script selects the default tier's `kernels` tests, and that selection
+    holds the checks that catch a kernel computing differently: parity, batch invariance, the native
+    kernels, the engine against its slow path and the streamed codec against the whole decode."""
     import re
 
     script = load_script("cpu_profiles")
     assert set(script.DEFAULT) == {*features.PROFILES, *FALLBACKS} - {"avx512_bf16"}
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    assert 'python scripts/cpu_profiles.py --profiles "$profiles"' in ci
+    assert re.search(r'python scripts/cpu_profiles\.py --profiles "\$profiles" --logs \S+ --rerun; fi', ci)
     handed = re.search(r'^stack newest \S+ "" (\S+)', ci, re.MULTILINE).group(1).split(",")
-    assert sorted(handed) == sorted(set(script.DEFAULT) - {"native"})
+    assert sorted(handed) == sorted(set(script.DEFAULT) - {"native", "no-compiler"})
     for name in handed:  # each names a profile the script knows
         assert isinstance(script.profile_environment(name, ROOT), (dict, str))
+
+    assert script.KERNEL_TESTS == ["-m", "kernels and not slow"]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             *script.KERNEL_TESTS], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    files = {line.split("::")[0] for line in listed.splitlines() if "::" in line}
+    for must in ("test_parity", "test_invariance", "test_native", "test_engine", "test_codec_stream",
+                 "test_cpu_weights", "test_layers"):
+        assert f"tests/{must}.py" in files, f"{must} lost its `kernels` mark"
+    assert "tests/test_writers.py" not in files  # a selection, not the whole tier
+    assert "test_greedy_parity_with_official_package[rest]" not in listed  # slow tests stay out
 
 
 def test_a_failing_profile_prints_its_failures_and_rerun_names_a_flaky_test(load_script, tmp_path, capsys):

@@ -10,6 +10,8 @@ import omnitts
 from omnitts.device import native
 from omnitts.device.cpu_weights import PackedLinear, can_pack, pack_linears
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 needs_pack = pytest.mark.skipif(not can_pack(torch.float32), reason="oneDNN not available in this torch build")
 needs_native = pytest.mark.skipif(not native.available(torch.float32), reason="the native kernels do not build here")
 

@@ -21,6 +21,8 @@ from omnitts.device.fake import FakeGraphBackend
 from omnitts.errors import OmniTTSError
 from omnitts.models import layers
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 TEXTS = ["Short one.", "A somewhat longer sentence for the batch.", "你好，今天怎么样？"]
 
 

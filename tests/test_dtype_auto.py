@@ -10,6 +10,8 @@ import torch
 import omnitts
 from omnitts.device import features
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_NO_BF16 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512_vnni"}
 ZEN4 = AVX512_NO_BF16 | {"avx512_bf16"}

@@ -15,6 +15,8 @@ from omnitts.errors import RequestError
 from omnitts.request import Request
 from omnitts.sampling import FramePlan
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 
 def run_engine(tts, jobs, backend=None, **config):
     """jobs: [(Request, SamplingParams)] -> {index: Sequence}; all added up front (admitted as slots free)."""

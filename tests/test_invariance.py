@@ -24,6 +24,8 @@ from omnitts.engine import Engine, EngineConfig
 from omnitts.request import Request
 from omnitts.testing import checkpoint as testing_checkpoint
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 LINES = [("Hi.", {"speaker": "ryan", "language": "english"}),
          ("你好，今天怎么样？", {"speaker": "vivian", "language": "chinese"}),
          ("Bonjour tout le monde, comment ça va?", {"speaker": "serena", "language": "french"}),

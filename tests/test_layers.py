@@ -28,6 +28,8 @@ from omnitts.models.layers import (
     rope_cos_sin,
 )
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 DTYPES = [torch.float32, torch.bfloat16]
 
 

@@ -11,6 +11,8 @@ from torch import nn
 from omnitts.device import native
 from omnitts.device.cpu_weights import PackedLinear
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 needs_f32 = pytest.mark.skipif(not native.available(torch.float32), reason="native kernel not built here")
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 skip_parity = pytest.mark.skipif(os.environ.get("OMNITTS_SKIP_PARITY") == "1", reason="OMNITTS_SKIP_PARITY=1")

@@ -27,6 +27,8 @@ from omnitts.params import RowParams, SamplingParams
 from omnitts.request import Request
 from omnitts.sampling import Plan
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 HIDDEN_TOLERANCE = 1e-5  # float32: a masked sum over 16 slots vs a sum over the filled ones
 
 

@@ -19,6 +19,8 @@ from omnitts.engine import Engine, EngineConfig
 from omnitts.engine import runner as runner_module
 from omnitts.request import Request
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 TEXTS = ["Short one.", "A somewhat longer sentence for the batch, with more words in it than most.",
          "你好，今天怎么样？", "Last of the group here, and a few words more."]
 

@@ -11,6 +11,8 @@ import torch
 from omnitts import sampling
 from omnitts.sampling import Plan
 
+pytestmark = pytest.mark.kernels  # CI runs these under every CPU profile (docs/devices.md)
+
 M32 = 0xFFFFFFFF
 
 
