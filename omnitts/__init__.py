@@ -8,6 +8,7 @@
 
 import logging as _logging
 import os as _os
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 # Progress notes (e.g. the one-time kernel build) go to the "omnitts" logger: silent in a library
 # unless the application configures logging; the CLI shows them on stderr.
@@ -19,13 +20,34 @@ _logging.getLogger("omnitts").addHandler(_logging.NullHandler())
 if _os.environ.get("OMNITTS_CPU_PROFILE", "").startswith("avx"):
     _os.environ.setdefault("ATEN_CPU_CAPABILITY", _os.environ["OMNITTS_CPU_PROFILE"].split("_")[0])
 
-from .api import TTS, load
-from .batch.ledger import read_results
 from .errors import AudioError, CheckpointError, OmniTTSError, RequestError, VoiceError
-from .params import SamplingParams
-from .request import Request, Voice
-from .result import Audio, Result
 from .version import __version__
+
+# The rest is imported on first use (PEP 562): they bring torch and transformers, ~2 s, which `omnitts --help`,
+# `--version` and a command's argument errors do without; `from omnitts import TTS` works as ever.
+_LAZY = {"TTS": "api", "load": "api", "read_results": "batch.ledger", "SamplingParams": "params",
+         "Request": "request", "Voice": "request", "Audio": "result", "Result": "result"}
+
+if _TYPE_CHECKING:  # for type checkers and editors, which do not run __getattr__
+    from .api import TTS, load
+    from .batch.ledger import read_results
+    from .params import SamplingParams
+    from .request import Request, Voice
+    from .result import Audio, Result
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'omnitts' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = globals()[name] = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = ["TTS", "Audio", "Result", "load", "Request", "Voice", "SamplingParams", "read_results",
            "OmniTTSError", "CheckpointError", "RequestError", "AudioError", "VoiceError", "__version__"]

@@ -271,3 +271,40 @@ def test_a_device_index_in_load_says_how_to_choose_the_device(ckpt_dir, device, 
             f"first (torch.{kind}.set_device({index}) before loading, or {visible} before Python starts; on the "
             f"command line: --devices {device})")):
         omnitts.load(ckpt_dir("custom_voice"), device=device)
+
+
+def test_importing_omnitts_is_light_and_its_names_load_on_first_use():
+    """`import omnitts` and the command's quick paths (`--version`, `--help`, an argument refused) leave torch
+    unimported (~2 s: every `omnitts --help` paid it, and a Ctrl-C in those seconds printed a traceback); the
+    public names load on first use, once, and are the modules' own."""
+    import subprocess
+    import sys
+
+    probe = """
+import sys
+import omnitts
+from typer.testing import CliRunner
+from omnitts.cli import app
+runner = CliRunner()
+for args in (["--version"], ["--help"], ["synth", "--help"], ["synth", "missing.jsonl", "-m", "nowhere"]):
+    result = runner.invoke(app, args)
+    assert result.exit_code in (0, 2), (args, result.output)
+assert "torch" not in sys.modules, "a quick path imported torch"
+assert {"TTS", "load", "Audio", "read_results"} <= set(dir(omnitts))
+from omnitts import TTS, Audio, Request, SamplingParams, Voice, load, read_results
+import omnitts.api, omnitts.result
+assert omnitts.TTS is TTS is omnitts.api.TTS and omnitts.load is load is omnitts.api.load
+assert omnitts.Audio is Audio is omnitts.result.Audio and "torch" in sys.modules
+try:
+    omnitts.no_such_name
+except AttributeError as error:
+    assert "no_such_name" in str(error)
+else:
+    raise AssertionError("an unknown name did not raise AttributeError")
+namespace = {}
+exec("from omnitts import *", namespace)
+assert set(omnitts.__all__) <= set(namespace)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr

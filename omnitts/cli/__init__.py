@@ -69,12 +69,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def _show_version(value: bool) -> None:
     if value:
         import platform
-
-        import torch
+        from importlib.metadata import version  # torch's own, without importing it (~2 s)
 
         from ..version import __version__
 
-        typer.echo(f"omnitts {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
+        typer.echo(f"omnitts {__version__} (torch {version('torch')}, Python {platform.python_version()})")
         raise typer.Exit()
 
 
