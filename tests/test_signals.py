@@ -121,3 +121,46 @@ def test_a_second_sigint_drops_the_running_items_and_the_run_resumes(ckpt_dir, t
     for r in records:
         assert sf.info(run.out / r["path"]).frames == r["frames"] * 1920
     assert not list(run.out.glob(".*.tmp"))
+
+
+SLOW_TORCH = """
+import os, pathlib, sys, time
+
+
+class _SlowTorch:  # torch's import takes 3 s longer, and says when it starts
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            pathlib.Path(os.environ["OMNITTS_TEST_MARK"]).write_text("importing torch")
+            time.sleep(3)
+        return None
+
+
+sys.meta_path.insert(0, _SlowTorch())
+"""
+
+
+@SIGNALS
+def test_a_signal_while_torch_imports_stops_with_one_line_and_the_signals_code(ckpt_dir, tmp_path, sig, code):
+    """The command imports torch (~2 s) once its arguments are read: a Ctrl-C or SIGTERM then says
+    `interrupted` and exits 130 or 143, as later in the run; it printed an import traceback when `import
+    omnitts` brought torch in, and typer then turned either signal into a silent 130."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_TORCH)
+    _manifest(tmp_path / "m.jsonl", long_seconds=0.4, count=2)
+    mark = tmp_path / "mark"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+               OMNITTS_TEST_MARK=str(mark))
+    proc = subprocess.Popen([sys.executable, "-m", "omnitts", "synth", str(tmp_path / "m.jsonl"), "-m",
+                             str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while not mark.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "torch's import never started"
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()

@@ -25,7 +25,16 @@ class PlainHelp:
 
 
 class Command(PlainHelp, TyperCommand):
-    pass
+    """A command stopped by Ctrl-C or SIGTERM where it does not handle the stop itself (while torch imports,
+    or the manifest's first pass) says so and exits with the shell's code, 130 or 143: typer would exit 130
+    in silence whichever signal it was."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(getattr(exc, "exit_code", 130)) from None
 
 
 class Group(PlainHelp, TyperGroup):
