@@ -160,7 +160,7 @@ def test_a_signal_while_torch_imports_stops_with_one_line_and_the_signals_code(c
         assert time.time() < deadline, "torch's import never started"
         time.sleep(0.02)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
     assert "interrupted" in err and "Traceback" not in err, err
     assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()

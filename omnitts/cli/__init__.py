@@ -69,7 +69,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def _show_version(value: bool) -> None:
     if value:
         import platform
-        from importlib.metadata import version  # torch's own, without importing it (~2 s)
+        from importlib.metadata import version  # torch's, without importing it
 
         from ..version import __version__
 
