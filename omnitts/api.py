@@ -191,17 +191,19 @@ class TTS:
         """Synthesize many requests together (continuous batching); yield each `Audio` as it finishes.
 
         `jobs` is read lazily, a few batches ahead of the engine, so it may be a long generator.
-        A request that cannot be prepared (bad reference audio, unknown speaker...) raises.
+        A request that fails (bad reference audio, unknown speaker, too long for the cache...) raises;
+        `stream` finishes the others first.
         """
-        for outcome in Pipeline(self).run(Job(request, params) for request, params in jobs):
-            if not outcome.ok:
-                raise outcome.exception
-            yield outcome.result
+        return self._finished(Job(request, params) for request, params in jobs)
 
     def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Audio]:
         """`generate` for requests already turned into prompts (see `prepare`)."""
-        jobs = (Job(request, params, prompt=prompt) for request, prompt, params in prepared)
+        return self._finished(Job(request, params, prompt=prompt) for request, prompt, params in prepared)
+
+    def _finished(self, jobs: Iterable[Job]) -> Iterator[Audio]:
         for outcome in Pipeline(self).run(jobs):
+            if not outcome.ok:
+                raise outcome.exception or OmniTTSError(outcome.error)
             yield outcome.result
 
     def run(self, request: Request, params: SamplingParams) -> Audio:

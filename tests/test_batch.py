@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from omnitts.cli import app
 from omnitts.engine.pipeline import Job, Pipeline
+from omnitts.errors import OmniTTSError
 from omnitts.params import derive_seed, share_frames
 from omnitts.request import Request
 
@@ -204,8 +205,8 @@ def _cut(path, size):
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "ogg"])
 def test_audio_problem_sees_a_file_cut_short_from_its_header(tmp_path, fmt):
-    from omnitts.io.audio import FORMATS
     from omnitts.batch.ledger import Done, audio_problem
+    from omnitts.io.audio import FORMATS
 
     samples = (0.1 * np.random.RandomState(0).randn(38400)).astype(np.float32)
     path = tmp_path / f"b.{fmt}"
@@ -492,6 +493,23 @@ def test_generate_prepared_equals_generate(tts_factory):
     (direct,) = tts.generate([(request, params)])
     assert prepared.frames == 5 and np.array_equal(prepared.codes, direct.codes)
     assert np.array_equal(prepared.samples, direct.samples)
+
+
+def test_generate_and_generate_prepared_raise_a_failed_items_error(tts_factory):
+    """An item that fails (here: too long for the K/V cache) raises its error from either; generate_prepared
+    yielded None for it."""
+    tts = tts_factory("custom_voice")
+    request = Request("Huge.", speaker="ryan", id="huge")
+    params = tts.default_params(greedy=True, max_frames=5000)
+    budget = tts.kv_budget_bytes
+    tts.kv_budget_bytes = 200_000  # a few hundred positions of the tiny talker's K/V
+    try:
+        with pytest.raises(OmniTTSError, match="max_frames"):
+            list(tts.generate([(request, params)]))
+        with pytest.raises(OmniTTSError, match="max_frames"):
+            list(tts.generate_prepared([(request, tts.prepare(request), params)]))
+    finally:
+        tts.kv_budget_bytes = budget
 
 
 def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatch):
