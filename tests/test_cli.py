@@ -178,6 +178,17 @@ def test_version():
     assert result.exit_code == 0 and result.output.startswith(f"omnitts {__version__} (torch ")
 
 
+@pytest.mark.parametrize("args, missing", [
+    (["synth"], "argument 'MANIFEST'"), (["synth", "m.jsonl"], "option '--model' / '-m'"),
+    (["synth", "m.jsonl", "-m", "ckpt"], "option '--out' / '-o'"), (["validate"], "argument 'MANIFEST'"),
+    (["info"], "argument 'MODEL'"), (["voice-clone", "--ref-audio", "r.wav"], "option '--model' / '-m'")])
+def test_a_missing_required_argument_is_a_usage_error(args, missing):
+    """Typer before 0.18 with click 8.3+ let a required value go missing: `synth m.jsonl -m ckpt` ran on with
+    `--out` None into a TypeError traceback (pyproject.toml's typer floor)."""
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 2 and f"Missing {missing}." in result.output, result.output
+
+
 @pytest.mark.parametrize("command", [[], ["synth"], ["validate"], ["info"], ["demo"], ["voice-clone"]])
 def test_help_reads_well_at_80_columns(command):
     result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
