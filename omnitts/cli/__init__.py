@@ -579,7 +579,11 @@ def voice_clone(
 def main():
     import signal
 
-    signal.signal(signal.SIGTERM, interrupt)  # SIGTERM stops as Ctrl-C does (synth: gracefully), exit 143
+    # SIGTERM stops as Ctrl-C does (synth: gracefully), exit 143. Ctrl-C gets the same handler, so that it
+    # stops a command from its start also where the shell started omnitts with SIGINT ignored (a background
+    # job): synth's graceful stop takes both signals anyway once items run.
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
         app()
     except KeyboardInterrupt as exc:
