@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -472,16 +473,23 @@ def test_synth_records_pieces_and_can_turn_splitting_off(ckpt_dir, tmp_path):
         assert rec["pieces"] == pieces and rec["frames"] == 5  # the item's budget, shared by its pieces
 
 
+@contextmanager
+def _small_kv_cache(tts):
+    """A K/V cache budget of a few hundred positions of the tiny talker meanwhile."""
+    budget = tts.kv_budget_bytes
+    tts.kv_budget_bytes = 200_000
+    try:
+        yield
+    finally:
+        tts.kv_budget_bytes = budget
+
+
 def test_an_item_too_big_for_the_cache_fails_alone(tts_factory):
     tts = tts_factory("custom_voice", max_batch=2)
-    budget = tts.kv_budget_bytes
-    tts.kv_budget_bytes = 200_000  # a few hundred positions of the tiny talker's K/V
-    try:
+    with _small_kv_cache(tts):
         jobs = [Job(Request("Short.", speaker="ryan", id="small"), tts.default_params(greedy=True, max_frames=4)),
                 Job(Request("Huge.", speaker="ryan", id="huge"), tts.default_params(greedy=True, max_frames=5000))]
         outcomes = {o.job.request.id: o for o in Pipeline(tts).run(jobs)}
-    finally:
-        tts.kv_budget_bytes = budget
     assert outcomes["small"].ok and outcomes["small"].result.frames == 4
     assert not outcomes["huge"].ok and "max_frames" in outcomes["huge"].error
 
@@ -501,15 +509,11 @@ def test_generate_and_generate_prepared_raise_a_failed_items_error(tts_factory):
     tts = tts_factory("custom_voice")
     request = Request("Huge.", speaker="ryan", id="huge")
     params = tts.default_params(greedy=True, max_frames=5000)
-    budget = tts.kv_budget_bytes
-    tts.kv_budget_bytes = 200_000  # a few hundred positions of the tiny talker's K/V
-    try:
+    with _small_kv_cache(tts):
         with pytest.raises(OmniTTSError, match="max_frames"):
             list(tts.generate([(request, params)]))
         with pytest.raises(OmniTTSError, match="max_frames"):
             list(tts.generate_prepared([(request, tts.prepare(request), params)]))
-    finally:
-        tts.kv_budget_bytes = budget
 
 
 def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatch):

@@ -33,8 +33,10 @@ class Command(PlainHelp, TyperCommand):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as exc:
+            from .running import exit_code  # (running imports this module)
+
             typer.echo("interrupted", err=True)
-            raise typer.Exit(getattr(exc, "exit_code", 130)) from None
+            raise typer.Exit(exit_code(exc)) from None
 
 
 class Group(PlainHelp, TyperGroup):
