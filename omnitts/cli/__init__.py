@@ -55,11 +55,12 @@ from .options import (
     Verbose,
     Workers,
     either,
+    exit_code,
     fail,
     option,
     plural,
 )
-from .running import exit_code, interrupt, os_error, run_synth
+from .running import interrupt, os_error, run_synth
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown", cls=Group,

@@ -33,8 +33,6 @@ class Command(PlainHelp, TyperCommand):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt as exc:
-            from .running import exit_code  # (running imports this module)
-
             typer.echo("interrupted", err=True)
             raise typer.Exit(exit_code(exc)) from None
 
@@ -120,6 +118,11 @@ RayAddress = Annotated[Optional[str], option("--ray-address", panel=ENGINE, meta
                                               help="Ray cluster to join (auto, ray://...). [default: local]")]
 ExportDataset = Annotated[Optional[Path], option("--export-dataset", panel=OUTPUT, metavar="DIR",
                                                   help="Also save the results as a datasets dataset.")]
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """A stop's exit code: 130 for Ctrl-C, 143 for SIGTERM (`running._Interrupt` carries it)."""
+    return getattr(exc, "exit_code", 130)
 
 
 def fail(message: str, code: int = 2):

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from ..errors import DeviceFailed, OmniTTSError
-from .options import fail, plural
+from .options import exit_code, fail, plural
 
 
 def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
@@ -395,10 +395,6 @@ class _Interrupt(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__()
         self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-
-
-def exit_code(exc: KeyboardInterrupt) -> int:
-    return getattr(exc, "exit_code", 130)
 
 
 def interrupt(signum, frame):
