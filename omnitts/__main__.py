@@ -1,5 +1,5 @@
 """`python -m omnitts ...` is the `omnitts` command."""
 
-from .cli import main
+from .launch import main
 
 main()

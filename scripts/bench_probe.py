@@ -47,7 +47,7 @@ def first_frame(ckpt: str, dtype: str, text: str, speaker: str) -> dict:
 
 def synth(args: list[str]) -> int:
     import omnitts.api
-    from omnitts import cli
+    from omnitts import launch
 
     stamps = {"t_top": T_TOP, "t_imports": time.time()}
     load = omnitts.api.load
@@ -61,7 +61,7 @@ def synth(args: list[str]) -> int:
     sys.argv = ["omnitts", "synth", *args]
     code = 0
     try:
-        cli.main()
+        launch.main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     stamps["t_end"] = time.time()

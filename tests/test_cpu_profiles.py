@@ -177,7 +177,7 @@ def loaded(*args, **kwargs):  # says which dtype `auto` loaded
     return tts
 api.load = loaded
 sys.argv[0] = "omnitts"
-from omnitts.cli import main
+from omnitts.launch import main
 main()
 """
 

@@ -123,41 +123,50 @@ def test_a_second_sigint_drops_the_running_items_and_the_run_resumes(ckpt_dir, t
     assert not list(run.out.glob(".*.tmp"))
 
 
-SLOW_TORCH = """
+SLOW_IMPORT = """
 import os, pathlib, sys, time
 
 
-class _SlowTorch:  # torch's import takes 3 s longer, and says when it starts
+class _SlowImport:  # one module's import takes 3 s longer, and says when it starts
     def find_spec(self, name, path=None, target=None):
-        if name == "torch":
+        if name == os.environ["OMNITTS_TEST_SLOW"]:
             sys.meta_path.remove(self)
-            pathlib.Path(os.environ["OMNITTS_TEST_MARK"]).write_text("importing torch")
+            pathlib.Path(os.environ["OMNITTS_TEST_MARK"]).write_text("importing " + name)
             time.sleep(3)
         return None
 
 
-sys.meta_path.insert(0, _SlowTorch())
+sys.meta_path.insert(0, _SlowImport())
 """
+# The `omnitts` console script, as pip installs it: its entry point, loaded and called.
+CONSOLE_SCRIPT = ("import sys; from importlib.metadata import entry_points; "
+                  "(ep,) = entry_points(group='console_scripts', name='omnitts'); sys.argv[0] = 'omnitts'; "
+                  "sys.exit(ep.load()())")
 
 
 @SIGNALS
-def test_a_signal_while_torch_imports_stops_with_one_line_and_the_signals_code(ckpt_dir, tmp_path, sig, code):
-    """The command imports torch (~2 s) once its arguments are read: a Ctrl-C or SIGTERM then says
-    `interrupted` and exits 130 or 143, as later in the run; it printed an import traceback when `import
-    omnitts` brought torch in, and typer then turned either signal into a silent 130."""
+@pytest.mark.parametrize("slow,command", [("torch", ["-m", "omnitts"]), ("typer", ["-c", CONSOLE_SCRIPT])],
+                         ids=["torch", "typer"])
+def test_a_signal_while_the_command_imports_stops_with_one_line_and_the_signals_code(ckpt_dir, tmp_path, sig,
+                                                                                   code, slow, command):
+    """A Ctrl-C or SIGTERM while the command imports says `interrupted` and exits 130 or 143, as later in the
+    run: while torch imports (~2 s, once the arguments are read; it printed an import traceback when `import
+    omnitts` brought torch in, and typer then turned either signal into a silent 130), and while the command
+    line's own modules import, before any command runs (typer, rich: ~0.3 s; the console script's entry point
+    installs the handler before it imports them: a traceback before)."""
     (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_TORCH)
+    (tmp_path / "site" / "sitecustomize.py").write_text(SLOW_IMPORT)
     _manifest(tmp_path / "m.jsonl", long_seconds=0.4, count=2)
     mark = tmp_path / "mark"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
-               OMNITTS_TEST_MARK=str(mark))
-    proc = subprocess.Popen([sys.executable, "-m", "omnitts", "synth", str(tmp_path / "m.jsonl"), "-m",
+               OMNITTS_TEST_MARK=str(mark), OMNITTS_TEST_SLOW=slow)
+    proc = subprocess.Popen([sys.executable, *command, "synth", str(tmp_path / "m.jsonl"), "-m",
                              str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"), "--quiet"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 60
     while not mark.exists():
         assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "torch's import never started"
+        assert time.time() < deadline, f"{slow}'s import never started"
         time.sleep(0.02)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)

@@ -7,7 +7,6 @@ synth once its manifest has been read (progress, signals, summary).
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -55,12 +54,11 @@ from .options import (
     Verbose,
     Workers,
     either,
-    exit_code,
     fail,
     option,
     plural,
 )
-from .running import interrupt, os_error, run_synth
+from .running import os_error, run_synth
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown", cls=Group,
@@ -575,22 +573,3 @@ def voice_clone(
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{out}: cannot write ({exc.strerror or exc})")
-
-
-def main():
-    import signal
-
-    # SIGTERM stops as Ctrl-C does (synth: gracefully), exit 143. Ctrl-C gets the same handler, so that it
-    # stops a command from its start also where the shell started omnitts with SIGINT ignored (a background
-    # job): synth's graceful stop takes both signals anyway once items run.
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
-    try:
-        app()
-    except KeyboardInterrupt as exc:
-        typer.echo("interrupted", err=True)
-        sys.exit(exit_code(exc))
-
-
-if __name__ == "__main__":
-    main()

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from ..stops import exit_code
+
 # Help panels: every option of every command sits in one of these (details in the README).
 INPUT, DECODING, ENGINE, OUTPUT = "Input", "Decoding", "Engine", "Output"
 FLAG = ""  # metavar of on/off flags: no "<bool>" placeholder (a flag takes no value)
@@ -118,11 +120,6 @@ RayAddress = Annotated[Optional[str], option("--ray-address", panel=ENGINE, meta
                                               help="Ray cluster to join (auto, ray://...). [default: local]")]
 ExportDataset = Annotated[Optional[Path], option("--export-dataset", panel=OUTPUT, metavar="DIR",
                                                   help="Also save the results as a datasets dataset.")]
-
-
-def exit_code(exc: KeyboardInterrupt) -> int:
-    """A stop's exit code: 130 for Ctrl-C, 143 for SIGTERM (`running._Interrupt` carries it)."""
-    return getattr(exc, "exit_code", 130)
 
 
 def fail(message: str, code: int = 2):

@@ -10,7 +10,8 @@ from pathlib import Path
 import typer
 
 from ..errors import DeviceFailed, OmniTTSError
-from .options import exit_code, fail, plural
+from ..stops import Interrupt, exit_code
+from .options import fail, plural
 
 
 def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
@@ -389,18 +390,6 @@ def _quiet(progress, quiet: bool):
     return progress
 
 
-class _Interrupt(KeyboardInterrupt):
-    """Raised by a signal that stops at once: Ctrl-C (SIGINT) or SIGTERM, with the exit code it calls for."""
-
-    def __init__(self, signum: int):
-        super().__init__()
-        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-
-
-def interrupt(signum, frame):
-    raise _Interrupt(signum)
-
-
 class _GracefulStop:
     """First Ctrl-C or SIGTERM: stop starting items, finish the running ones. Second: interrupt at once.
 
@@ -420,7 +409,7 @@ class _GracefulStop:
     def _handle(self, signum, frame):
         self.count += 1
         if self.count > 1:
-            raise _Interrupt(signum)
+            raise Interrupt(signum)
         import signal
 
         self.exit_code = 128 + signum

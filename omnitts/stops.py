@@ -1,0 +1,31 @@
+"""How a command stops on a signal that stops at once: Ctrl-C (SIGINT) or SIGTERM, exit 130 or 143.
+
+No import beyond the standard library: the entry point (`launch`) installs `interrupt` before anything else
+is imported."""
+
+from __future__ import annotations
+
+import sys
+
+
+class Interrupt(KeyboardInterrupt):
+    """Raised by a signal that stops at once, with the exit code it calls for."""
+
+    def __init__(self, signum: int):
+        super().__init__()
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+def interrupt(signum, frame):
+    raise Interrupt(signum)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """A stop's exit code: 130 for Ctrl-C, 143 for SIGTERM (`Interrupt` carries it)."""
+    return getattr(exc, "exit_code", 130)
+
+
+def stopped(exc: KeyboardInterrupt):
+    """End the process as a stop does: one line, the signal's exit code."""
+    sys.stderr.write("interrupted\n")
+    sys.exit(exit_code(exc))
