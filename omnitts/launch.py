@@ -10,19 +10,15 @@ from .stops import interrupt, stopped
 
 
 def main():
-    # SIGTERM stops as Ctrl-C does (synth: gracefully, once items run), exit 143. Ctrl-C gets the same
-    # handler, so that it stops a command from its start also where the shell started omnitts with SIGINT
-    # ignored (a background job).
+    # SIGTERM stops as Ctrl-C does (synth: gracefully, once items run), exit 143; `cli.main` installs the same
+    # handler again and runs the command.
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
     try:
-        from .cli import app
+        from .cli import main as command
     except KeyboardInterrupt as exc:
         stopped(exc)
-    try:
-        app()
-    except KeyboardInterrupt as exc:  # a stop outside any command (while click parses the arguments)
-        stopped(exc)
+    command()
 
 
 if __name__ == "__main__":

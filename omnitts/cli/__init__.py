@@ -58,6 +58,7 @@ from .options import (
     option,
     plural,
 )
+from ..stops import interrupt, stopped
 from .running import os_error, run_synth
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -526,7 +527,7 @@ def voice_clone(
     from ..config import load_config
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
-    from ..text.prompt import resolve
+    from ..text.prompt import not_text, resolve
 
     _show_log(False)
     _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
@@ -547,6 +548,8 @@ def voice_clone(
     if not x_vector_only and not (ref_text or "").strip():
         fail("--ref-text is required for in-context cloning; give the reference transcript, "
               "or use --x-vector-only")
+    if ref_text and (problem := not_text(ref_text)):  # bytes that are not UTF-8 arrive as lone surrogates
+        fail(f"--ref-text: {problem}")
     try:
         cfg = load_config(model)
         if cfg.model_type != "base":
@@ -573,3 +576,17 @@ def voice_clone(
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{out}: cannot write ({exc.strerror or exc})")
+
+
+def main():
+    """The command line: the stop signals' handler (also where the shell started omnitts with SIGINT ignored,
+    a background job), then the command. The `omnitts` command enters through `launch.main`, which installs
+    the handler before this package is imported and then calls this."""
+    import signal
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        app()
+    except KeyboardInterrupt as exc:  # a stop outside any command (while click parses the arguments)
+        stopped(exc)
