@@ -33,7 +33,8 @@ from .params import SamplingParams, check_seed
 from .recipe import option_problem
 from .request import Request, Voice
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
-from .text.prompt import Prompt, PromptBuilder, resolve
+from .text import empty_text
+from .text.prompt import Prompt, PromptBuilder, not_text, resolve
 from .voice import check_fits, check_voice, checkpoint_identity, load_voice
 
 _END = object()  # the end of `stream`'s requests
@@ -75,7 +76,9 @@ class TTS:
         self.eager = eager
         self.kv_budget_bytes = kv_budget_bytes
         self._identity: str | None = None
-        self._voices: dict[Path, Voice] = {}  # saved voices by resolved path (a manifest loads each once)
+        # Saved voices by resolved path, with the file's stamp when read: a manifest loads each once, and a file
+        # written over (or deleted) since is read again (or refused), never served from memory.
+        self._voices: dict[Path, tuple[tuple[int, int, int], Voice]] = {}
         self.graph_buckets = graph_buckets
         # The last run's engine on a graph device, idle, for the next call to reuse with its captured graphs
         # (see engine.pipeline); `release_engine()` frees its memory.
@@ -138,9 +141,13 @@ class TTS:
             ref_text: what the clip says (required unless `x_vector_only`).
             x_vector_only: keep only the speaker embedding (no in-context reference codes).
         """
+        from .batch.manifest import check_fields
+
         ckpt = self.ckpt
         if ckpt.config.model_type != "base":
             raise RequestError(f"ref_audio: voice cloning needs a Base checkpoint; this one is {ckpt.config.model_type}")
+        _check_reference(ref_audio)
+        check_fields({"ref_text": ref_text, "x_vector_only": x_vector_only})  # types; a lone surrogate is no text
         if not x_vector_only and not (ref_text or "").strip():
             raise RequestError("ref_text: required for in-context cloning; give the transcript or set x_vector_only")
         codec_rate = ckpt.config.codec.input_sample_rate
@@ -157,14 +164,22 @@ class TTS:
     def load_voice(self, path) -> Voice:
         """Read a saved voice file (see `Voice.save`), refusing one made with another checkpoint."""
         key = Path(path).expanduser().resolve()
-        if key in self._voices:
-            return self._voices[key]
+        try:
+            stat = key.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        except OSError:
+            stamp = None  # gone (load_voice says so)
+        cached = self._voices.pop(key, None)
+        if cached is not None and cached[0] == stamp:
+            self._voices[key] = cached
+            return cached[1]
         voice, meta = load_voice(path)
         if self.ckpt.config.model_type != "base":
             raise RequestError(f"voice: {path}: saved voices need a Base checkpoint; this one is "
                                f"{self.ckpt.config.model_type}")
         check_voice(voice, meta, path, self.identity, self.ckpt.config)
-        self._voices[key] = voice
+        if stamp is not None:
+            self._voices[key] = (stamp, voice)
         return voice
 
     def prepare(self, request: Request) -> Prompt:
@@ -249,6 +264,13 @@ class TTS:
         for i, item in enumerate(texts):
             if not isinstance(item, str):
                 raise TypeError(f"text[{i}]: expected a string, got {type(item).__name__}")
+            where = "text" if isinstance(text, str) else f"text[{i}]"  # the item at fault, before the batch runs
+            if problem := empty_text(item):
+                raise RequestError(f"{where}: {problem}; give the words to speak")
+            if problem := not_text(item):
+                raise RequestError(f"{where}: {problem}")
+        _check_request(Request(texts[0] if texts else "", language, speaker, instruct, ref_audio, ref_text,
+                               x_vector_only, voice, non_streaming))
         if ref_audio is not None and voice is None and len(texts) > 1:
             voice = self.clone_voice(ref_audio, ref_text, x_vector_only)
         jobs = []
@@ -313,8 +335,8 @@ class TTS:
             if outcome.ok:
                 yield outcome.result
             elif not errors:
-                exc = outcome.exception
-                errors.append(type(exc)(f"requests[{outcome.job.key}] (id {outcome.job.request.id!r}): {exc}"))
+                exc = outcome.exception or OmniTTSError(outcome.error)
+                errors.append(_naming(exc, f"requests[{outcome.job.key}] (id {outcome.job.request.id!r})"))
         if errors:
             raise errors[0]
 
@@ -338,6 +360,10 @@ class TTS:
             if parsed.voice_path is not None:
                 request = replace(request, voice=parsed.voice_path)
         elif isinstance(item, Request):
+            try:
+                _check_request(item)
+            except RequestError as exc:
+                raise RequestError(f"requests[{i}]: {exc}") from None
             request = item if item.id is not None else replace(item, id=str(i))
         else:
             raise RequestError(f"requests[{i}]: expected a Request, a dict or a (request, SamplingParams) pair, "
@@ -346,6 +372,42 @@ class TTS:
             budget = None if request.max_seconds is not None else max_frames
             params = self.default_params(greedy, max_frames=budget, seed=item_seed, **sampling)
         return request, params
+
+
+def _check_request(request: Request) -> None:
+    """Check a request's fields as a manifest line's are checked (type, range, text; `batch.manifest`), and
+    that it names one reference, before anything uses them: RequestError naming the field."""
+    from .batch.manifest import check_fields
+
+    check_fields({name: getattr(request, name) for name in ("id", "text", "language", "speaker", "instruct",
+                                                            "ref_text", "x_vector_only", "non_streaming",
+                                                            "max_seconds")})
+    if request.ref_audio is not None:
+        _check_reference(request.ref_audio)
+    if request.voice is not None and not isinstance(request.voice, (Voice, str, os.PathLike)):
+        raise RequestError(f"voice: expected a Voice or the path of a voice file, got {type(request.voice).__name__}")
+    if request.ref_audio is not None and request.voice is not None:  # one of them would be ignored
+        raise RequestError("voice: give either ref_audio or voice, not both")
+
+
+def _check_reference(ref_audio) -> None:
+    """Reference audio is a path or a (samples, sample_rate) pair (`io.audio.load_reference` checks the pair)."""
+    if not isinstance(ref_audio, (str, os.PathLike, tuple)):
+        raise RequestError(f"ref_audio: expected a path or a (samples, sample_rate) pair, got "
+                           f"{type(ref_audio).__name__}")
+
+
+def _naming(exc: BaseException, where: str) -> BaseException:
+    """`exc` with `where` before its message: of its own type, chained to it (as `raise ... from exc`); `exc`
+    itself with `where` as a note where its type is not made from a message alone."""
+    try:
+        named = type(exc)(f"{where}: {exc}")
+    except Exception:  # noqa: BLE001 - a constructor that takes other arguments (UnicodeDecodeError takes five)
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(where)
+        return exc
+    named.__cause__ = exc
+    return named
 
 
 def _check_deterministic(deterministic: bool, graph_buckets) -> None:

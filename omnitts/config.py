@@ -18,6 +18,8 @@ from typing import Any
 from .errors import CheckpointError
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
+CODEC_IDS = ("codec_eos_token_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
+             "codec_pad_id", "codec_bos_id")  # the talker's special codec tokens
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
 
 
@@ -114,6 +116,19 @@ class TalkerConfig(DecoderConfig):
                 if len(value) != 1:
                     raise ValueError(f"spk_id[{name!r}] must be one codec id, got {value}")
                 self.spk_id[name] = value[0]
+        # Every id below indexes the codec embedding (vocab_size rows, the loaded tensor's shape): one outside
+        # it would be an IndexError in the first synthesis that uses it, so it is refused here.
+        ids = [(name, getattr(self, name)) for name in CODEC_IDS]
+        ids += [(f"spk_id[{k!r}]", v) for k, v in self.spk_id.items()]
+        ids += [(f"codec_language_id[{k!r}]", v) for k, v in self.codec_language_id.items()]
+        for name, value in ids:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}={value!r} is not a codec id: the codec embedding has vocab_size="
+                                 f"{self.vocab_size} rows (ids 0..{self.vocab_size - 1})")
+        for name, dialect in self.spk_is_dialect.items():  # a dialect speaker speaks its dialect's language id
+            if dialect and (not isinstance(dialect, str) or dialect not in self.codec_language_id):
+                raise ValueError(f"spk_is_dialect[{name!r}]={dialect!r} is not a language of codec_language_id "
+                                 f"({', '.join(self.codec_language_id)})")
 
     @property
     def languages(self) -> list[str]:
@@ -255,6 +270,7 @@ def load_config(ckpt: Path) -> ModelConfig:
     ids = {k: top[k] for k in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id") if k in top}
     gen_path = ckpt / "generation_config.json"
     generation = read_json(gen_path) if gen_path.exists() else {}
+    _check_generation(generation, gen_path)
     return ModelConfig(
         model_type=model_type,
         model_size=str(top.get("tts_model_size") or ""),
@@ -266,6 +282,17 @@ def load_config(ckpt: Path) -> ModelConfig:
         **ids,
         path=ckpt,
     )
+
+
+def _check_generation(generation: dict, path: Path) -> None:
+    """Build the sampling defaults once, so a bad value fails here, naming the file and field, and not
+    every synthesis later."""
+    from .params import SamplingParams  # imports torch: only once a checkpoint's files are being read
+
+    try:
+        SamplingParams.from_generation_config(generation)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {exc}; correct the field or remove it (the official default applies)") from None
 
 
 # Defaults of the official Qwen3TTSTalkerCodePredictorConfig.

@@ -122,7 +122,10 @@ class SamplingParams:
         """Defaults from a checkpoint's generation_config.json, then `overrides` (None = keep)."""
         values = {k: gen.get(k, v) for k, v in _DEFAULTS.items()}
         # Official max_new_tokens counts codebook-0 tokens; the last one never gets a frame.
-        values["frame_cap"] = max(1, int(gen.get("max_new_tokens", 2048)) - 1)
+        tokens = gen.get("max_new_tokens", 2048)
+        if isinstance(tokens, bool) or not isinstance(tokens, INT) or tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {tokens!r}")
+        values["frame_cap"] = max(1, int(tokens) - 1)
         names = {f.name for f in fields(cls)}
         unknown = set(overrides) - names
         if unknown:

@@ -233,6 +233,50 @@ def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):
     assert omnitts.SamplingParams(seed=np.int64(3), temperature=np.float32(0.5), top_p=1).seed == 3  # numpy's too
 
 
+@pytest.mark.parametrize("max_seconds,message", [(-1, "must be > 0, got -1"), (float("nan"), "must be > 0, got nan"),
+                                                 ("1", "expected number, got str")])
+def test_a_request_object_is_checked_as_a_dict_is(cv, max_seconds, message):
+    """A `Request` with a bad max_seconds ran (or crashed in the engine); the dict path's check refuses it."""
+    request = omnitts.Request("Hi.", speaker="ryan", max_seconds=max_seconds)
+    with pytest.raises(RequestError, match=rf"^requests\[1\]: max_seconds: {message}$"):
+        list(cv.stream([{"text": "Fine.", "speaker": "ryan"}, request], max_frames=2))
+    with pytest.raises(RequestError, match=r"^requests\[0\]: speaker: expected str, got int$"):
+        list(cv.stream([omnitts.Request("Hi.", speaker=5)], max_frames=2))
+
+
+def test_synthesize_names_the_text_of_a_list_at_fault(cv):
+    with pytest.raises(RequestError, match=r"^text\[1\]: empty; give the words to speak$"):
+        cv.synthesize(["ok", ""], speaker="ryan", max_frames=2)
+    with pytest.raises(RequestError, match=r"^text\[2\]: a lone surrogate"):
+        cv.synthesize(["ok", "fine", "half \ud800"], speaker="ryan", max_frames=2)
+    with pytest.raises(RequestError, match=r"^text: empty; give the words to speak$"):
+        cv.synthesize("", speaker="ryan", max_frames=2)
+
+
+def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
+    """The error `stream` raises names the item and keeps the original as its cause; an exception whose type is
+    not made from one message (it used to fail rebuilding, as a TypeError) is raised itself."""
+    with pytest.raises(RequestError, match=r"^requests\[0\] \(id '0'\): speaker: 'bob'") as caught:
+        list(cv.stream([{"text": "Hi.", "speaker": "bob"}], max_frames=2))
+    assert isinstance(caught.value.__cause__, RequestError)
+    assert str(caught.value.__cause__).startswith("speaker: 'bob' is not known")
+
+    class Picky(Exception):
+        def __init__(self, code: int, message: str):
+            super().__init__(message)
+            self.code = code
+
+    def prepare(request):
+        raise Picky(7, "no luck")
+
+    monkeypatch.setattr(cv, "prepare", prepare)
+    with pytest.raises(Picky, match="^no luck") as caught:
+        list(cv.stream([{"text": "Hi.", "speaker": "ryan"}], max_frames=2))
+    assert caught.value.code == 7
+    if hasattr(caught.value, "add_note"):  # Python 3.11+
+        assert caught.value.__notes__ == ["requests[0] (id '0')"]
+
+
 @pytest.mark.parametrize("options,error,message", [
     ({"max_batch": 0}, ValueError, "max_batch: must be > 0, got 0"),
     ({"max_batch": "8"}, TypeError, "max_batch: expected an integer, got a string"),

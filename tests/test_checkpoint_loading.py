@@ -181,3 +181,35 @@ def test_cuda_turns_cudnn_attention_off_unless_asked(ckpt_dir, monkeypatch):
         assert prepared("cuda")
     finally:
         torch.backends.cuda.enable_cudnn_sdp(saved)
+
+
+@pytest.mark.parametrize("generation,message", [
+    ({"top_k": -3, "temperature": 0}, "temperature must be > 0, got 0"),
+    ({"top_k": -3}, r"top_k must be >= 0 \(0 = off\), got -3"),
+    ({"max_new_tokens": "x"}, "max_new_tokens must be an integer >= 1, got 'x'"),
+    ({"do_sample": "yes"}, "do_sample: expected a bool, got str"),
+])
+def test_bad_sampling_defaults_are_refused_at_load(cv_copy, generation, message):
+    """They used to load, then fail every synthesize with a bare ValueError naming neither file nor field."""
+    (cv_copy / "generation_config.json").write_text(json.dumps(generation))
+    with pytest.raises(CheckpointError, match=rf"generation_config\.json: {message}; correct the field or remove it"):
+        omnitts.load(cv_copy)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda t: t["spk_id"].update(ryan=1000000000), r"spk_id\['ryan'\]=1000000000 is not a codec id: "
+                                                    r"the codec embedding has vocab_size=3072 rows \(ids 0\.\.3071\)"),
+    (lambda t: t["spk_id"].update(ryan=-1), r"spk_id\['ryan'\]=-1 is not a codec id"),
+    (lambda t: t["spk_id"].update(ryan="3061"), r"spk_id\['ryan'\]='3061' is not a codec id"),
+    (lambda t: t["codec_language_id"].update(english=3072), r"codec_language_id\['english'\]=3072 is not a codec id"),
+    (lambda t: t.update(codec_pad_id=5000), r"codec_pad_id=5000 is not a codec id"),
+    (lambda t: t["spk_is_dialect"].update(eric="klingon_dialect"),
+     r"spk_is_dialect\['eric'\]='klingon_dialect' is not a language of codec_language_id"),
+])
+def test_ids_outside_the_codec_embedding_are_refused_at_load(cv_copy, change, message):
+    """A speaker, language or special id the codec embedding has no row for was an IndexError at synthesis."""
+    config = json.loads((cv_copy / "config.json").read_text())
+    change(config["talker_config"])
+    (cv_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"config\.json: talker_config: {message}"):
+        omnitts.load(cv_copy)

@@ -53,3 +53,20 @@ def test_cloning_fields_on_a_checkpoint_that_does_not_clone_are_refused(tts_fact
         tts.synthesize("Hi.", speaker="ryan", x_vector_only=True)
     assert tts.synthesize("Hi.", speaker="ryan", x_vector_only=False, greedy=True, max_frames=2).frames == 2
 
+
+
+def test_a_voice_on_a_checkpoint_that_does_not_clone_is_named(tts_factory):
+    with pytest.raises(RequestError, match=r"^voice: voice cloning needs a Base checkpoint; this one is custom_voice$"):
+        tts_factory("custom_voice").synthesize("Hi.", speaker="ryan", voice="x.safetensors")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(speaker=5), "speaker: expected str, got int"),
+    (dict(speaker="ryan", language=5), "language: expected str, got int"),
+    (dict(speaker="ryan", instruct=["calm"]), "instruct: expected str, got list"),
+    (dict(speaker="ryan", non_streaming="no"), "non_streaming: expected bool, got str"),
+])
+def test_keywords_of_the_wrong_type_are_refused_as_manifest_fields(tts_factory, kwargs, message):
+    """They escaped as AttributeError (or were str()-ed into the prompt); the manifest's check names them."""
+    with pytest.raises(RequestError, match=rf"^{message}$"):
+        tts_factory("custom_voice").synthesize("Hi.", max_frames=2, **kwargs)

@@ -110,6 +110,87 @@ def test_identity_is_computed_once_and_a_voice_file_loaded_once(ckpt_dir, ref_wa
     assert len(results) == 3 and calls == {"identity": 1, "load": 1}
 
 
+def test_a_voice_file_written_over_or_deleted_is_not_served_from_memory(ckpt_dir, ref_wav, tmp_path):
+    """Loaded voices are kept by path and the file's stamp: a file saved over is read again, a deleted one is
+    refused as one never loaded was (the cache used to serve the first voice under that path forever)."""
+    tts = omnitts.load(ckpt_dir("base"), dtype="float32")
+    path = tmp_path / "bob.safetensors"
+    tts.clone_voice(ref_wav, REF_TEXT).save(path)
+    assert tts.load_voice(path).icl
+    tts.synthesize("Hi.", voice=str(path), greedy=True, max_frames=3)
+    second = tts.clone_voice(ref_wav, x_vector_only=True)
+    second.save(path)
+    assert not tts.load_voice(path).icl
+    by_path = tts.synthesize("Hi.", voice=str(path), greedy=True, max_frames=3)
+    np.testing.assert_array_equal(by_path.codes, tts.synthesize("Hi.", voice=second, greedy=True, max_frames=3).codes)
+    path.unlink()
+    with pytest.raises(VoiceError, match=r"bob\.safetensors: voice file not found"):
+        tts.load_voice(path)
+    with pytest.raises(VoiceError, match=r"bob\.safetensors: voice file not found"):
+        tts.synthesize("Hi.", voice=str(path), max_frames=3)
+
+
+def test_clone_voice_checks_its_arguments_as_a_request_does(tts_factory, ref_wav):
+    """A lone surrogate in ref_text (no encoding writes it, no tokenizer reads it) and fields of the wrong type are
+    RequestErrors naming the field, not a UnicodeEncodeError at save or a TypeError in the tokenizer."""
+    from omnitts.errors import RequestError
+
+    tts = tts_factory("base")
+    with pytest.raises(RequestError, match=r"^ref_text: a lone surrogate '\\ud800' at character 2 is not text"):
+        tts.clone_voice(ref_wav, ref_text="a\ud800b")
+    with pytest.raises(RequestError, match=r"^ref_text: expected str, got int$"):
+        tts.clone_voice(ref_wav, ref_text=5)
+    with pytest.raises(RequestError, match=r"^ref_audio: expected a path or a \(samples, sample_rate\) pair, got int$"):
+        tts.clone_voice(5, ref_text=REF_TEXT)
+    with pytest.raises(RequestError, match=r"^voice: expected a Voice or the path of a voice file, got int$"):
+        tts.synthesize("Hi.", voice=5, max_frames=3)
+
+
+@pytest.mark.parametrize("rate", [0, -1, "24000", 24000.0, True])
+def test_a_sample_rate_that_is_not_a_positive_integer_is_refused(tts_factory, rate):
+    from omnitts.errors import AudioError
+
+    samples = 0.3 * np.sin(np.arange(48000) / 10).astype(np.float32)
+    with pytest.raises(AudioError, match=rf"^reference audio: sample rate must be a positive integer, got {rate!r}$"):
+        tts_factory("base").clone_voice((samples, rate), x_vector_only=True)
+
+
+def test_samples_are_mono_or_samples_by_channels(tts_factory):
+    """A (channels, n) array (librosa's layout) used to be averaged over its n "channels" into 2 samples and
+    refused as 0.00 s long; it is refused saying the layout. (n, channels) is mixed to mono as before."""
+    from omnitts.errors import AudioError
+
+    tts = tts_factory("base")
+    mono = 0.3 * np.sin(np.arange(48000) / 10).astype(np.float32)
+    with pytest.raises(AudioError, match=r"shape \(2, 48000\) look like \(channels, n\); give mono samples, "
+                                         r"shape \(n,\), or \(n, channels\): transpose them"):
+        tts.clone_voice((np.stack([mono, mono]), 24000), x_vector_only=True)
+    with pytest.raises(AudioError, match=r"shape \(2, 2, 48000\); give mono samples"):
+        tts.clone_voice((np.zeros((2, 2, 48000), np.float32), 24000), x_vector_only=True)
+    stereo = tts.clone_voice((np.stack([mono, mono], axis=1), 24000), x_vector_only=True)
+    torch.testing.assert_close(stereo.x_vector, tts.clone_voice((mono, 24000), x_vector_only=True).x_vector)
+
+
+@pytest.mark.parametrize("x_vector_only", [False, True], ids=["icl", "x_vector_only"])
+def test_a_voice_and_ref_audio_together_are_refused_as_in_a_manifest(tts_factory, ref_wav, tmp_path, x_vector_only):
+    """One of them would be ignored without a word; a manifest line or stream dict refuses the pair, so the
+    keywords and a `Request` do too."""
+    from omnitts.errors import RequestError
+
+    tts = tts_factory("base")
+    path = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "a.safetensors")
+    ref_text = None if x_vector_only else REF_TEXT
+    for voice in (path, tts.load_voice(path)):
+        with pytest.raises(RequestError, match=r"^voice: give either ref_audio or voice, not both$"):
+            tts.synthesize("Hi.", voice=voice, ref_audio=ref_wav, ref_text=ref_text, x_vector_only=x_vector_only,
+                           max_frames=3)
+    with pytest.raises(RequestError, match=r"^voice: give either ref_audio or voice, not both$"):
+        tts.synthesize(["One.", "Two."], voice=path, ref_audio=ref_wav, ref_text=ref_text, x_vector_only=x_vector_only)
+    request = omnitts.Request("Hi.", voice=path, ref_audio=ref_wav, ref_text=ref_text, x_vector_only=x_vector_only)
+    with pytest.raises(RequestError, match=r"^requests\[0\]: voice: give either ref_audio or voice, not both$"):
+        list(tts.stream([request], max_frames=3))
+
+
 def test_voice_from_another_checkpoint_is_refused(tts_factory, other_base, ref_wav, tmp_path):
     path = tts_factory("base").clone_voice(ref_wav, REF_TEXT).save(tmp_path / "alice.safetensors")
     other = omnitts.load(other_base, dtype="float32")
@@ -259,13 +340,14 @@ def bad_clips(tmp_path_factory):
     ("non_base", "voice cloning needs a Base checkpoint"),
     ("no_ref_text", "--ref-text is required"),
     ("no_action", "nothing to do"),
+    ("surrogate", r"--ref-text: a lone surrogate '\udced' at character 2 is not text"),  # --ref-text $'a\xed\xa0\x80b'
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
     ref = {"silent": bad_clips / "silent.wav", "short": bad_clips / "short.wav", "junk": bad_clips / "junk.wav",
            "text": bad_clips / "text.wav", "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav"}.get(case, ref_wav)
     model = ckpt_dir("custom_voice" if case == "non_base" else "base")
     args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
-    args += [] if case == "no_ref_text" else ["--ref-text", REF_TEXT]
+    args += {"no_ref_text": [], "surrogate": ["--ref-text", "a\udced\udca0\udc80b"]}.get(case, ["--ref-text", REF_TEXT])
     args += [] if case == "no_action" else ["--save", str(tmp_path / "v.safetensors")]
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output

@@ -107,15 +107,7 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
     unknown = sorted(set(obj) - set(FIELDS))
     if unknown:
         raise RequestError(f"{unknown[0]}: unknown field; valid fields are {', '.join(FIELDS)}")
-    for name, kind in FIELDS.items():
-        value = obj.get(name)
-        numeric = kind is int or kind == NUMBER
-        if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
-            expected = "number" if kind == NUMBER else kind.__name__
-            raise RequestError(f"{name}: expected {expected}, got {type(value).__name__}")
-        if isinstance(value, str) and (problem := not_text(value)):
-            raise RequestError(f"{name}: {problem}")
-    _check_ranges(obj)
+    check_fields(obj)
     item_id = obj.get("id")
     if not item_id:
         raise RequestError(f"id: missing{_from(columns, 'id')}; every line needs an id (it names the output file)")
@@ -144,6 +136,20 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
                       non_streaming=obj.get("non_streaming"), id=item_id, max_seconds=obj.get("max_seconds"))
     sampling = {name: obj[name] for name in SAMPLING if obj.get(name) is not None}
     return Item(number, request, obj.get("seed"), voice, sampling)
+
+
+def check_fields(obj: dict) -> None:
+    """The type and range of each field `obj` gives (None is absent): RequestError naming the field. The
+    API checks its keyword arguments and `Request`s with it too."""
+    for name, kind in FIELDS.items():
+        value = obj.get(name)
+        numeric = kind is int or kind == NUMBER
+        if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
+            expected = "number" if kind == NUMBER else kind.__name__
+            raise RequestError(f"{name}: expected {expected}, got {type(value).__name__}")
+        if isinstance(value, str) and (problem := not_text(value)):
+            raise RequestError(f"{name}: {problem}")
+    _check_ranges(obj)
 
 
 def _from(columns: dict, name: str) -> str:

@@ -13,6 +13,7 @@ a longer clip is refused there; the speaker embedding alone (`x_vector_only`) us
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 from contextlib import contextmanager, suppress
@@ -38,10 +39,8 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     import librosa
 
     if isinstance(source, tuple):
-        wav, sr = np.asarray(source[0], dtype=np.float32), int(source[1])
-        if wav.ndim > 1:
-            wav = wav.mean(axis=-1)
         name = "reference audio"
+        wav, sr = _samples(source, name)
     else:
         path = Path(source)
         name = str(path)
@@ -78,6 +77,29 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     if sr != target_sr:
         wav = librosa.resample(y=wav, orig_sr=sr, target_sr=target_sr)
     return wav.astype(np.float32)
+
+
+def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
+    """A (samples, sample_rate) pair -> (mono float32 samples, rate); AudioError saying what is wrong.
+
+    Samples are mono, shape (n,), or (n, channels) as soundfile reads them (averaged): a (channels, n) array,
+    as librosa keeps them, would otherwise be taken as n channels of a few samples.
+    """
+    if len(pair) != 2:
+        raise AudioError(f"{name}: expected a (samples, sample_rate) pair, got a tuple of {len(pair)}")
+    samples, sr = pair
+    if isinstance(sr, bool) or not isinstance(sr, numbers.Integral) or sr <= 0:
+        raise AudioError(f"{name}: sample rate must be a positive integer, got {sr!r}")
+    try:
+        wav = np.asarray(samples, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise AudioError(f"{name}: samples must be an array of numbers ({exc})") from None
+    if wav.ndim == 2 and wav.shape[1] > wav.shape[0]:
+        raise AudioError(f"{name}: samples of shape {wav.shape} look like (channels, n); give mono samples, "
+                         f"shape (n,), or (n, channels): transpose them (samples.T)")
+    if wav.ndim not in (1, 2):
+        raise AudioError(f"{name}: samples of shape {wav.shape}; give mono samples, shape (n,), or (n, channels)")
+    return (wav.mean(axis=-1) if wav.ndim == 2 else wav), int(sr)
 
 
 def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:

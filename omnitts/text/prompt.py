@@ -101,7 +101,8 @@ def resolve(cfg, req: Request) -> Resolved:
             raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
                                "or set x_vector_only")
     elif has_ref or has_ref_text or req.x_vector_only:  # a cloning field would do nothing here
-        name = "ref_audio" if has_ref else "ref_text" if has_ref_text else "x_vector_only"
+        name = ("voice" if req.voice is not None else "ref_audio" if has_ref else "ref_text" if has_ref_text
+                else "x_vector_only")
         raise RequestError(f"{name}: voice cloning needs a Base checkpoint; this one is {kind}")
     non_streaming = req.non_streaming if req.non_streaming is not None else kind != "base"
     return Resolved(language_id, speaker_id, req.instruct or None, non_streaming)
