@@ -209,11 +209,11 @@ def test_the_command_runs_without_native_kernels_on_a_bf16_cpu(ckpt_dir, tmp_pat
 
 
 def test_ci_runs_the_kernel_tests_under_every_profile_that_computes_differently(load_script):
-    """scripts/cpu_profiles.py's default list holds every CPU class but `avx512_bf16` (`native` on CI's bf16
-    CPU; a test above runs it on every machine) and both fallbacks, and .ci/run hands it all of them but
+    """scripts/cpu_profiles.py's default list holds every CPU class but `avx512_bf16` (`native` on a bf16 CPU
+    without AMX; a test above runs it on every machine) and both fallbacks, and .ci/run hands it all of them but
     `native`, the run just before, and `no-compiler`, which computes as `native-off` does (its own behaviour,
-    the failed build, is checked in the default tier above); a profile added to features.PROFILES must join
-    them. Without pytest arguments the script selects the default tier's `kernels` tests, and that selection
+    the failed build, is checked in the default tier above), and `avx512_bf16` too where the CPU has AMX (whose
+    tiles `native` runs bfloat16 on); a profile added to features.PROFILES must join them. Without pytest arguments the script selects the default tier's `kernels` tests, and that selection
     holds the checks that catch a kernel computing differently: parity, batch invariance, the native
     kernels, the engine against its slow path and the streamed codec against the whole decode."""
     import re
@@ -222,8 +222,13 @@ def test_ci_runs_the_kernel_tests_under_every_profile_that_computes_differently(
     assert set(script.DEFAULT) == {*features.PROFILES, *FALLBACKS} - {"avx512_bf16"}
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert re.search(r'python scripts/cpu_profiles\.py --profiles "\$profiles" --logs \S+ --rerun; fi', ci)
-    handed = re.search(r'^stack newest \S+ "" (\S+)', ci, re.MULTILINE).group(1).split(",")
+    assert re.search(r'^stack newest \S+ "" "\$profiles"', ci, re.MULTILINE)
+    handed = re.search(r'^profiles=(\S+)$', ci, re.MULTILINE).group(1).split(",")
     assert sorted(handed) == sorted(set(script.DEFAULT) - {"native", "no-compiler"})
+    # On an AMX CPU `native` runs bfloat16 on AMX tiles: the AVX512-BF16 kernels are then a profile apart.
+    assert re.search(r'^if grep -q -w amx_bf16 /proc/cpuinfo 2>/dev/null; then profiles="\$profiles,avx512_bf16"; fi$',
+                     ci, re.MULTILINE)
+    handed.append("avx512_bf16")
     for name in handed:  # each names a profile the script knows
         assert isinstance(script.profile_environment(name, ROOT), (dict, str))
 

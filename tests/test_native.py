@@ -4,6 +4,10 @@ take over where they cannot be built)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -69,6 +73,65 @@ def test_bfloat16_matches_float_arithmetic_rounded_once(rows):
     # exact sums rounded once: within half a bfloat16 step of the float32 value, plus float32 sum noise
     torch.testing.assert_close(got.float(), expected.bfloat16().float(), rtol=8e-3, atol=1e-4)
     assert (got.float() - expected).abs().max() <= (expected.abs().max() * 2 ** -8 + 1e-4)
+
+
+def _amx() -> bool:
+    return native.amx()
+
+
+needs_amx = pytest.mark.skipif(not _amx(), reason="no AMX here (or OMNITTS_AMX=0): bfloat16 runs the VDPBF16PS tiles")
+
+
+@needs_amx
+@pytest.mark.parametrize("depth, out_features", [(1024, 200), (40, 72), (72, 33), (34, 17), (96, 16)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bfloat16_on_amx_is_the_exact_sum_rounded_once_as_the_vdpbf16ps_tiles_compute_it(depth, out_features, bias):
+    """AMX tiles: k in chunks of 32 (a tail of fewer, zero-padded), rows in blocks of 16, panels two or four at
+    a time; every shape rounds the exact sum once, as the VDPBF16PS tiles (`amx=False`) do, in another order
+    (an ulp apart at most)."""
+    torch.manual_seed(depth * 7 + out_features)
+    linear = nn.Linear(depth, out_features, bias=bias).to(torch.bfloat16)
+    packed = torch.ops.omnitts.pack_linear(linear.weight.detach(), torch.bfloat16)
+    b = None if linear.bias is None else linear.bias.detach()
+    for rows in (1, 3, 16, 17, 33, 50):
+        x = torch.randn(rows, depth).to(torch.bfloat16)
+        expected = x.double() @ linear.weight.detach().double().T + (b.double() if bias else 0)
+        amx = torch.ops.omnitts.linear(x, packed, out_features, b)
+        tiles = torch.ops.omnitts.linear(x, packed, out_features, b, False)
+        assert amx.dtype == torch.bfloat16 and amx.shape == (rows, out_features)
+        assert (amx.double() - expected).abs().max() <= expected.abs().max() * 2 ** -8 + 1e-4, rows
+        # Apart by the two orders' float32 rounding (at most 2 K 2^-24 of the sum of |products|), then one
+        # bfloat16 rounding each: an ulp.
+        orders = 2 * depth * 2 ** -24 * (x.double().abs() @ linear.weight.detach().double().abs().T)
+        ulp = tiles.double().abs() * 2 ** -7
+        assert ((amx.double() - tiles.double()).abs() <= ulp + orders).all(), rows
+
+
+@needs_amx
+@pytest.mark.parametrize("depth, out_features", [(72, 72), (128, 200)])  # a k tail and an odd panel; neither
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch_on_amx(depth, out_features):
+    """One block of rows takes the four-panel path, more take two blocks by two panels, the last block is
+    padded: a row's bits are the same in each."""
+    torch.manual_seed(depth)
+    torch.set_num_threads(2)
+    linear = nn.Linear(depth, out_features).to(torch.bfloat16)
+    packed = torch.ops.omnitts.pack_linear(linear.weight.detach(), torch.bfloat16)
+    x = torch.randn(50, depth).to(torch.bfloat16)
+    batched = torch.ops.omnitts.linear(x, packed, out_features, linear.bias.detach())
+    for rows in (1, 5, 16, 17, 33):
+        for start in range(0, 50 - rows + 1, 11):
+            part = torch.ops.omnitts.linear(x[start:start + rows], packed, out_features, linear.bias.detach())
+            assert torch.equal(part, batched[start:start + rows]), (rows, start)
+
+
+@needs_amx
+def test_omnitts_amx_0_keeps_the_vdpbf16ps_tiles():
+    code = ("import torch; from omnitts.device import native; assert native.available(torch.bfloat16); "
+            "print(native.amx())")
+    for value, expected in (("0", "False"), ("1", "True")):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "OMNITTS_AMX": value})
+        assert done.stdout.strip() == expected, (value, done.stderr[-2000:])
 
 
 @needs_f32

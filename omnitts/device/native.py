@@ -7,7 +7,9 @@ float32 weights at about two thirds of this kind of machine's streaming rate at 
 over 16-column panels, one contiguous stream per panel, reads them ~1.4x faster and stays ahead up to
 batch 32, in float32 and bfloat16, and computes float32 over bfloat16-stored weights (widened as read,
 exact) from half the bytes (measured: see docs/performance.md). Every output sums over k in order, so a
-row's result does not depend on its batch.
+row's result does not depend on its batch. On Xeons with AMX (Sapphire Rapids and later) bfloat16 linears
+run on its tiles instead, the same layout read as tiles of 32 k by 16 outputs, row-invariant too (`amx()`;
+`OMNITTS_AMX=0` keeps the VDPBF16PS kernel).
 
 The library is built with the machine's own compiler for the machine's own CPU (`-march=native`):
 there is no prebuilt binary to ship for CPUs that differ in AVX-512 / AVX512-BF16. `OMNITTS_NATIVE_MARCH`
@@ -54,6 +56,12 @@ def available(dtype: torch.dtype) -> bool:
     """Whether the native kernels run `dtype` on this machine (building them on first use)."""
     bits = _loaded_dtypes()
     return bool(bits & _DTYPE_BITS.get(dtype, 0))
+
+
+def amx() -> bool:
+    """Whether bfloat16 linears run on AMX tiles (a Xeon that has them, Linux granting their state, a build
+    for this CPU, `OMNITTS_AMX` not 0); False where the kernels are off or unbuilt."""
+    return bool(_loaded_dtypes()) and bool(torch.ops.omnitts.amx())
 
 
 def vectorised_float32() -> bool:

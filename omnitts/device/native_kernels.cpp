@@ -5,11 +5,12 @@
 //
 // Built on the machine that runs it (omnitts/device/native.py compiles this file with -march=native
 // and caches the library), so the instruction set is the CPU's own: AVX-512 (float32, and bfloat16
-// where the CPU has AVX512-BF16) or AVX2 + FMA (float32). Registered as torch operators
+// where the CPU has AVX512-BF16, its linears on AMX tiles where it has those too) or AVX2 + FMA
+// (float32). Registered as torch operators
 // omnitts::pack_linear, omnitts::linear, omnitts::rms_norm, omnitts::norm_rope, omnitts::silu_mul,
 // omnitts::snake, omnitts::snake_channels_last, omnitts::decode_attention, omnitts::wino_input,
-// omnitts::wino_output, omnitts::transpose_pad, omnitts::vectorised_float32 and omnitts::dtypes (which
-// dtypes this build runs); threads are torch's own (at::parallel_for).
+// omnitts::wino_output, omnitts::transpose_pad, omnitts::vectorised_float32, omnitts::amx (whether bfloat16
+// linears run on AMX) and omnitts::dtypes (which dtypes this build runs); threads are torch's own (at::parallel_for).
 //
 // Layout: a weight [N, K] is stored as N/16 panels of [K][16] (float32) or [K/2][16][2] (bfloat16: the
 // pairs VDPBF16PS multiplies, or that float32 widens with a shift and a mask), the last panel zero-padded. A panel is one contiguous stream, so a
@@ -52,6 +53,11 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
 
@@ -221,6 +227,191 @@ constexpr auto table_of_tiles_bf16(std::integer_sequence<int, R...>) {
 const auto kTilesBF16 = table_of_tiles_bf16(std::make_integer_sequence<int, kMaxRows>{});
 #endif
 
+#if defined(OMNITTS_HAVE_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define OMNITTS_HAVE_AMX 1
+// bfloat16 on AMX (Intel Xeon from Sapphire Rapids on): TDPBF16PS multiplies a 16 x 32 tile of inputs by a
+// 32 x 16 tile of weights into 16 x 16 float32 sums. The packed panel [K/2][16][2] is exactly AMX's weight
+// tile layout, so 32 k of a panel are one contiguous 1 KiB tile (16 rows of 64 bytes). Rows go in blocks of
+// 16 (the last block, and a K that is not a multiple of 32, are copied into zero-padded scratch: zeros add
+// nothing), and each output's sum runs over its k in chunks of 32, in order, the same way whatever the
+// number of rows, the block or the thread: as row-invariant as the VDPBF16PS tiles above, in another order
+// than theirs (so a model computes the same on every AMX CPU, about an ulp of bfloat16 from a non-AMX one).
+// Linux hands the tile registers' state to a process that asks for it (arch_prctl, kernel 5.16 and later);
+// where it refuses, the VDPBF16PS tiles run. `OMNITTS_AMX=0` keeps them too.
+
+constexpr int64_t kAmxK = 32;      // k per tile step (16 pairs)
+constexpr int64_t kAmxRows = 16;   // rows per block
+
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_granted() {
+  static const bool granted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return granted;
+}
+
+bool amx_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("OMNITTS_AMX");
+    return !(env && std::strcmp(env, "0") == 0) && amx_granted();
+  }();
+  return enabled;
+}
+
+// Tiles 0-3: sums (row block b, panel p) at 2b + p; 4, 5: the two row blocks' inputs; 6, 7: the two panels'
+// weights. Every tile is 16 rows of 64 bytes.
+void amx_configure() {
+  AmxConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// One step of B row blocks x P panels: sums += inputs (a: B blocks of 16 rows, lda bytes apart) x weights
+// (w: P panel tiles, 1 KiB each, wstride bytes apart). Tile numbers must be constants, hence the template.
+template <int B, int P>
+inline void amx_step(const char* a, int64_t lda, int64_t block_bytes, const char* w, int64_t wstride) {
+  if constexpr (P == 4) {  // one block, four panels: the weights' tiles 5-7, then 5 again
+    static_assert(B == 1);
+    _tile_loadd(4, a, lda);
+    _tile_loadd(5, w, 64);
+    _tile_loadd(6, w + wstride, 64);
+    _tile_loadd(7, w + 2 * wstride, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 4, 7);
+    _tile_loadd(5, w + 3 * wstride, 64);
+    _tile_dpbf16ps(3, 4, 5);
+    return;
+  }
+  _tile_loadd(4, a, lda);
+  if constexpr (B == 2) _tile_loadd(5, a + block_bytes, lda);
+  _tile_loadd(6, w, 64);
+  if constexpr (P == 2) _tile_loadd(7, w + wstride, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  if constexpr (P == 2) _tile_dpbf16ps(1, 4, 7);
+  if constexpr (B == 2) _tile_dpbf16ps(2, 5, 6);
+  if constexpr (B == 2 && P == 2) _tile_dpbf16ps(3, 5, 7);
+}
+
+// B row blocks x P panels of outputs. a: the blocks' inputs (16 rows each, lda bytes per row, K32 columns
+// readable: zero past K); w: the first panel (panel_stride elements apart), K2 of its k real (zero past K2:
+// the tail chunk is copied into `tail`). Writes rows [m0, m0 + rows) and outputs [n0, n0 + 16 P) of y.
+template <int B, int P>
+void amx_tile(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t panel_stride, int64_t K2, uint16_t* y,
+              int64_t ldy, const uint16_t* bias, int64_t n_left, int rows, uint16_t* tail) {
+  // Sums of (block b, panel p) in tile 2 b + p (four panels of one block: tile p).
+  _tile_zero(0);
+  if constexpr (P >= 2) _tile_zero(1);
+  if constexpr (B == 2 || P == 4) _tile_zero(2);
+  if constexpr ((B == 2 && P == 2) || P == 4) _tile_zero(3);
+  const int64_t block_bytes = kAmxRows * lda, wstride = panel_stride * 2;
+  int64_t k = 0;
+  for (; k + kAmxK <= K2; k += kAmxK)
+    amx_step<B, P>((const char*)(a + k), lda, block_bytes, (const char*)(w + k * kPanel), wstride);
+  if (k < K2) {  // the last k, fewer than 32: each panel's into zero-padded scratch (1 KiB a panel)
+    for (int p = 0; p < P; ++p) {
+      std::memset(tail + p * kAmxK * kPanel, 0, kAmxK * kPanel * 2);
+      std::memcpy(tail + p * kAmxK * kPanel, w + p * panel_stride + k * kPanel, (K2 - k) * kPanel * 2);
+    }
+    amx_step<B, P>((const char*)(a + k), lda, block_bytes, (const char*)tail, kAmxK * kPanel * 2);
+  }
+  alignas(64) float sums[4][kAmxRows * kPanel];
+  _tile_stored(0, sums[0], 64);
+  if constexpr (P >= 2) _tile_stored(1, sums[1], 64);
+  if constexpr (B == 2 || P == 4) _tile_stored(2, sums[2], 64);
+  if constexpr ((B == 2 && P == 2) || P == 4) _tile_stored(3, sums[3], 64);
+  for (int b = 0; b < B; ++b)
+    for (int p = 0; p < P; ++p) {
+      int64_t n = n_left - (int64_t)p * kPanel;
+      if (n <= 0) continue;
+      __mmask16 mask = first_lanes(n);
+      __m512 bv = bias ? widen_bf16(_mm256_maskz_loadu_epi16(mask, bias + p * kPanel)) : _mm512_setzero_ps();
+      for (int r = 0; r < std::min<int>(kAmxRows, rows - b * kAmxRows); ++r) {
+        __m512 v = _mm512_load_ps(sums[P == 4 ? p : 2 * b + p] + r * kPanel);
+        if (bias) v = _mm512_add_ps(v, bv);
+        _mm256_mask_storeu_epi16(y + (b * kAmxRows + r) * ldy + p * kPanel, mask, (__m256i)_mm512_cvtneps_pbh(v));
+      }
+    }
+}
+
+// y [M, N] = x [M, K] W^T (+ bias) in bfloat16, W packed [panels, K2/2, 16, 2] (K2 = K rounded up to even).
+void amx_linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t panels, uint16_t* y, int64_t N,
+                const uint16_t* bias) {
+  const int64_t K2 = (K + 1) / 2 * 2, K32 = (K2 + kAmxK - 1) / kAmxK * kAmxK, stride = K2 * kPanel;
+  const int64_t blocks = (M + kAmxRows - 1) / kAmxRows;
+  // Inputs as whole blocks of 16 rows with readable, zero k up to K32: x itself where it is that already.
+  std::vector<uint16_t> padded;
+  const uint16_t* a = x;
+  int64_t lda = K;
+  if (M % kAmxRows != 0 || K != K32) {
+    padded.assign(blocks * kAmxRows * K32, 0);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(padded.data() + m * K32, x + m * K, K * 2);
+    a = padded.data();
+    lda = K32;
+  }
+  // One block of rows (up to 16): four panels at a time, the weights streamed four at once (the rows are
+  // too few to reuse them; memory-bound). More: two blocks by two panels (each weight tile used twice).
+  if (blocks == 1) {
+    at::parallel_for(0, (panels + 3) / 4, 1, [&](int64_t g0, int64_t g1) {
+      amx_configure();
+      alignas(64) uint16_t tail[4 * kAmxK * kPanel];
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t p0 = 4 * g, n_left = N - p0 * kPanel;
+        const uint16_t* wp = w + p0 * stride;
+        const uint16_t* bp = bias ? bias + p0 * kPanel : nullptr;
+        switch (std::min<int64_t>(4, panels - p0)) {
+          case 4: amx_tile<1, 4>(a, lda * 2, wp, stride, K2, y + p0 * kPanel, N, bp, n_left, (int)M, tail); break;
+          case 3:  // three panels: two, then one
+            amx_tile<1, 2>(a, lda * 2, wp, stride, K2, y + p0 * kPanel, N, bp, n_left, (int)M, tail);
+            amx_tile<1, 1>(a, lda * 2, wp + 2 * stride, stride, K2, y + (p0 + 2) * kPanel, N,
+                           bp ? bp + 2 * kPanel : nullptr, n_left - 2 * kPanel, (int)M, tail);
+            break;
+          case 2: amx_tile<1, 2>(a, lda * 2, wp, stride, K2, y + p0 * kPanel, N, bp, n_left, (int)M, tail); break;
+          default: amx_tile<1, 1>(a, lda * 2, wp, stride, K2, y + p0 * kPanel, N, bp, n_left, (int)M, tail);
+        }
+      }
+      _tile_release();
+    });
+    return;
+  }
+  const int64_t groups = (panels + 1) / 2;
+  at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+    amx_configure();
+    alignas(64) uint16_t tail[4 * kAmxK * kPanel];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t p0 = 2 * g;
+      const bool two = p0 + 1 < panels;
+      const uint16_t* wp = w + p0 * stride;
+      const uint16_t* bp = bias ? bias + p0 * kPanel : nullptr;
+      for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
+        const uint16_t* ab = a + b0 * kAmxRows * lda;
+        uint16_t* yb = y + b0 * kAmxRows * N + p0 * kPanel;
+        const int rows = (int)std::min<int64_t>(2 * kAmxRows, M - b0 * kAmxRows);
+        const int64_t n_left = N - p0 * kPanel;
+        const int64_t ldab = lda * 2;
+        if (b0 + 1 < blocks) {
+          if (two) amx_tile<2, 2>(ab, ldab, wp, stride, K2, yb, N, bp, n_left, rows, tail);
+          else amx_tile<2, 1>(ab, ldab, wp, stride, K2, yb, N, bp, n_left, rows, tail);
+        } else {
+          if (two) amx_tile<1, 2>(ab, ldab, wp, stride, K2, yb, N, bp, n_left, rows, tail);
+          else amx_tile<1, 1>(ab, ldab, wp, stride, K2, yb, N, bp, n_left, rows, tail);
+        }
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
+
 // Runs `tile(rows, panels, row0, panel0)` over the whole output: groups of up to kMaxPanels panels
 // are shared out between threads; each group walks all rows (its panels stay in cache meanwhile).
 template <typename F>
@@ -286,8 +477,9 @@ at::Tensor pack_linear(const at::Tensor& weight, c10::ScalarType dtype, const c1
   return out;
 }
 
+// `amx`: bfloat16 on AMX where this CPU and build have it (`amx()`); false runs the VDPBF16PS tiles.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                  const c10::optional<at::Tensor>& bias) {
+                  const c10::optional<at::Tensor>& bias, bool amx) {
   int64_t K = x.size(-1);
   bool narrow = x.scalar_type() == at::kFloat && packed.scalar_type() == at::kBFloat16;  // float32 from bfloat16
   TORCH_CHECK(x.scalar_type() == packed.scalar_type() || narrow, "linear: input is ", x.scalar_type(), ", weight ",
@@ -325,6 +517,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, int64_t out_fea
   } else if (x.scalar_type() == at::kBFloat16) {
 #if defined(OMNITTS_HAVE_BF16)
     const uint16_t* bp = b.defined() ? (const uint16_t*)b.data_ptr() : nullptr;
+#if defined(OMNITTS_HAVE_AMX)
+    if (amx && amx_enabled()) {
+      amx_linear((const uint16_t*)x2.data_ptr(), M, K, (const uint16_t*)packed.data_ptr(), panels,
+                 (uint16_t*)y.data_ptr(), out_features, bp);
+      return y;
+    }
+#endif
     return run((const uint16_t*)packed.data_ptr(), (const uint16_t*)x2.data_ptr(), (uint16_t*)y.data_ptr(), bp,
                kTilesBF16);
 #endif
@@ -1063,6 +1262,15 @@ bool vectorised_float32() {
 #endif
 }
 
+// Whether bfloat16 linears run on AMX (built for it, granted by the OS, not turned off by OMNITTS_AMX=0).
+bool amx() {
+#if defined(OMNITTS_HAVE_AMX)
+  return amx_enabled();
+#else
+  return false;
+#endif
+}
+
 // Which dtypes this build has kernels for: bit 0 float32, bit 1 bfloat16.
 int64_t dtypes() {
   int64_t bits = 0;
@@ -1079,7 +1287,7 @@ int64_t dtypes() {
 
 TORCH_LIBRARY(omnitts, m) {
   m.def("pack_linear(Tensor weight, ScalarType dtype, Tensor? out=None) -> Tensor", &pack_linear);
-  m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias) -> Tensor", &linear);
+  m.def("linear(Tensor x, Tensor packed, int out_features, Tensor? bias, bool amx=True) -> Tensor", &linear);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("norm_rope(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor", &norm_rope);
   m.def("snake(Tensor x, Tensor alpha, Tensor inv_beta) -> Tensor", &snake);
@@ -1091,4 +1299,5 @@ TORCH_LIBRARY(omnitts, m) {
   m.def("vectorised_float32() -> bool", &vectorised_float32);
   m.def("transpose_pad(Tensor x, int before=0, int after=0) -> Tensor", &transpose_pad);
   m.def("dtypes() -> int", &dtypes);
+  m.def("amx() -> bool", &amx);
 }
