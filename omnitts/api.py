@@ -26,7 +26,7 @@ from .device import make_deterministic, out_of_memory
 from .engine import EngineConfig
 from .engine.pipeline import Job, Pipeline
 from .engine.reference import decode_codes, generate_codes
-from .errors import OmniTTSError, RequestError, VoiceError
+from .errors import AudioError, OmniTTSError, RequestError, VoiceError
 from .info import checkpoint_info
 from .io.audio import load_reference
 from .params import SamplingParams, check_seed
@@ -152,7 +152,12 @@ class TTS:
             raise RequestError("ref_text: required for in-context cloning; give the transcript or set x_vector_only")
         codec_rate = ckpt.config.codec.input_sample_rate
         speaker_rate = ckpt.config.speaker_encoder.sample_rate
-        wav = load_reference(ref_audio, codec_rate, truncate=x_vector_only)
+        try:
+            wav = load_reference(ref_audio, codec_rate, truncate=x_vector_only)
+        except AudioError as exc:  # a clip's path: the field's name first, as in every other request error
+            if isinstance(ref_audio, tuple):  # (samples, rate): its messages say "reference audio: ..." already
+                raise
+            raise AudioError(f"ref_audio: {exc}") from None
         spk_wav = wav if speaker_rate == codec_rate else load_reference((wav, codec_rate), speaker_rate, truncate=True)
         x_vector = ckpt.model.speaker_encoder.embed(spk_wav)
         codes = None if x_vector_only else ckpt.codec_encoder.encode(wav)

@@ -36,8 +36,22 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def _check_sizes(cls, data: dict, prefix: str) -> None:
+    """Every integer field of dataclass `cls` that `data` gives is a positive integer (a size or a count; ids,
+    `*_id`, may be 0 and are checked against the vocabulary where they are used): a string or a -1 would
+    otherwise fail deep inside torch at the first synthesis, or show in `omnitts info` as if it were fine.
+    `prefix`: what the message puts before the field's name ("FILE: section.")."""
+    for f in fields(cls):
+        value = data.get(f.name)
+        if f.type not in ("int", "int | None") or value is None or f.name.endswith("_id"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise CheckpointError(f"{prefix}{f.name}: expected a positive integer, got {value!r}")
+
+
 def _build(cls, data: dict, where: str):
     """Instantiate dataclass `cls` from the keys of `data` it declares; wrong types name the field."""
+    _check_sizes(cls, data, f"{where}.")
     kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data and f.init}
     try:
         return cls(**kwargs)
@@ -311,6 +325,7 @@ def load_codec_config(folder: Path) -> CodecConfig:
     decoder = _build(CodecDecoderConfig, raw.get("decoder_config") or {}, f"{path}: decoder_config")
     keys = ("encoder_valid_num_quantizers", "input_sample_rate", "output_sample_rate",
             "decode_upsample_rate", "encode_downsample_rate")
+    _check_sizes(CodecConfig, raw, f"{path}: ")
     codec = CodecConfig(decoder=decoder, encoder=dict(raw.get("encoder_config") or {}),
                         **{k: raw[k] for k in keys if k in raw})
     if codec.decode_upsample_rate != decoder.samples_per_frame:

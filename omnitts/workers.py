@@ -245,7 +245,7 @@ def _open(plan: Plan):
 
 def _snapshot(tally) -> tuple:
     """The counts of a worker's walk through the manifest that its records do not carry."""
-    return tally.skipped, tally.earlier_failed, tally.changed
+    return tally.skipped, tally.earlier_failed, tally.changed, tally.damaged
 
 
 # -- the parent ---------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ class Pool:
     kills its process alone too is recorded failed (batch/claims.py); the run goes on. A worker that
     stopped for another error (a full disk, a bad checkpoint) is not. `tally` (the parent batch's, holding pass 1's
     bad lines) gets every worker's counts added: done, failed and audio seconds from their records
-    (each item is saved by one worker); changed items summed (counted by the worker that records
+    (each item is saved by one worker); changed (and damaged) items summed (counted by the worker that records
     them); skipped and earlier failed as the largest any worker saw (every worker walks the whole
     manifest and sees the same earlier results). A worker counts its siblings' items as "others":
     the parent works out the command's own `others` at the end (cli).
@@ -289,7 +289,7 @@ class Pool:
         self.conns: dict = {}  # reader -> worker index
         self.snapshots: dict[tuple, tuple] = {}  # (index, start) -> a worker process's counts
         self.starts = Counter()  # index -> times its worker was started
-        self.base = (tally.skipped, tally.earlier_failed, tally.changed)
+        self.base = (tally.skipped, tally.earlier_failed, tally.changed, tally.damaged)
         self.errors: dict[int, tuple[str, str]] = {}  # index -> (message, kind)
         self.stopping = 0  # signal number we stopped with (0: none)
         self.graphs = Counter()  # the workers' graph capture costs added up (`Pipeline.graph_stats`)
@@ -381,10 +381,11 @@ class Pool:
 
     def _count(self, index: int, snapshot: tuple) -> None:
         self.snapshots[index, self.starts[index]] = snapshot
-        skipped, earlier_failed, changed = zip(*self.snapshots.values())
+        skipped, earlier_failed, changed, damaged = zip(*self.snapshots.values())
         self.tally.skipped = self.base[0] + max(skipped)
         self.tally.earlier_failed = self.base[1] + max(earlier_failed)
         self.tally.changed = self.base[2] + sum(changed)
+        self.tally.damaged = self.base[3] + sum(damaged)
 
     def _reap(self, index: int) -> Ended | None:
         proc = self.procs[index]

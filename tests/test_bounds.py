@@ -8,6 +8,7 @@ import random
 import string
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,8 @@ def test_a_budget_smaller_than_the_pieces_fails_that_item(tts_factory):
     (outcome,) = Pipeline(tts, split=_split40).run([job])
     assert outcome.error == (f"max_frames: the item's budget of {pieces - 1} frames cannot be shared by its {pieces} "
                              "pieces (one frame each at least); raise the budget or split the line")
+    (outcome,) = Pipeline(tts, split=_split40).run([replace(job, params=tts.default_params(max_frames=1, greedy=True))])
+    assert outcome.error.startswith("max_frames: the item's budget of 1 frame cannot be shared")  # not "1 frames"
 
 
 def test_too_many_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_path):

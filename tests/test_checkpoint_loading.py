@@ -213,3 +213,36 @@ def test_ids_outside_the_codec_embedding_are_refused_at_load(cv_copy, change, me
     (cv_copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=rf"config\.json: talker_config: {message}"):
         omnitts.load(cv_copy)
+
+
+
+@pytest.mark.parametrize("file, where, value", [
+    ("config.json", "talker_config.hidden_size", "96"),
+    ("config.json", "talker_config.num_hidden_layers", -1),
+    ("config.json", "talker_config.num_attention_heads", 0),
+    ("config.json", "talker_config.vocab_size", 3072.0),
+    ("config.json", "talker_config.code_predictor_config.num_hidden_layers", True),
+    ("speech_tokenizer/config.json", "decoder_config.num_hidden_layers", "8"),
+    ("speech_tokenizer/config.json", "output_sample_rate", -24000),
+])
+def test_a_size_or_count_that_is_not_a_positive_integer_is_refused_naming_file_and_field(cv_copy, file, where,
+                                                                                          value):
+    """A string "96" was a torch TypeError traceback at synthesis; a -1 was shown by `omnitts info` as is."""
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+
+    path = cv_copy / file
+    config = json.loads(path.read_text())
+    *parents, field = where.split(".")
+    section = config
+    for key in parents:
+        section = section[key]
+    section[field] = value
+    path.write_text(json.dumps(config))
+    message = f"{path}: {where}: expected a positive integer, got {value!r}"
+    with pytest.raises(CheckpointError) as raised:
+        omnitts.load(cv_copy)
+    assert str(raised.value) == message
+    result = CliRunner().invoke(app, ["info", str(cv_copy)])
+    assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output

@@ -99,6 +99,25 @@ def test_rerun_resumes_without_duplicates_and_redoes_broken_files(ckpt_dir, tmp_
     assert not list(out.glob(".*.tmp"))
 
 
+def test_the_summary_says_why_items_run_again_damaged_files_included(ckpt_dir, tmp_path):
+    """A changed line got "N items run again: ..." in the summary; a damaged file redone got no reason."""
+    rows = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(3)]
+    manifest = _manifest(tmp_path / "m.jsonl", rows)
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "2", "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    (out / "u1.wav").write_bytes(b"truncated")
+    damaged = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert damaged.exit_code == 0, damaged.output
+    assert "1 item run again: its file damaged or missing (each file replaced)" in damaged.output, damaged.output
+    (out / "u0.wav").unlink()
+    _manifest(manifest, [rows[0], {**rows[1], "text": "Changed."}, {**rows[2], "text": "Changed too."}])
+    both = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert both.exit_code == 0, both.output
+    assert ("3 items run again: 2 with the line or the options changed since the earlier run, 1 with the file "
+            "damaged or missing (each file replaced)") in both.output, both.output
+
+
 def test_mode_the_checkpoint_cannot_do(ckpt_dir, tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "x", "text": "Hi.", "instruct": "Loud.", "speaker": "ryan"}])
     result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")])
@@ -204,6 +223,16 @@ def test_help_reads_well_at_80_columns(command):
         assert panels == ["Arguments", "Options", "Input", "Decoding", "Engine", "Output"]
 
 
+def test_validate_help_documents_the_exit_codes_it_gives(ckpt_dir, tmp_path):
+    """The help said "0 if every line is good, 1 otherwise", yet a manifest it cannot read exits 2."""
+    shown = " ".join(runner.invoke(app, ["validate", "--help"], terminal_width=200).output.replace("│", " ").split())
+    assert "Exit code 0 if every line is good, 1 otherwise; 2 when the manifest cannot be read" in shown, shown
+    (tmp_path / "folder").mkdir()
+    result = runner.invoke(app, ["validate", str(tmp_path / "folder"), "-m", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 2 and result.output.startswith(f"error: {tmp_path / 'folder'}: a folder but not"), \
+        result.output
+
+
 def test_every_option_sits_in_a_panel():
     import typer.main
 
@@ -297,9 +326,12 @@ def test_rerun_says_why_items_were_skipped_and_force_redoes_them(ckpt_dir, tmp_p
     assert [r["id"] for r in records] == ["u0", "u1", "u0", "u1"] and all(r["status"] == "ok" for r in records)
 
 
-def test_a_rerun_with_earlier_failures_still_exits_1_and_says_how_to_retry(ckpt_dir, tmp_path):
+def test_a_rerun_with_earlier_failures_still_exits_1_and_says_how_to_retry(ckpt_dir, tmp_path, monkeypatch):
     """Issue 36: a re-run skipped the failed items, printed "0 failed, 1 skipped" and exited 0."""
     sf.write(tmp_path / "silent.wav", np.zeros(24000, dtype=np.float32), 24000)  # fails when it runs
+    # ... and only then: the manifest check passes it, as a clip replaced after the check would pass
+    monkeypatch.setattr("omnitts.batch.manifest._audio_problem",
+                        lambda path, icl=True: None if "silent" in path else "file not found")
     manifest = _manifest(tmp_path / "m.jsonl", [
         {"id": "ok", "text": "Fine.", "ref_audio": "silent.wav", "x_vector_only": True},
         {"id": "bad", "text": "Bad line.", "ref_audio": "missing.wav", "x_vector_only": True},
@@ -307,7 +339,8 @@ def test_a_rerun_with_earlier_failures_still_exits_1_and_says_how_to_retry(ckpt_
     out = tmp_path / "out"
     args = ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(out), "--max-frames", "3", "-q"]
     first = runner.invoke(app, args, env={"COLUMNS": "200"})
-    assert first.exit_code == 1 and "reference audio is silent" in first.output, first.output
+    assert first.exit_code == 1 and "error: ok: ref_audio: " in first.output, first.output  # the field named
+    assert f"{tmp_path}/silent.wav: reference audio is silent" in first.output, first.output
     # The bad line is "fixed" (a changed line runs by itself, and fails: its clip is silent too); the
     # unchanged failure is not run again: neither has audio, so the run exits 1 and says how to retry.
     _manifest(manifest, [
@@ -357,13 +390,15 @@ def test_demo_kinds_write_to_their_own_folders(tmp_path, monkeypatch):
     calls = []
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(omnitts.testing.checkpoint, "build_checkpoint",
-                        lambda path, **kw: calls.append(("build", path)))
+                        lambda path, **kw: (path.mkdir(parents=True), calls.append(("build", path))))
     monkeypatch.setattr(omnitts.cli, "synth", lambda **kw: calls.append((kw["out"], kw["force"])))
     for kind, extra in (("custom_voice", []), ("base", ["--force"])):
         result = runner.invoke(app, ["demo", "--kind", kind, *extra])
         assert result.exit_code == 0, result.output
-    assert calls == [("build", Path(".cache/demo-tiny-customvoice")), (Path("out/demo-custom_voice"), False),
-                     ("build", Path(".cache/demo-tiny-base")), (Path("out/demo-base"), True)]
+    # each built beside its folder, renamed into place once complete
+    assert calls == [("build", Path(".cache/.demo-tiny-customvoice.building")), (Path("out/demo-custom_voice"), False),
+                     ("build", Path(".cache/.demo-tiny-base.building")), (Path("out/demo-base"), True)]
+    assert sorted(p.name for p in (tmp_path / ".cache").iterdir()) == ["demo-tiny-base", "demo-tiny-customvoice"]
     assert (tmp_path / "out" / "demo-base" / "ref.wav").is_file()
 
 

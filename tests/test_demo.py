@@ -31,6 +31,32 @@ def test_demo_rejects_an_unknown_kind(tmp_path):
     assert result.exit_code == 2 and "--kind 'opera': choose custom_voice, voice_design, base" in result.output
 
 
+@pytest.mark.parametrize("option, path, problem", [
+    ("-o", "file", "--out {file}: is a file, not a directory"),
+    ("-o", "file/x", "--out {file}/x: {file} is a file, not a directory"),
+    ("--model-dir", "file", "--model-dir {file}: is a file, not a directory"),
+    ("--model-dir", "file/x", "--model-dir {file}/x: {file} is a file, not a directory"),
+    ("--model-dir", "mine", "--model-dir {mine}: not empty and not a demo checkpoint; the demo builds its "
+                            "checkpoint in a new or empty folder (choose another --model-dir)"),
+])
+def test_demo_refuses_an_unusable_out_or_model_dir_in_one_line(tmp_path, option, path, problem):
+    """A file where a folder goes was a FileExistsError / NotADirectoryError traceback; a folder of the user's
+    own files got its config.json overwritten by the demo's."""
+    (tmp_path / "file").write_text("a file")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text('{"mine": true}')
+    (tmp_path / "mine" / "notes.txt").write_text("notes")
+    defaults = {"-o": str(tmp_path / "out"), "--model-dir": str(tmp_path / "ckpt")}
+    args = [arg for name, value in {**defaults, option: str(tmp_path / path)}.items() for arg in (name, value)]
+    result = CliRunner().invoke(app, ["demo", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1, result.output
+    assert result.output.startswith("error: " + problem.format(file=tmp_path / "file", mine=tmp_path / "mine"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]  # nothing built, nothing written
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["config.json", "notes.txt"]
+    assert (tmp_path / "mine" / "config.json").read_text() == '{"mine": true}'
+
+
 def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatch):
     """`omnitts demo` with no options, as the README's quick start runs it: a tiny CustomVoice checkpoint
     built under .cache/, its 3-line manifest synthesized into the output folder the run names."""

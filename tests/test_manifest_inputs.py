@@ -47,6 +47,9 @@ BAD = [
     ({"id": "noref", "text": "Hi.", "ref_audio": "missing.wav"}, "ref_audio: file not found"),
     ({"id": "garbage", "text": "Hi.", "ref_audio": "garbage.wav"}, "ref_audio: cannot read audio"),
     ({"id": "short", "text": "Hi.", "ref_audio": "short.wav"}, "ref_audio: "),  # "... is 0.20 s long"
+    ({"id": "silent", "text": "Hi.", "ref_audio": "silent.wav"}, "ref_audio: "),  # "... reference audio is silent"
+    ({"id": "emptyref", "text": "Hi.", "ref_audio": " "}, "ref_audio: empty; give the path of a reference clip"),
+    ({"id": "emptyvoice", "text": "Hi.", "voice": ""}, "voice: empty; give the path of a saved .safetensors voice"),
     ({"id": "novoice", "text": "Hi.", "voice": "nope.safetensors"}, "voice: file not found"),
     ({"id": "wavvoice", "text": "Hi.", "voice": "refs/r.wav"}, "voice: "),  # "... is not a .safetensors voice file"
     ({"id": "both", "text": "Hi.", "ref_audio": "refs/r.wav", "voice": "v.safetensors"}, "voice: give either ref_audio or voice"),
@@ -69,7 +72,8 @@ BAD = [
     ({"id": "ages", "text": "Hi.", "speaker": "ryan", "max_seconds": 1e308}, "max_seconds: must be at most 3.403e+38"),
     ({"id": "bigk", "text": "Hi.", "speaker": "ryan", "top_k": 10**30}, "top_k: must be at most 9.223e+18"),
 ]
-SPECIFIC = {"short": "is 0.20 s long; at least 0.5 s is needed", "wavvoice": "is not a .safetensors voice file"}
+SPECIFIC = {"short": "is 0.20 s long; at least 0.5 s is needed", "wavvoice": "is not a .safetensors voice file",
+            "silent": "silent.wav: reference audio is silent"}  # validate checks what synthesis would
 
 
 def _line(row) -> str:
@@ -77,13 +81,15 @@ def _line(row) -> str:
 
 
 def _folder(tmp_path, ref_wav):
-    """A manifest folder with a good reference clip, a garbage one, a too-short one and a voice file."""
+    """A manifest folder with a good reference clip, a garbage one, a too-short one, a silent one and a voice
+    file."""
     from safetensors.numpy import save_file
 
     (tmp_path / "refs").mkdir(exist_ok=True)
     (tmp_path / "refs" / "r.wav").write_bytes(ref_wav.read_bytes())
     (tmp_path / "garbage.wav").write_bytes(b"this is not audio at all" * 10)
     sf.write(tmp_path / "short.wav", np.full(4800, 0.1, dtype=np.float32), 24000)  # 0.2 s
+    sf.write(tmp_path / "silent.wav", np.zeros(24000, dtype=np.float32), 24000)  # 1 s of zeros
     save_file({"x_vector": np.zeros(8, dtype=np.float32)}, str(tmp_path / "v.safetensors"))
     return tmp_path
 
@@ -434,6 +440,25 @@ def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp
     assert all(e.message.startswith(f"{path}:{e.line}: ") for e in entries if isinstance(e, BadLine))
 
 
+def test_csv_and_tsv_integer_cells_take_whole_floats_as_pandas_writes_them(ckpt_dir, tmp_path):
+    """pandas' `to_csv` writes an integer column with gaps as 1.0, , 3.0: read as JSON's 7.0 and Parquet's are
+    (every integer field); a fraction is still refused."""
+    cfg = load_config(ckpt_dir("custom_voice"))
+    for name, sep in (("m.csv", ","), ("m.tsv", "\t")):
+        path = tmp_path / name
+        path.write_text(sep.join(["id", "text", "speaker", "seed", "top_k"]) + "\n"
+                        + "".join(sep.join(row) + "\n" for row in (["a", "Hi.", "ryan", "1.0", "20.0"],
+                                                                     ["b", "Hi.", "ryan", "", ""],
+                                                                     ["c", "Hi.", "ryan", "3.0", "1e1"],
+                                                                     ["d", "Hi.", "ryan", "1.5", ""],
+                                                                     ["e", "Hi.", "ryan", "", "2.5"])), encoding="utf-8")
+        a, b, c, d, e = iter_manifest(path, cfg)
+        assert [(x.seed, x.sampling) for x in (a, b, c)] == [(1, {"top_k": 20}), (None, {}), (3, {"top_k": 10})]
+        assert type(a.seed) is int and type(a.sampling["top_k"]) is int
+        assert d.message == f"{path}:5: seed: expected an integer, got '1.5'"
+        assert e.message == f"{path}:6: top_k: expected an integer, got '2.5'"
+
+
 def test_json_lines_take_integer_ids_and_whole_floats_as_tables_do(ckpt_dir, tmp_path):
     """pandas' `to_json(orient="records", lines=True)` writes an integer column with gaps as 7.0 and an
     integer id as 7: read as Parquet's are; a fraction where an integer is expected is still refused."""
@@ -592,3 +617,43 @@ def test_a_manifest_on_standard_input_is_refused_with_what_to_do(ckpt_dir, tmp_p
         assert result.exit_code == 2, result.output
         assert result.output == ("error: -: a manifest is read more than once (checked, counted, run), so it is a "
                                  "file, not standard input: save it first (... > lines.jsonl)\n")
+
+
+@pytest.mark.parametrize("how", ["pipe", "fifo"])
+def test_synth_refuses_a_piped_manifest_and_validate_reads_it(ckpt_dir, tmp_path, how):
+    """`cat m.jsonl | omnitts synth /dev/stdin ...` (or `<(...)`, a FIFO) synthesized nothing and exited 0:
+    synth reads its manifest more than once, and a pipe is empty the second time. validate reads it once."""
+    model = str(ckpt_dir("custom_voice"))
+
+    def piped():
+        """A pipe holding the manifest, by a path: /dev/fd/N (as `<(...)` and /dev/stdin are), or a FIFO."""
+        if how == "pipe":
+            read, write = os.pipe()
+            os.write(write, (_line(GOOD[0]) + "\n").encode())
+            os.close(write)
+            return f"/dev/fd/{read}", lambda: os.close(read)
+        fifo = tmp_path / "m.jsonl"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        writer = threading.Thread(target=lambda: fifo.write_text(_line(GOOD[0]) + "\n"), daemon=True)
+        writer.start()
+        return str(fifo), lambda: writer.join(timeout=0.1)
+
+    path, done = piped()
+    try:
+        result = runner.invoke(app, ["synth", path, "-m", model, "-o", str(tmp_path / "out"), "--max-frames", "2"])
+    finally:
+        if how == "fifo":  # no reader came: let the writer through
+            with open(path, encoding="utf-8") as handle:
+                handle.read()
+        done()
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"error: {path}: a manifest is read more than once (checked, counted, run), so it is a "
+                             "file, not a pipe: save it first (... > lines.jsonl)\n")
+    assert not (tmp_path / "out").exists()
+    path, done = piped()
+    try:
+        result = runner.invoke(app, ["validate", path, "-m", model])
+    finally:
+        done()
+    assert result.exit_code == 0 and result.output == f"{path}: 1 good, 0 bad\n", result.output

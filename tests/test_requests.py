@@ -70,3 +70,20 @@ def test_keywords_of_the_wrong_type_are_refused_as_manifest_fields(tts_factory, 
     """They escaped as AttributeError (or were str()-ed into the prompt); the manifest's check names them."""
     with pytest.raises(RequestError, match=rf"^{message}$"):
         tts_factory("custom_voice").synthesize("Hi.", max_frames=2, **kwargs)
+
+
+def test_a_customvoice_checkpoint_without_speakers_says_so(ckpt_dir):
+    """The speaker error ended "choose one of " and nothing when the config lists no speakers."""
+    from dataclasses import replace
+
+    from omnitts.config import load_config
+    from omnitts.request import Request
+    from omnitts.text.prompt import resolve
+
+    cfg = load_config(ckpt_dir("custom_voice"))
+    cfg = replace(cfg, talker=replace(cfg.talker, spk_id={}, spk_is_dialect={}))
+    for speaker, start in ((None, "speaker: required by this CustomVoice checkpoint; "),
+                           ("ryan", "speaker: 'ryan' is not known to this checkpoint; ")):
+        with pytest.raises(RequestError) as raised:
+            resolve(cfg, Request("Hi.", speaker=speaker))
+        assert str(raised.value) == start + "it names no speakers (talker_config.spk_id in its config.json is empty)"

@@ -117,6 +117,9 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
         raise RequestError(f"text: missing{_from(columns, 'text')}; give the words to speak")
     if problem := empty_text(obj["text"]):
         raise RequestError(f"text: {problem}; give the words to speak")
+    for name, what in (("ref_audio", "a reference clip"), ("voice", "a saved .safetensors voice")):
+        if isinstance(obj.get(name), str) and not obj[name].strip():  # (not the manifest's own folder)
+            raise RequestError(f"{name}: empty; give the path of {what}")
     if obj.get("ref_audio") is not None and obj.get("voice") is not None:
         raise RequestError("voice: give either ref_audio or voice, not both")
     ref_audio = _path(obj.get("ref_audio"), base)
@@ -176,7 +179,8 @@ def _path(value: str | None, base: Path) -> Path | None:
 
 
 def _audio_problem(path: str, icl: bool = True) -> str | None:
-    """Why reference audio `path` cannot be used, or None (soundfile reads its header only)."""
+    """Why reference audio `path` cannot be used, or None: what synthesis checks (the clip is read, at most
+    30 s of it, once per file)."""
     if not Path(path).is_file():
         return f"{'a directory, not an audio file' if Path(path).is_dir() else 'file not found'}: {path}"
     stat = Path(path).stat()
@@ -187,7 +191,8 @@ def _audio_problem(path: str, icl: bool = True) -> str | None:
 def _header_problem(path: str, mtime_ns: int, size: int, icl: bool) -> str | None:
     import soundfile as sf
 
-    from ..io.audio import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS
+    from ..errors import AudioError
+    from ..io.audio import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS, check_samples
 
     try:
         info = sf.info(path)
@@ -198,6 +203,13 @@ def _header_problem(path: str, mtime_ns: int, size: int, icl: bool) -> str | Non
     if icl and info.duration > MAX_REFERENCE_SECONDS:
         return (f"{path} is {info.duration:.1f} s long; in-context cloning takes at most {MAX_REFERENCE_SECONDS:g} s "
                 "(trim the clip and its ref_text, or set x_vector_only)")
+    try:  # the samples synthesis uses (at most 30 s), checked as it checks them (silent, NaN)
+        wav, _ = sf.read(path, frames=int(MAX_REFERENCE_SECONDS * info.samplerate), dtype="float32", always_2d=True)
+        check_samples(wav.mean(axis=1), path)
+    except AudioError as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - as sf.info above: the file is what matters
+        return f"cannot read audio {path} ({str(exc).strip() or type(exc).__name__})"
     return None
 
 
@@ -212,7 +224,7 @@ def _from_text(row: dict) -> dict:
                     raise ValueError
                 value = text.lower() in _TRUE
             elif kind is int:
-                value = int(text)
+                value = _whole(text)
             elif kind == NUMBER:
                 value = float(text)
         except ValueError:
@@ -220,6 +232,18 @@ def _from_text(row: dict) -> dict:
             raise RequestError(f"{name}: expected {expected}, got {value!r}") from None
         out[name] = value
     return out
+
+
+def _whole(text: str) -> int:
+    """An integer cell: digits, or a whole number written as a float ("7.0": pandas writes an integer column
+    with gaps so); ValueError for anything else (a fraction, nan, inf)."""
+    try:
+        return int(text)
+    except ValueError:
+        number = float(text)
+        if not number.is_integer():
+            raise ValueError(text) from None
+        return int(number)
 
 
 def _typed_values(row: dict) -> dict:

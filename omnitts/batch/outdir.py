@@ -50,8 +50,9 @@ class OutNameError(OmniTTSError):
     """One item's file name cannot be made in the output directory (the item fails, the run goes on)."""
 
 
-def check_out(out: Path) -> None:
+def check_out(out: Path, flag: str = "--out") -> None:
     """Raise OutDirError unless `out` is, or can be made, a directory omnitts can write; creates nothing.
+    `flag`: the option named in the message.
 
     Checked before anything runs: `out` (or the nearest part of its path that exists) must be a
     directory, writable, and not on a read-only filesystem. `Batch` then creates `out` and writes a
@@ -61,14 +62,14 @@ def check_out(out: Path) -> None:
     existing = out
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
-    where = f"--out {out}: " + ("" if existing == out else f"{existing} ")
+    where = f"{flag} {out}: " + ("" if existing == out else f"{existing} ")
     if not existing.is_dir():
         what = "is a file" if existing.is_file() else "is a broken symbolic link" if existing.is_symlink() else "is"
         raise OutDirError(f"{where}{what}, not a directory (choose a directory; omnitts creates it if missing)")
     if os.statvfs(existing).f_flag & os.ST_RDONLY:
-        raise OutDirError(f"{where}is on a read-only filesystem (choose a writable --out)")
+        raise OutDirError(f"{where}is on a read-only filesystem (choose a writable {flag})")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutDirError(f"{where}is not writable: permission denied (choose a writable --out)")
+        raise OutDirError(f"{where}is not writable: permission denied (choose a writable {flag})")
 
 
 @dataclass
@@ -110,7 +111,8 @@ class Tally:
     failed: int = 0
     skipped: int = 0  # not run: done earlier, or failed earlier (below)
     earlier_failed: int = 0  # skipped because an earlier run failed them (no audio; --retry-failed runs them)
-    changed: int = 0  # recorded again because the line or the options changed since their record
+    changed: int = 0  # recorded again because the line or the options changed since their record, or their file
+    damaged: int = 0  # of `changed`: those whose line and options had not changed, but their file was damaged or gone
     others: int = 0  # recorded by another writer of the same directory during this run (not run here)
     seconds: float = 0.0  # audio written in this run
     errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
@@ -166,7 +168,7 @@ class Batch:
         # Jobs handed out and not yet saved that run an item again because its line or the options changed:
         # `tally.changed` counts them as their records are written, so an item that two processes take up
         # (a worker started again after it died) counts once, as it is recorded once.
-        self.rerun: set[str] = set()
+        self.rerun: dict[str, bool] = {}  # id -> whether it is for a damaged or missing file (not a change)
         self._looked = 0.0  # when held items were last looked at
 
     def __enter__(self) -> "Batch":
@@ -291,9 +293,9 @@ class Batch:
         runs alone; one whose process died while it ran alone fails without running."""
         item_id, ledger = job.request.id, self.ledger
         done = ledger.done.get(item_id)
-        if not self.settings.force and ((done is not None and not _same(done.fingerprint, current))
-                                        or item_id in ledger.failed):
-            self.rerun.add(item_id)
+        if not self.settings.force and (done is not None or item_id in ledger.failed):
+            # not skipped: a changed line or options, else (the same fingerprint) a file damaged or missing
+            self.rerun[item_id] = done is not None and _same(done.fingerprint, current)
         self._prints[item_id] = current
         deaths, alone = self.writer.deaths.get(item_id, (0, False))
         if alone:
@@ -412,7 +414,7 @@ class Batch:
 
     def _count_rerun(self, item_id: str) -> None:
         if item_id in self.rerun:
-            self.rerun.discard(item_id)
+            self.tally.damaged += self.rerun.pop(item_id)
             self.tally.changed += 1
 
     def sink(self, job: Job):

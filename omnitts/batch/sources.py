@@ -283,6 +283,19 @@ def is_saved_dataset(path: Path) -> bool:
                               or (path / "dataset_dict.json").is_file())
 
 
+def check_rereadable(path) -> None:
+    """OmniTTSError unless manifest `path` can be read more than once (synth checks it, counts it, runs it):
+    a regular file or a folder. A pipe (`cat ... |` into /dev/stdin, `<(...)`, a FIFO) is empty the second
+    time, so it is refused rather than silently running nothing; a missing path is open_source's to report."""
+    path = Path(path)
+    what = ("standard input" if str(path) == "-" else None if not path.exists() or path.is_file() or path.is_dir()
+            else "a pipe" if path.is_fifo() else "a device" if path.is_char_device() or path.is_block_device()
+            else "a socket" if path.is_socket() else "a special file")
+    if what is not None:
+        raise OmniTTSError(f"{path}: a manifest is read more than once (checked, counted, run), so it is a file, not "
+                           f"{what}: save it first (... > lines.jsonl)")
+
+
 def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource | DatasetSource:
     """The reader for `path`, picked from its suffix, or a saved dataset for a folder."""
     path = Path(path)

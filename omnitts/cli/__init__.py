@@ -208,6 +208,7 @@ def synth(
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..batch.outdir import Batch, Settings, check_out
     from ..batch.shard import in_shard, parse_shard
+    from ..batch.sources import check_rereadable
     from ..config import load_config
     from ..voice import checkpoint_identity
 
@@ -240,6 +241,7 @@ def synth(
     # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
     # Both passes stream the manifest, so memory does not grow with its length.
     try:
+        check_rereadable(manifest)
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
         identity = checkpoint_identity(model)  # in every record's fingerprint
         batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
@@ -336,7 +338,9 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     """Check every line of MANIFEST against the checkpoint's config, without loading weights.
 
     Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
-    datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise.
+    datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise; 2 when the manifest
+    cannot be read (`-`, a folder that is not a dataset, a header naming a column twice...), or for a bad
+    checkpoint or option.
     """
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..config import load_config
@@ -450,15 +454,25 @@ def demo(
     """
     import json
 
-    from ..testing.checkpoint import build_checkpoint
+    from ..batch.outdir import check_out
 
     if kind not in DEMO_LINES:
         fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
     model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
     out = out or Path(f"out/demo-{kind}")
-    if not (model_dir / "model.safetensors").exists():
+    built = all((model_dir / name).is_file() for name in ("model.safetensors", "speech_tokenizer/model.safetensors"))
+    try:  # both checked before anything is built or written
+        check_out(out)
+        if not built:
+            check_out(model_dir, "--model-dir")
+    except OmniTTSError as exc:
+        fail(str(exc))
+    if not built:
+        if model_dir.is_dir() and any(model_dir.iterdir()):
+            fail(f"--model-dir {model_dir}: not empty and not a demo checkpoint; the demo builds its checkpoint in "
+                 "a new or empty folder (choose another --model-dir)")
         typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
-        build_checkpoint(model_dir, kind=kind, preset="tiny-0.6b" if kind == "base" else "tiny-1.7b")
+        _build_demo_checkpoint(model_dir, kind)
     out.mkdir(parents=True, exist_ok=True)
     if kind == "base":
         _write_demo_reference(out / "ref.wav")
@@ -471,6 +485,21 @@ def demo(
           retry_runaway=0,
           loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
           recipe=None)
+
+
+def _build_demo_checkpoint(model_dir: Path, kind: str) -> None:
+    """Build into a folder beside `model_dir`, renamed into place when complete: an interrupted build leaves
+    no half checkpoint (the next demo would refuse the folder) but a hidden folder the next build replaces."""
+    import shutil
+
+    from ..testing.checkpoint import build_checkpoint
+
+    building = model_dir.parent / f".{model_dir.name}.building"
+    shutil.rmtree(building, ignore_errors=True)
+    build_checkpoint(building, kind=kind, preset="tiny-0.6b" if kind == "base" else "tiny-1.7b")
+    if model_dir.is_dir():
+        model_dir.rmdir()  # empty (checked)
+    building.rename(model_dir)
 
 
 def _write_demo_reference(path: Path) -> None:

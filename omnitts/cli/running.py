@@ -476,8 +476,12 @@ def _summary(console, batch) -> None:
         console.print(f"{plural(done_before, 'item')} already done in {batch.out}: skipped (--force redoes "
                       f"{'it' if done_before == 1 else 'them'})")
     if t.changed:
-        console.print(f"{plural(t.changed, 'item')} run again: {'its' if t.changed == 1 else 'their'} line or the "
-                      "options changed since the earlier run (each file replaced)")
+        its, changed = "its" if t.changed == 1 else "their", t.changed - t.damaged
+        why = (f"{its} line or the options changed since the earlier run" if not t.damaged
+               else f"{its} file damaged or missing" if not changed
+               else f"{changed} with the line or the options changed since the earlier run, {t.damaged} with the "
+                    "file damaged or missing")
+        console.print(f"{plural(t.changed, 'item')} run again: {why} (each file replaced)")
     if t.earlier_failed:
         one = t.earlier_failed == 1
         console.print(f"{plural(t.earlier_failed, 'item')} failed in an earlier run and still "

@@ -727,7 +727,8 @@ def _shares(item: _Item) -> list[int] | None:
         total = frames_in(request.max_seconds)
     if total < len(item.pieces):
         name = "max_frames" if params.max_frames is not None else "max_seconds"
-        raise RequestError(f"{name}: the item's budget of {total} frames cannot be shared by its {len(item.pieces)} "
+        frames = f"{total} frame{'' if total == 1 else 's'}"
+        raise RequestError(f"{name}: the item's budget of {frames} cannot be shared by its {len(item.pieces)} "
                            "pieces (one frame each at least); raise the budget or split the line")
     return share_frames(total, [prompt.text_tokens for _, prompt in item.pieces])
 

@@ -70,13 +70,18 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     if wav.size == 0 or wav.size < MIN_REFERENCE_SECONDS * sr:
         raise AudioError(f"{name}: reference audio is {wav.size / max(sr, 1):.2f} s long; "
                          f"at least {MIN_REFERENCE_SECONDS} s is needed")
+    check_samples(wav, name)
+    if sr != target_sr:
+        wav = librosa.resample(y=wav, orig_sr=sr, target_sr=target_sr)
+    return wav.astype(np.float32)
+
+
+def check_samples(wav: np.ndarray, name: str) -> None:
+    """AudioError unless a reference clip's samples are finite and not silent (manifest checks use it too)."""
     if not np.isfinite(wav).all():
         raise AudioError(f"{name}: reference audio contains NaN or infinite samples")
     if float(np.abs(wav).max()) < 1e-4:
         raise AudioError(f"{name}: reference audio is silent")
-    if sr != target_sr:
-        wav = librosa.resample(y=wav, orig_sr=sr, target_sr=target_sr)
-    return wav.astype(np.float32)
 
 
 def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:

@@ -55,6 +55,13 @@ def not_text(value: str) -> str | None:
             "both halves of its surrogate pair)")
 
 
+def _speaker_choice(tcfg) -> str:
+    """What to choose from, for a speaker error: the checkpoint's speakers, or that it has none."""
+    if not tcfg.speakers:
+        return "it names no speakers (talker_config.spk_id in its config.json is empty)"
+    return f"choose one of {', '.join(tcfg.speakers)}"
+
+
 def resolve(cfg, req: Request) -> Resolved:
     """Check `req` against what checkpoint config `cfg` can do; raise RequestError naming the field."""
     tcfg, kind = cfg.talker, cfg.model_type
@@ -73,11 +80,10 @@ def resolve(cfg, req: Request) -> Resolved:
     has_ref = req.voice is not None or req.ref_audio is not None
     if kind == "custom_voice":
         if not req.speaker:
-            raise RequestError(f"speaker: required by this CustomVoice checkpoint; choose one of {', '.join(tcfg.speakers)}")
+            raise RequestError(f"speaker: required by this CustomVoice checkpoint; {_speaker_choice(tcfg)}")
         speaker = req.speaker.lower()
         if speaker not in tcfg.spk_id:
-            raise RequestError(f"speaker: {req.speaker!r} is not known to this checkpoint; "
-                               f"choose one of {', '.join(tcfg.speakers)}")
+            raise RequestError(f"speaker: {req.speaker!r} is not known to this checkpoint; {_speaker_choice(tcfg)}")
         speaker_id = tcfg.spk_id[speaker]
         dialect = tcfg.spk_is_dialect.get(speaker) or None
         if dialect and language in ("chinese", "auto"):
