@@ -100,8 +100,11 @@ def linear_kernels() -> dict:
     """Which kernel omnitts' packed CPU linears use per dtype: its own (native) or oneDNN's."""
     from omnitts.device import native
 
-    return {name: "native" if native.available(dtype) else "oneDNN"
-            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    kinds = {name: "native" if native.available(dtype) else "oneDNN"
+             for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    if native.amx():
+        kinds["bfloat16"] = "native (AMX)"
+    return kinds
 
 
 def resolve_dtype(name: str, flags: list[str]) -> str:

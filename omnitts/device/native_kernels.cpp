@@ -241,6 +241,7 @@ const auto kTilesBF16 = table_of_tiles_bf16(std::make_integer_sequence<int, kMax
 
 constexpr int64_t kAmxK = 32;      // k per tile step (16 pairs)
 constexpr int64_t kAmxRows = 16;   // rows per block
+constexpr int64_t kAmxAhead = 4;   // steps a panel's weights are prefetched ahead (one block)
 
 struct alignas(64) AmxConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -264,12 +265,14 @@ bool amx_enabled() {
   return enabled;
 }
 
-// Tiles 0-3: sums (row block b, panel p) at 2b + p; 4, 5: the two row blocks' inputs; 6, 7: the two panels'
-// weights. Every tile is 16 rows of 64 bytes.
-void amx_configure() {
+// Every tile is up to 16 rows of 64 bytes. Two blocks (all rows 16): tiles 0-3 the sums of (row block b,
+// panel p) at 2b + p, 4 and 5 the blocks' inputs, 6 and 7 the two panels' weights. One block of `rows` rows:
+// tiles 0-3 the four panels' sums and 4 the inputs, `rows` rows each (a short block costs fewer tile rows,
+// and the rows are read from x as they are), 5-7 weights.
+void amx_configure(int rows) {
   AmxConfig cfg;
   for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
+    cfg.rows[t] = t <= 4 ? rows : 16;
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
@@ -315,8 +318,14 @@ void amx_tile(const uint16_t* a, int64_t lda, const uint16_t* w, int64_t panel_s
   if constexpr ((B == 2 && P == 2) || P == 4) _tile_zero(3);
   const int64_t block_bytes = kAmxRows * lda, wstride = panel_stride * 2;
   int64_t k = 0;
-  for (; k + kAmxK <= K2; k += kAmxK)
+  for (; k + kAmxK <= K2; k += kAmxK) {
+    if constexpr (P == 4) {  // memory-bound: ask for each panel's tiles kAmxAhead steps early
+      for (int p = 0; p < 4; ++p)
+        for (int line = 0; line < 16; ++line)
+          _mm_prefetch((const char*)(w + p * panel_stride + (k + kAmxAhead * kAmxK) * kPanel) + 64 * line, _MM_HINT_T0);
+    }
     amx_step<B, P>((const char*)(a + k), lda, block_bytes, (const char*)(w + k * kPanel), wstride);
+  }
   if (k < K2) {  // the last k, fewer than 32: each panel's into zero-padded scratch (1 KiB a panel)
     for (int p = 0; p < P; ++p) {
       std::memset(tail + p * kAmxK * kPanel, 0, kAmxK * kPanel * 2);
@@ -348,11 +357,12 @@ void amx_linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int6
                 const uint16_t* bias) {
   const int64_t K2 = (K + 1) / 2 * 2, K32 = (K2 + kAmxK - 1) / kAmxK * kAmxK, stride = K2 * kPanel;
   const int64_t blocks = (M + kAmxRows - 1) / kAmxRows;
-  // Inputs as whole blocks of 16 rows with readable, zero k up to K32: x itself where it is that already.
+  // Inputs as whole blocks (of 16 rows, or of M < 16 alone) with readable, zero k up to K32: x itself where it
+  // is that already.
   std::vector<uint16_t> padded;
   const uint16_t* a = x;
   int64_t lda = K;
-  if (M % kAmxRows != 0 || K != K32) {
+  if ((blocks > 1 && M % kAmxRows != 0) || K != K32) {
     padded.assign(blocks * kAmxRows * K32, 0);
     for (int64_t m = 0; m < M; ++m) std::memcpy(padded.data() + m * K32, x + m * K, K * 2);
     a = padded.data();
@@ -362,7 +372,7 @@ void amx_linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int6
   // too few to reuse them; memory-bound). More: two blocks by two panels (each weight tile used twice).
   if (blocks == 1) {
     at::parallel_for(0, (panels + 3) / 4, 1, [&](int64_t g0, int64_t g1) {
-      amx_configure();
+      amx_configure((int)M);
       alignas(64) uint16_t tail[4 * kAmxK * kPanel];
       for (int64_t g = g0; g < g1; ++g) {
         const int64_t p0 = 4 * g, n_left = N - p0 * kPanel;
@@ -385,7 +395,7 @@ void amx_linear(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int6
   }
   const int64_t groups = (panels + 1) / 2;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    amx_configure();
+    amx_configure(kAmxRows);
     alignas(64) uint16_t tail[4 * kAmxK * kPanel];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = 2 * g;
