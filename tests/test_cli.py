@@ -85,31 +85,21 @@ def test_bad_lines_are_reported_recorded_and_the_rest_runs(ckpt_dir, tmp_path):
 
 
 def test_rerun_resumes_without_duplicates_and_redoes_broken_files(ckpt_dir, tmp_path):
+    """A damaged output is not done: it runs again, and the summary says why, as for a changed line."""
     rows = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(3)]
     manifest = _manifest(tmp_path / "m.jsonl", rows)
     out = tmp_path / "out"
     args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
     assert runner.invoke(app, args).exit_code == 0
-    (out / "u1.wav").write_bytes(b"truncated")  # a damaged output is not done
+    (out / "u1.wav").write_bytes(b"truncated")
     (out / ".u2.wav.omnitts-abc12345.tmp").write_bytes(b"leftover")  # a kill's leftover temporary file
-    assert runner.invoke(app, args).exit_code == 0
+    damaged = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert damaged.exit_code == 0, damaged.output
+    assert "1 item run again: its file damaged or missing (each file replaced)" in damaged.output, damaged.output
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["id"] for r in records] == ["u0", "u1", "u2", "u1"]
     assert sf.info(out / "u1.wav").frames == 3 * 1920
     assert not list(out.glob(".*.tmp"))
-
-
-def test_the_summary_says_why_items_run_again_damaged_files_included(ckpt_dir, tmp_path):
-    """A changed line got "N items run again: ..." in the summary; a damaged file redone got no reason."""
-    rows = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(3)]
-    manifest = _manifest(tmp_path / "m.jsonl", rows)
-    out = tmp_path / "out"
-    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "2", "-q"]
-    assert runner.invoke(app, args).exit_code == 0
-    (out / "u1.wav").write_bytes(b"truncated")
-    damaged = runner.invoke(app, args, env={"COLUMNS": "200"})
-    assert damaged.exit_code == 0, damaged.output
-    assert "1 item run again: its file damaged or missing (each file replaced)" in damaged.output, damaged.output
     (out / "u0.wav").unlink()
     _manifest(manifest, [rows[0], {**rows[1], "text": "Changed."}, {**rows[2], "text": "Changed too."}])
     both = runner.invoke(app, args, env={"COLUMNS": "200"})
