@@ -4,16 +4,11 @@ command says `interrupted` and exits 130 or 143, never with an import's tracebac
 
 from __future__ import annotations
 
-import signal
-
-from .stops import interrupt, stopped
+from .stops import install, stopped
 
 
 def main():
-    # SIGTERM stops as Ctrl-C does (synth: gracefully, once items run), exit 143; `cli.main` installs the same
-    # handler again and runs the command.
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
+    install()  # `cli.main` installs it again (for callers that enter there) and runs the command
     try:
         from .cli import main as command
     except KeyboardInterrupt as exc:

@@ -5,6 +5,7 @@ is imported."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 
@@ -18,6 +19,13 @@ class Interrupt(KeyboardInterrupt):
 
 def interrupt(signum, frame):
     raise Interrupt(signum)
+
+
+def install() -> None:
+    """SIGINT and SIGTERM stop at once (`interrupt`): SIGTERM as Ctrl-C does, and Ctrl-C also where the shell
+    started omnitts with SIGINT ignored (a background job). synth's graceful stop takes both over once items run."""
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def exit_code(exc: KeyboardInterrupt) -> int:

@@ -58,7 +58,7 @@ from .options import (
     option,
     plural,
 )
-from ..stops import interrupt, stopped
+from ..stops import install, stopped
 from .running import os_error, run_synth
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -611,10 +611,7 @@ def main():
     """The command line: the stop signals' handler (also where the shell started omnitts with SIGINT ignored,
     a background job), then the command. The `omnitts` command enters through `launch.main`, which installs
     the handler before this package is imported and then calls this."""
-    import signal
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
+    install()
     try:
         app()
     except KeyboardInterrupt as exc:  # a stop outside any command (while click parses the arguments)
