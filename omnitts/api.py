@@ -211,10 +211,13 @@ class TTS:
         """Synthesize many requests together (continuous batching); yield each `Audio` as it finishes.
 
         `jobs` is read lazily, a few batches ahead of the engine, so it may be a long generator.
+        Each job's request is checked as it is read, as `stream` checks one: a job that is not a
+        `(Request, SamplingParams)` pair, or a field of the wrong type or range, raises RequestError
+        naming the job and the field (`jobs[2]: max_seconds: must be > 0, got -1`).
         A request that fails (bad reference audio, unknown speaker, too long for the cache...) raises;
         `stream` finishes the others first.
         """
-        return self._finished(Job(request, params) for request, params in jobs)
+        return self._finished(_numbered_job(i, job) for i, job in enumerate(jobs))
 
     def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Audio]:
         """`generate` for requests already turned into prompts (see `prepare`)."""
@@ -227,8 +230,14 @@ class TTS:
             yield outcome.result
 
     def run(self, request: Request, params: SamplingParams) -> Audio:
-        """Synthesize one `Request` with explicit sampling parameters."""
-        return next(self.generate([(request, params)]))
+        """Synthesize one `Request` with explicit sampling parameters.
+
+        Raises:
+            RequestError: `request` is not a `Request`, `params` not `SamplingParams`, or a field of the
+                request is of the wrong type or range, or does not fit the checkpoint (names the field).
+        """
+        _check_job(request, params)
+        return next(self._finished([Job(request, params)]))
 
     def run_reference(self, request: Request, params: SamplingParams) -> Audio:
         """The one-request eager slow path (what the engine is tested against), with greedy margins."""
@@ -274,8 +283,9 @@ class TTS:
                 raise RequestError(f"{where}: {problem}; give the words to speak")
             if problem := not_text(item):
                 raise RequestError(f"{where}: {problem}")
-        _check_request(Request(texts[0] if texts else "", language, speaker, instruct, ref_audio, ref_text,
-                               x_vector_only, voice, non_streaming))
+        # The keywords; each text is checked above, named by its index.
+        _check_request(Request("", language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice,
+                               non_streaming))
         if ref_audio is not None and voice is None and len(texts) > 1:
             voice = self.clone_voice(ref_audio, ref_text, x_vector_only)
         jobs = []
@@ -283,8 +293,10 @@ class TTS:
             request = Request(item, language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice,
                               non_streaming, id=str(i))
             item_seed = None if seed is None else seed + i
-            jobs.append((request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
-        results = {result.id: result for result in self.generate(jobs)}
+            jobs.append(Job(request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
+        # Not `generate`: every field is checked above, and a voice cloned once for the list sits beside the
+        # ref_audio it came from (which `_check_request` refuses in a request given whole).
+        results = {result.id: result for result in self._finished(jobs)}
         ordered = [results[str(i)] for i in range(len(texts))]
         return ordered[0] if isinstance(text, str) else ordered
 
@@ -393,6 +405,27 @@ def _check_request(request: Request) -> None:
         raise RequestError(f"voice: expected a Voice or the path of a voice file, got {type(request.voice).__name__}")
     if request.ref_audio is not None and request.voice is not None:  # one of them would be ignored
         raise RequestError("voice: give either ref_audio or voice, not both")
+
+
+def _check_job(request, params) -> None:
+    """A request and its parameters as `run` and `generate` take them: of those types, the request's fields
+    checked as `stream` checks a `Request` (`_check_request`). RequestError naming the argument or field."""
+    if not isinstance(request, Request):
+        raise RequestError(f"request: expected a Request, got {type(request).__name__}")
+    if not isinstance(params, SamplingParams):
+        raise RequestError(f"params: expected SamplingParams (see TTS.default_params), got {type(params).__name__}")
+    _check_request(request)
+
+
+def _numbered_job(i: int, job) -> Job:
+    """`generate`'s job `i`, a (Request, SamplingParams) pair, checked (`_check_job`): errors name `jobs[i]`."""
+    if not isinstance(job, (tuple, list)) or len(job) != 2:
+        raise RequestError(f"jobs[{i}]: expected a (Request, SamplingParams) pair, got {type(job).__name__}")
+    try:
+        _check_job(*job)
+    except RequestError as exc:
+        raise RequestError(f"jobs[{i}]: {exc}") from None
+    return Job(*job)
 
 
 def _check_reference(ref_audio) -> None:

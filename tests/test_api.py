@@ -244,6 +244,39 @@ def test_a_request_object_is_checked_as_a_dict_is(cv, max_seconds, message):
         list(cv.stream([omnitts.Request("Hi.", speaker=5)], max_frames=2))
 
 
+@pytest.mark.parametrize("fields,message", [
+    ({"speaker": 5}, "speaker: expected str, got int"),
+    ({"max_seconds": -1}, "max_seconds: must be > 0, got -1"),
+    ({"max_seconds": "1"}, "max_seconds: expected number, got str"),
+    ({"text": "Half \ud800 of a pair."}, r"text: a lone surrogate '\\ud800' at character 6 is not text \(.*\)"),
+    ({"id": 3}, "id: expected str, got int"),
+    ({"voice": "v.safetensors", "ref_audio": "r.wav"}, "voice: give either ref_audio or voice, not both"),
+])
+def test_generate_and_run_check_a_request_as_stream_does(cv, fields, message):
+    """`generate` and `run` took any Request: a bad field ran (a negative max_seconds, an int id) or failed late
+    (AttributeError from the prompt, an error that named no job); now the manifest's check names it, and the job."""
+    request = omnitts.Request(**{"text": "Hi.", "speaker": "ryan", **fields})
+    params = cv.default_params(True, max_frames=2)
+    with pytest.raises(RequestError, match=rf"^{message}$"):
+        cv.run(request, params)
+    with pytest.raises(RequestError, match=rf"^jobs\[1\]: {message}$"):
+        list(cv.generate([(omnitts.Request("Fine.", speaker="ryan"), params), (request, params)]))
+
+
+def test_generate_and_run_name_a_job_of_the_wrong_shape(cv):
+    """Not a (Request, SamplingParams) pair: an AttributeError (or "cannot unpack") from deep in the pipeline."""
+    request, params = omnitts.Request("Hi.", speaker="ryan"), cv.default_params(True, max_frames=2)
+    with pytest.raises(RequestError, match=r"^request: expected a Request, got dict$"):
+        cv.run({"text": "Hi.", "speaker": "ryan"}, params)
+    with pytest.raises(RequestError, match=r"^params: expected SamplingParams \(see TTS\.default_params\), got dict$"):
+        cv.run(request, {"top_k": 3})
+    with pytest.raises(RequestError, match=r"^jobs\[0\]: expected a \(Request, SamplingParams\) pair, got Request$"):
+        list(cv.generate([request]))
+    with pytest.raises(RequestError, match=r"^jobs\[1\]: params: expected SamplingParams .*, got NoneType$"):
+        list(cv.generate(iter([(request, params), (request, None)])))
+    assert [a.frames for a in cv.generate([(request, params)])] == [2] and cv.run(request, params).frames == 2
+
+
 def test_synthesize_names_the_text_of_a_list_at_fault(cv):
     with pytest.raises(RequestError, match=r"^text\[1\]: empty; give the words to speak$"):
         cv.synthesize(["ok", ""], speaker="ryan", max_frames=2)
