@@ -5,6 +5,7 @@
     python scripts/cpu_profiles.py -- -m "not slow"       # the whole default tier under each profile
     python scripts/cpu_profiles.py --logs .cache/ci       # each profile's pytest output in DIR/profile-NAME.log
     python scripts/cpu_profiles.py --rerun                # a failing profile's failed tests once more, alone (CI)
+    python scripts/cpu_profiles.py -n 0                   # each profile's tests in one process (default: -n auto)
 
 The profiles (docs/devices.md): `native` (this machine as it is), `avx512` (AVX-512 without bf16), `avx2`
 (AVX2 + FMA only), `avx512_bf16` (on request: AVX-512 with bf16, no AMX), `native-off` (OMNITTS_NATIVE=0)
@@ -13,7 +14,8 @@ with torch's matching ATEN_CPU_CAPABILITY, both set before pytest starts; a clas
 skipped with the reason. Without pytest arguments each profile runs the default tier's tests marked
 `kernels` (pyproject.toml: parity, batch invariance, the native kernels, the engine against its slow path,
 streamed codec against whole, ...), a third of the tier in a third of its time; arguments after `--` replace
-that selection. Prints each profile's time and pytest summary, and a failing profile's failures
+that selection. Each profile's run spreads its tests over pytest-xdist workers (`-n auto`, as the README's
+test command: one per core; `-n 0` runs them in one process). Prints each profile's time and pytest summary, and a failing profile's failures
 (pytest's tracebacks and FAILED lines: CI's log shows them); exits 1 if any profile failed. With `--rerun`
 a failing profile's failed tests run once more on their own: those that pass then are printed as FLAKY, by
 name, at the end, and do not fail the profile; any that fail again do.
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rerun", action="store_true",
                         help="run a failing profile's failed tests once more, alone: those that pass then are "
                              "reported as FLAKY by name and do not fail the profile")
+    parser.add_argument("-n", "--workers", default="auto",
+                        help="pytest-xdist workers per profile run (default: %(default)s; 0: one process)")
     parser.add_argument("pytest_args", nargs="*",
                         help=f"passed to pytest (after --; default: {' '.join(KERNEL_TESTS)})")
     args = parser.parse_args(argv)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "OMNITTS_CACHE_DIR") or "(as is)"
             print(f"cpu_profiles: {name:<12} {shown}", flush=True)
-            status, seconds, summary, lines = run(name, env, args.pytest_args, args.logs)
+            status, seconds, summary, lines = run(name, env, ["-n", args.workers, *args.pytest_args], args.logs)
             report = failures(lines) if status != 0 else ""
             if report:
                 print(report, flush=True)
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
             ids = failed_ids(lines) if status != 0 and args.rerun else []
             if ids:  # once more, those tests alone: a failure that does not come back is named, not hidden
-                again, _, summary, lines = run(name, env, ids, args.logs, "-rerun")
+                again, _, summary, lines = run(name, env, ["-n", "0", *ids], args.logs, "-rerun")
                 if again == 0:
                     flaky.append(f"{name}: {', '.join(ids)}")
                     status = 0

@@ -15,6 +15,7 @@ written after a successful smoke test makes a second run instant; change a pin a
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -111,6 +112,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     venv = args.venv.resolve()
     want = wanted(args.python)
+    # One builder at a time: parallel test workers (pytest -n) each ask for the venv; the others wait here,
+    # then find it ready.
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f".{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build(venv, want, args.python)
+
+
+def build(venv: Path, want: dict, base_python: str) -> int:
+    """Make the venv at `venv` from `base_python` unless its marker already records `want`."""
     marker = venv / MARKER
     if is_ready(marker, want):
         say(f"ready at {venv}")
@@ -118,7 +129,7 @@ def main(argv=None) -> int:
 
     started = time.time()
     prepare_folder(venv)
-    run([args.python, "-m", "venv", str(venv)], "creating the venv")
+    run([base_python, "-m", "venv", str(venv)], "creating the venv")
     python, pip = str(venv / "bin" / "python"), str(venv / "bin" / "pip")
     # -qq: errors only (this machine's pip config adds an index that warns once per package)
     pip_flags = ["-qq", "--progress-bar", "off", "--disable-pip-version-check"]

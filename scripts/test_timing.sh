@@ -5,6 +5,7 @@
 #   bash scripts/test_timing.sh                  # the default tier, every test's duration, per-file totals
 #   bash scripts/test_timing.sh -m slow          # the second tier
 #   bash scripts/test_timing.sh tests/test_engine.py   # any pytest arguments
+#   bash scripts/test_timing.sh -n 0             # in one process (default: -n auto, as the README's command)
 #
 # torch takes its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2) and omnitts' native kernels are built for
 # Haswell (OMNITTS_NATIVE_MARCH=haswell: AVX2 + FMA, no AVX-512, a cache entry of their own; the first
@@ -16,7 +17,7 @@ OUT=${OUT:-.cache/timing}
 mkdir -p "$OUT"
 export ATEN_CPU_CAPABILITY=avx2 OMNITTS_NATIVE_MARCH=haswell
 started=$(date +%s)
-python -m pytest -q -p no:cacheprovider --durations=0 --durations-min=0 "$@" 2>&1 | tee "$OUT/pytest.log"
+python -m pytest -q -p no:cacheprovider -n auto --durations=0 --durations-min=0 "$@" 2>&1 | tee "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
 echo "test_timing: pytest exited $status after $(( $(date +%s) - started )) s (wall, imports included)"
 # "0.52s call     tests/test_x.py::test_y[...]": summed per file, setup and teardown included.

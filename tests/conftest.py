@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 from pathlib import Path
 
@@ -12,6 +13,27 @@ import soundfile as sf
 import torch
 
 from omnitts.testing.checkpoint import build_checkpoint
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's test command): a worker per core this process may use, at most 8 and one per
+    3 GiB of memory. Every test computes on one torch thread (`_one_torch_thread`), so a 2-core machine runs
+    two tests at once; each worker builds the session's checkpoints for itself and holds ~1.5 GB."""
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        memory = 24 << 30
+    return max(1, min(len(usable), 8, memory // (3 << 30)))
+
+
+def pytest_collection_modifyitems(items):
+    """tests/test_ray.py's tests share a local Ray cluster (a module fixture) and start more from the CLI:
+    under `-n`, `--dist loadgroup` (pyproject's addopts) keeps them on one worker, one cluster at a time."""
+    for item in items:
+        if item.path.name == "test_ray.py":
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session", autouse=True)

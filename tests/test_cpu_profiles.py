@@ -286,3 +286,23 @@ def test_a_log_that_cannot_be_written_does_not_stop_the_run(load_script, tmp_pat
     out = capsys.readouterr().out
     assert done.value.code == 0, out
     assert "native-off   could not write its log: " in out and "native-off   passed in " in out
+
+
+def test_ci_runs_the_readme_set_up_and_test_commands_as_written():
+    """CI calls the README's test command exactly (its set-up, then the fast tier, then the slow tier the README
+    names), so a change to one that the other does not follow fails here rather than on a user's machine."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.DOTALL)
+    tests = [line for block in blocks for line in block.splitlines() if "python -m pytest" in line]
+    assert len(tests) == 1, tests
+    setup, command = tests[0].split(" && ")
+    assert setup == 'pip install -q torch==2.13.0 -e ".[test]"'
+    assert re.search(r'^ +pip install -q "\$torch" -e "\.\[test\]"', ci, re.MULTILINE)
+    assert re.search(r'^stack newest torch==2\.13\.0 ', ci, re.MULTILINE)  # the README's torch, on the newest stack
+    assert re.search(rf'^ +{re.escape(command)} \| tee ', ci, re.MULTILINE), command
+    slow = re.search(r"`(python -m pytest -q -m slow[^`]*)` runs the slow tier", readme).group(1)
+    assert slow == f"{command.replace('pytest -q', 'pytest -q -m slow')}"  # the same options, the other tier
+    assert re.search(rf'^ +{re.escape(slow)} \| tee ', ci, re.MULTILINE), slow
