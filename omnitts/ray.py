@@ -38,8 +38,10 @@ from .errors import DeviceFailed, OmniTTSError, RequestError
 
 # One metadata row per input row. `skipped`: not run by this call, its metadata is the id's recorded
 # result (done or failed by an earlier run, by another writer, or by this run's attempt that Ray retried);
-# `changed`: run again because the row or the options changed since its record.
-COLUMNS = ("id", "path", "seconds", "frames", "finish_reason", "status", "error", "seed", "skipped", "changed")
+# `changed`: run again because the row or the options changed since its record; `damaged`: run again with the
+# row and options the same, because its file was damaged or missing (`Batch.rerun` tells the two apart).
+COLUMNS = ("id", "path", "seconds", "frames", "finish_reason", "status", "error", "seed", "skipped", "changed",
+           "damaged")
 BATCH_ROWS = 64  # rows per call by default: several engine batches, so continuous batching stays full
 
 
@@ -49,7 +51,8 @@ def row_schema():
 
     return pa.schema([("id", pa.string()), ("path", pa.string()), ("seconds", pa.float64()), ("frames", pa.int64()),
                       ("finish_reason", pa.string()), ("status", pa.string()), ("error", pa.string()),
-                      ("seed", pa.int64()), ("skipped", pa.bool_()), ("changed", pa.bool_())])
+                      ("seed", pa.int64()), ("skipped", pa.bool_()), ("changed", pa.bool_()),
+                      ("damaged", pa.bool_())])
 
 
 def fields_schema():
@@ -73,9 +76,12 @@ def item_fields(item: Item) -> dict:
 
 
 def _row(item_id, path=None, seconds=None, frames=None, finish_reason=None, status="ok", error=None, seed=None,
-         skipped=False, changed=False) -> dict:
+         skipped=False, rerun=None) -> dict:
+    """`rerun`: for a row run again over its earlier record, whether for a damaged file (True) or a change
+    (False), as `Batch.rerun` says; None for one that had no record."""
     return {"id": item_id, "path": path, "seconds": seconds, "frames": frames, "finish_reason": finish_reason,
-            "status": status, "error": error, "seed": seed, "skipped": skipped, "changed": changed}
+            "status": status, "error": error, "seed": seed, "skipped": skipped, "changed": rerun is False,
+            "damaged": rerun is True}
 
 
 class Synthesizer:
@@ -148,13 +154,13 @@ class Synthesizer:
             seen[item.request.id] = index
             items.append(item)
         self.batch.ledger.refresh()  # what other writers (actors, an earlier attempt of this batch) recorded
-        ran: dict[str, bool] = {}  # id -> changed, for the items this call runs
+        ran: dict[str, bool | None] = {}  # id -> its `Batch.rerun` entry (None: none), for the items this call runs
         try:
             for outcome in self.pipeline.run(self._pending(items, ran)):
                 rec = self.batch.save(outcome)
                 out[seen[rec["id"]]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"],
                                             rec["finish_reason"], rec["status"], rec["error"], rec["seed"],
-                                            changed=ran[rec["id"]])
+                                            rerun=ran[rec["id"]])
         except DeviceFailed:  # its running items count a death each (batch/claims.py); the run fails with it
             self.batch.writer.abandon_running()
             raise
@@ -189,14 +195,15 @@ class Synthesizer:
         return _row(item_id, status="error", finish_reason="error", error=message)
 
     def _pending(self, items: list, ran: dict) -> Iterator:
-        """`Batch.pending`'s jobs (or None: wait), noting which ids run and whether each was changed."""
+        """`Batch.pending`'s jobs (or None: wait), noting which ids run and why each one recorded before runs
+        again (`Batch.rerun`: its file damaged, or its row or the options changed)."""
         pending = self.batch.pending(items)
         while True:
             job = next(pending, _END)
             if job is _END:
                 return
             if job is not None:
-                ran[job.request.id] = job.request.id in self.batch.rerun
+                ran[job.request.id] = self.batch.rerun.get(job.request.id)  # read now: `save` pops it
             yield job
 
     def close(self) -> None:

@@ -154,6 +154,26 @@ def test_stage_maps_columns_and_turns_bad_rows_into_error_rows(ckpt_dir, tmp_pat
     stage.close()
 
 
+
+def test_stage_tells_a_row_run_again_for_a_damaged_file_from_a_changed_row(ckpt_dir, tmp_path):
+    """The stage's call alone (no cluster): a row whose file was damaged is run again and marked `damaged` (not
+    `changed`), as the one-process run counts it; a row whose text changed is marked `changed`."""
+    import pyarrow as pa
+
+    out = tmp_path / "out"
+    rows = [{"id": i, "text": f"Sentence {i}.", "speaker": "ryan"} for i in ("kept", "broken", "edited")]
+    stage = Synthesizer(ckpt_dir("custom_voice"), out, dtype="float32", greedy=True, max_frames=4)
+    assert [r["status"] for r in stage(pa.Table.from_pylist(rows)).to_pylist()] == ["ok"] * 3
+    (out / "broken.wav").write_bytes(b"truncated")
+    rows[2]["text"] = "Changed."
+    got = {r["id"]: r for r in stage(pa.Table.from_pylist(rows)).to_pylist()}
+    flags = {i: (r["status"], r["skipped"], r["changed"], r["damaged"]) for i, r in got.items()}
+    assert flags == {"kept": ("ok", True, False, False), "broken": ("ok", False, False, True),
+                     "edited": ("ok", False, True, False)}, flags
+    assert [r["id"] for r in _records(out)] == ["kept", "broken", "edited", "broken", "edited"]
+    assert stage.batch.tally.changed == 2 and stage.batch.tally.damaged == 1  # the actor's own count agrees
+    stage.close()
+
 def _actor_pids() -> list[int]:
     """Processes of the stage's Ray actors (Ray titles them ray::MapWorker(MapBatches(Synthesizer)))."""
     pids = []
@@ -233,6 +253,28 @@ def test_cli_ray_end_to_end(ckpt_dir, tmp_path):
     _same_codes(one, out, [r["id"] for r in SEEDED])
     _assert_clean(out)
 
+
+
+@pytest.mark.slow
+def test_cli_ray_counts_a_damaged_file_as_the_one_process_run_does(ckpt_dir, tmp_path):
+    """`omnitts synth --ray` over an earlier run's directory: a file damaged since (its record says done) and a
+    changed line both run again, and the summary tells them apart as the one-process summary does."""
+    ckpt = ckpt_dir("custom_voice")
+    rows = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(3)]
+    out = _one_process(ckpt, tmp_path, rows)  # the earlier run, with the options the --ray run uses
+    (out / "u1.wav").write_bytes(b"truncated")
+    manifest = _manifest(tmp_path / "m.jsonl", [rows[0], rows[1], {**rows[2], "text": "Changed."}])
+    cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out), "--ray",
+           "--max-frames", "8", "--dtype", "float32", "--save-codes"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    err = " ".join(proc.stderr.split())  # the console wraps long lines
+    assert ("2 items run again: 1 with the line or the options changed since the earlier run, 1 with the file "
+            "damaged or missing (each file replaced)") in err, err
+    assert "1 item already done" in err, err
+    assert [r["id"] for r in _records(out)] == ["u0", "u1", "u2", "u1", "u2"]
+    _assert_clean(out)
 
 def test_ray_options_are_checked_before_anything_loads(ckpt_dir, tmp_path, monkeypatch):
     manifest = _manifest(tmp_path / "m.jsonl", SEEDED[:1])

@@ -97,6 +97,26 @@ def test_two_workers_finish_the_manifest_once_with_the_codes_of_one_process(ckpt
     assert len(_records(tmp_path / "two")) == ITEMS
 
 
+
+def test_workers_count_a_damaged_file_as_the_one_process_run_does(ckpt_dir, tmp_path):
+    """`--workers 2` over an earlier run's directory: a file damaged since (its record says done) and a changed
+    line both run again, and the one summary tells them apart as the one-process summary does."""
+    manifest, ids = _manifest(tmp_path, count=4)
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    code, err = _synth(manifest, ckpt, out, "--greedy")  # the earlier run, one process
+    assert code == 0, err
+    (out / f"{ids[1]}.wav").write_bytes(b"truncated")
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    rows[2]["text"] = "Changed."
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, err = _synth(manifest, ckpt, out, "--greedy", "--workers", "2")
+    assert code == 0, err
+    err = " ".join(err.split())  # the console wraps long lines
+    assert ("2 items run again: 1 with the line or the options changed since the earlier run, 1 with the file "
+            "damaged or missing (each file replaced)") in err, err
+    assert "2 items already done" in err, err
+    assert [r["id"] for r in _records(out)][len(ids):] in ([ids[1], ids[2]], [ids[2], ids[1]])
+
 def _worker_pids(parent: int) -> list[int]:
     """The worker processes of `parent`, from /proc: its children started by multiprocessing's spawn (not
     the resource tracker it may also start)."""

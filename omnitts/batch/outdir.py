@@ -121,6 +121,13 @@ class Tally:
     # its main thread; failures on both (bad lines are recorded as the manifest is read).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def rerun(self, damaged: bool) -> None:
+        """One item recorded again over its earlier record: its line or the options changed, or (`damaged`) they
+        had not, but its file was damaged or gone. Every path's counts go through here (`Batch.save`, and the
+        `--ray` command for the rows its actors return), so their summaries agree."""
+        self.changed += 1
+        self.damaged += damaged
+
     def fail(self, item_id: str, message: str) -> None:
         with self.lock:
             self.failed += 1
@@ -414,8 +421,7 @@ class Batch:
 
     def _count_rerun(self, item_id: str) -> None:
         if item_id in self.rerun:
-            self.tally.damaged += self.rerun.pop(item_id)
-            self.tally.changed += 1
+            self.tally.rerun(self.rerun.pop(item_id))
 
     def sink(self, job: Job):
         """Where a job's audio streams to: a temporary file in `out`, renamed by `save`.

@@ -173,14 +173,15 @@ def _count_row(row: dict, before, tally, console) -> None:
     elif row["skipped"] and row["status"] != "ok" and row["id"] in before.failed:
         tally.skipped += 1
         tally.earlier_failed += 1
-    elif row["status"] == "ok":  # run now (or by an attempt of this run that Ray retried)
-        tally.done += 1
-        tally.seconds += row["seconds"] or 0.0
-        tally.changed += bool(row["changed"])
-    else:
-        tally.fail(row["id"], row["error"])
-        tally.changed += bool(row["changed"])
-        console.print(f"error: {row['id']}: {row['error']}")
+    else:  # run now (or by an attempt of this run that Ray retried)
+        if row["status"] == "ok":
+            tally.done += 1
+            tally.seconds += row["seconds"] or 0.0
+        else:
+            tally.fail(row["id"], row["error"])
+            console.print(f"error: {row['id']}: {row['error']}")
+        if row["changed"] or row["damaged"]:  # run again over its record: counted as `Batch.save` counts it
+            tally.rerun(bool(row["damaged"]))
 
 
 def os_error(exc: OSError, out: Path, batch) -> None:
