@@ -67,7 +67,7 @@ def id_problem(item_id: str) -> str | None:
     shown = repr(item_id if len(item_id) <= 60 else item_id[:40] + "..." + item_id[-10:])
     if len(item_id) > MAX_ID and SAFE_ID.match(item_id[:MAX_ID]):
         return f"{shown} is {len(item_id)} characters long; an id names a file: at most {MAX_ID}"
-    return f"{shown} is not a safe file name (letters, digits, '.', '_', '-'; not starting with '.' or '-')"
+    return f"{shown} is not a safe file name (ASCII letters, digits, '.', '_', '-'; not starting with '.' or '-')"
 
 
 def placeholder(unit: str, number: int) -> str:
