@@ -28,8 +28,10 @@ float rounding, just slower.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import io
 import logging
 import os
 import platform
@@ -112,7 +114,11 @@ def build(target: Path) -> None:
         raise BuildError(f"C++ compiler {wanted!r} not found" if wanted else "no C++ compiler found (install g++ or set CXX)")
     if platform.machine() not in ("x86_64", "AMD64"):
         raise BuildError(f"no kernel for {platform.machine()} CPUs")
-    from torch.utils.cpp_extension import include_paths, library_paths
+    said = io.StringIO()  # a CUDA build of torch without a GPU prints "No CUDA runtime is found" as this imports
+    with contextlib.redirect_stderr(said):
+        from torch.utils.cpp_extension import include_paths, library_paths
+    if said.getvalue().strip():
+        log.debug(f"omnitts: torch.utils.cpp_extension said: {said.getvalue().strip()}")
 
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
