@@ -107,6 +107,7 @@ class Plan:
     threads: int | None = None
     shard: tuple[int, int] | None = None  # --shard K/N: this command's share of the manifest
     since: int | None = None  # where this command began in results.jsonl: later records are this run's
+    fold_case: Path | None = None  # the parent's Batch.fold_case: workers take the duplicates its pass 1 took
 
 
 def name(index: int, device: str) -> str:
@@ -238,7 +239,8 @@ def _open(plan: Plan):
 
     cfg = load_config(plan.model)
     batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard, since=plan.since)
-    items = (entry for entry in iter_manifest(plan.manifest, cfg, plan.columns, plan.settings.split_chars)
+    items = (entry for entry in iter_manifest(plan.manifest, cfg, plan.columns, plan.settings.split_chars,
+                                              plan.fold_case)
              if not isinstance(entry, BadLine))
     return batch, items
 

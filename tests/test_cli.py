@@ -481,3 +481,67 @@ def test_synth_writes_into_out_and_nowhere_else(ckpt_dir, tmp_path, monkeypatch)
     assert result.exit_code == 1, result.output
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
         "cwd", "in", "in/m.jsonl", "out", "out/a.codes.npy", "out/a.wav", "out/results.jsonl"]
+
+
+def test_the_case_probe_says_tmp_keeps_case_and_leaves_nothing(tmp_path, monkeypatch):
+    """The probe behind case-insensitive duplicate ids: this machine's /tmp tells `Alice` from `alice`, and
+    no probe file (nor a folder made for it) stays behind, even when the probe fails."""
+    from omnitts.batch import outdir
+
+    assert outdir.folds_case(tmp_path) is False
+    assert list(tmp_path.iterdir()) == []
+    assert outdir.case_folding(tmp_path / "new" / "out") is None  # --strict: before Batch makes OUT
+    assert list(tmp_path.iterdir()) == []
+
+    def broken(a, b):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(outdir.os.path, "samefile", broken)
+    with pytest.raises(PermissionError):
+        outdir.folds_case(tmp_path)
+    with pytest.raises(outdir.OutDirError, match="cannot be written"):
+        outdir.case_folding(tmp_path / "new")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _alice_twice(ckpt_dir, tmp_path):
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "Alice", "text": "First.", "speaker": "ryan"},
+                                                {"id": "alice", "text": "Second.", "speaker": "ryan"}])
+    return manifest, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "out"),
+                      "--max-frames", "2", "-q"]
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one-process", "workers"])
+def test_ids_alike_but_for_case_are_duplicates_where_the_filesystem_folds_case(ckpt_dir, tmp_path, monkeypatch,
+                                                                              workers):
+    """On a case-insensitive OUT (macOS, Windows, vfat, SMB) `alice` would overwrite `Alice.wav`: it is a bad
+    line naming the line it collides with, and one file is written, by the normal run and by --strict alike.
+    Workers (spawned: the patched probe is not theirs) take the parent's answer."""
+    from omnitts.batch import outdir
+
+    monkeypatch.setattr(outdir, "folds_case", lambda folder: True)
+    manifest, args = _alice_twice(ckpt_dir, tmp_path)
+    args += workers
+    out = tmp_path / "out"
+    message = (f"{manifest}:2: id: 'alice' names the same file as line 1's 'Alice' on this case-insensitive "
+               f"filesystem ({out})")
+    strict = runner.invoke(app, args + ["--strict"], env={"COLUMNS": "400"})
+    assert strict.exit_code == 2 and f"error: {message}" in strict.output, strict.output
+    assert not out.exists()  # --strict probed before OUT existed, and made nothing
+    result = runner.invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 1 and f"error: {message}" in result.output, result.output
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["status"], r["error"]) for r in records] == [("line:2", "error", message),
+                                                                     ("Alice", "ok", None)]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["Alice.wav", "results.jsonl"]
+
+
+def test_ids_alike_but_for_case_both_run_where_the_filesystem_keeps_case(ckpt_dir, tmp_path):
+    """On ext4 (this machine's /tmp) `Alice` and `alice` are two files, two items."""
+    _, args = _alice_twice(ckpt_dir, tmp_path)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["status"]) for r in records) == [("Alice", "ok"), ("alice", "ok")]
+    assert sorted(p.name for p in out.glob("*.wav")) == ["Alice.wav", "alice.wav"]

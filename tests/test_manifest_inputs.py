@@ -170,6 +170,29 @@ def test_battery_through_synth(ckpt_dir, tmp_path, ref_wav):
     assert {records[g["id"]]["status"] for g in GOOD} == {"ok"}
 
 
+
+def test_ids_alike_but_for_case_are_duplicates_only_where_the_output_folder_folds_case(tmp_path):
+    """`fold_case` (the output folder, where its filesystem folds case): an id equal to an earlier one ignoring
+    case is a bad line naming that line and its spelling, after a bad line too; without it both ids run."""
+    rows = [{"id": "alice", "text": "Hi."}, {"id": "Bob", "text": "  "}, {"id": "ALICE", "text": "Hi."},
+            {"id": "bob", "text": "Hi."}, {"id": "alice", "text": "Hi."}, {"id": "Carol", "text": "Hi."}]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    entries = list(iter_manifest(path, fold_case=out))
+    assert [(type(e).__name__, e.id if isinstance(e, BadLine) else e.request.id) for e in entries] == [
+        ("Item", "alice"), ("BadLine", "Bob"), ("BadLine", "line:3"), ("BadLine", "line:4"),
+        ("BadLine", "line:5"), ("Item", "Carol")]
+    case = "on this case-insensitive filesystem"
+    assert [e.message for e in entries[2:5]] == [
+        f"{path}:3: id: 'ALICE' names the same file as line 1's 'alice' {case} ({out})",
+        (f"{path}:4: id: 'bob' names the same file as line 2's 'Bob' {case} ({out}) (a bad line: fix that one, or "
+         "give this line another id)"),
+        f"{path}:5: id: 'alice' already used on line 1"]
+    kept = list(iter_manifest(path))
+    assert [e.request.id for e in kept if isinstance(e, Item)] == ["alice", "ALICE", "bob", "Carol"]
+
+
 def _voice_file(path, ckpt, identity=None, hidden=None):
     """A saved x-vector voice for checkpoint `ckpt` (its identity and hidden size unless given), no model needed."""
     import torch

@@ -353,15 +353,17 @@ def check_item(cfg, item: Item, voices: Voices | None = None, split_chars: int |
             raise RequestError(problem)
 
 
-def iter_manifest(path, cfg=None, columns: dict | None = None,
-                  split_chars: int | None = None) -> Iterator[Item | BadLine]:
+def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int | None = None,
+                  fold_case: Path | None = None) -> Iterator[Item | BadLine]:
     """Every row of manifest `path`, in file order, as a good `Item` or a `BadLine`, read lazily.
 
     `cfg` (from `omnitts.config.load_config`) adds the checkpoint checks, saved voices included
     (made with this checkpoint, see `Voices`); None checks fields only. An id belongs to the first
     line that uses it, good or bad: a later line with that id is a bad line (a duplicate).
     `columns` maps fields to columns (JSON keys), see `column_map`; `split_chars` is synth's
-    `--split-chars` (the piece count a line may make, see `check_item`). A problem with the whole file (a
+    `--split-chars` (the piece count a line may make, see `check_item`). `fold_case`: the output folder when
+    its filesystem folds case (`outdir.folds_case`): there an id equal to an earlier one ignoring case names
+    the same file, so it is a duplicate too. A problem with the whole file (a
     mapped column that is missing, an empty manifest) is one `BadLine` with line 0; a file that cannot
     be opened raises OmniTTSError. Items keep only their id in memory after they are yielded.
     """
@@ -378,8 +380,10 @@ def iter_manifest(path, cfg=None, columns: dict | None = None,
         rows = ((n, r if isinstance(r, str) else {f: r[c] for f, c in plan.items() if c in r})
                 for n, r in source.rows(sorted(set(plan.values()))))
     where = (lambda n: f"{n}") if unit == "line" else (lambda n: f"row {n}")
-    seen: dict[str, int] = {}  # id -> the line that took it
-    taken_by_bad: set[str] = set()  # ids of bad lines (they run under that id only once fixed)
+    key = str.lower if fold_case else str  # what makes two ids one file name (ids are ASCII: SAFE_ID)
+    seen: dict[str, int] = {}  # key(id) -> the line that took it
+    spelled: dict[str, str] = {}  # key(id) -> that line's id where it differs (upper-case letters, fold_case)
+    taken_by_bad: set[str] = set()  # keys of bad lines' ids (they run under that id only once fixed)
     voices = Voices(cfg) if cfg is not None and cfg.path is not None else None
     empty = True
     for number, row in rows:
@@ -394,24 +398,36 @@ def iter_manifest(path, cfg=None, columns: dict | None = None,
                 obj = _typed_values(row) if source.typed else _from_text(row)
             item = parse_item(obj, number, path.parent, columns)
             item_id = item.request.id
-            if item_id in seen:
-                bad = " (a bad line: fix that one, or give this line another id)" if item_id in taken_by_bad else ""
-                raise RequestError(f"id: {item_id!r} already used on {unit} {seen[item_id]}{bad}")
+            name = key(item_id)
+            if name in seen:
+                line, first = seen[name], spelled.get(name, name)
+                bad = " (a bad line: fix that one, or give this line another id)" if name in taken_by_bad else ""
+                if first == item_id:
+                    raise RequestError(f"id: {item_id!r} already used on {unit} {line}{bad}")
+                raise RequestError(f"id: {item_id!r} names the same file as {unit} {line}'s {first!r} on this "
+                                   f"case-insensitive filesystem ({fold_case}){bad}")
             if cfg is not None:
                 check_item(cfg, item, voices, split_chars)
         except RequestError as exc:
             raw_id = row.get("id") if isinstance(row, dict) else None
             raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
-            usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and raw_id not in seen
+            usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and key(raw_id) not in seen
             if usable:  # the id is taken: a later line with it must not run in its place
-                seen[raw_id] = number
-                taken_by_bad.add(raw_id)
+                _take(seen, spelled, key, raw_id, number)
+                taken_by_bad.add(key(raw_id))
             yield BadLine(number, raw_id if usable else placeholder(unit, number), f"{path}:{where(number)}: {exc}")
             continue
-        seen[item.request.id] = number
+        _take(seen, spelled, key, item.request.id, number)
         yield item
     if empty:
         yield BadLine(0, placeholder(unit, 0), f"{path}: no items (the manifest is empty)")
+
+
+def _take(seen: dict, spelled: dict, key, item_id: str, number: int) -> None:
+    """Line `number` takes `item_id`; its spelling is kept where it is not its key (for the message)."""
+    seen[key(item_id)] = number
+    if key(item_id) != item_id:
+        spelled[key(item_id)] = item_id
 
 
 def check_manifest(path, cfg, columns: dict | None = None) -> tuple[list[Item], list[BadLine]]:

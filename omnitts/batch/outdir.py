@@ -166,7 +166,9 @@ class Batch:
             self.writer = Writer(self.out)
             self.dead: set[str] = set()  # ids whose claims carry deaths (claims.py): cleared if found done
             self.leftovers = sweep(self.out, self.dead)
-            _probe(self.out)
+            # out when its filesystem folds case (ids `Alice` and `alice` name one file): the manifest's
+            # readers take it as `iter_manifest(fold_case=...)`. The probe also shows that out takes new files.
+            self.fold_case: Path | None = self.out if folds_case(self.out) else None
         except OSError as exc:  # what check_out cannot see (e.g. a filesystem that refuses new files)
             raise OutDirError(f"--out {self.out}: cannot be written ({exc.strerror or exc})") from None
         self.ledger = Ledger(self.out, since)  # since: where the run this writer belongs to began (Ledger)
@@ -480,12 +482,51 @@ def _too_long(target: Path, exc: OSError) -> str:
             f"({exc.strerror}); use a shorter id")
 
 
-def _probe(out: Path) -> None:
-    """Create and delete a temporary file in `out` (named as omnitts' temporaries, so a kill leaves
-    nothing a later run would not delete)."""
+def folds_case(folder: Path) -> bool:
+    """Whether the filesystem of directory `folder` folds case, so that `Alice.wav` and `alice.wav` are one
+    file there (macOS and Windows by default, vfat/exFAT, SMB shares); False where they are two (ext4).
+
+    Probed with a temporary file whose name has lower-case letters: folded when its upper-cased name is the
+    same file. The file is named as omnitts' temporaries (a kill leaves nothing a later run would not
+    delete) and deleted however the probe ends.
+    """
     from ..io.atomic import temp_name
 
-    Path(temp_name(out / "probe")).unlink()
+    probe = Path(temp_name(folder / "probe"))
+    try:
+        return os.path.samefile(probe, probe.with_name(probe.name.upper()))
+    except FileNotFoundError:  # no such upper-case name: the case matters
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def case_folding(out: Path) -> Path | None:
+    """`out` when its filesystem folds case (`folds_case`), else None, before `Batch` opens it (synth --strict
+    reads the manifest first): the folders of its path that are missing are made for the probe and removed
+    after it, so nothing is left behind. OutDirError when they cannot be made."""
+    out = Path(out)
+    missing, folder = [], out  # the folders of out's path that do not exist, innermost first
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    made = []
+    try:
+        for folder in reversed(missing):  # outermost first
+            try:
+                folder.mkdir()
+                made.append(folder)
+            except FileExistsError:  # another run made it meanwhile: it is not ours to remove
+                pass
+        return out if folds_case(out) else None
+    except OSError as exc:
+        raise OutDirError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
+    finally:
+        for folder in reversed(made):  # innermost first
+            try:
+                folder.rmdir()
+            except OSError:  # another run put something in it meanwhile
+                pass
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

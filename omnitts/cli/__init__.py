@@ -206,7 +206,7 @@ def synth(
     with --strict; 130 on Ctrl-C; 143 on SIGTERM.
     """
     from ..batch.manifest import BadLine, column_map, iter_manifest
-    from ..batch.outdir import Batch, Settings, check_out
+    from ..batch.outdir import Batch, Settings, case_folding, check_out
     from ..batch.shard import in_shard, parse_shard
     from ..batch.sources import check_rereadable
     from ..config import load_config
@@ -245,8 +245,9 @@ def synth(
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
         identity = checkpoint_identity(model)  # in every record's fingerprint
         batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
+        fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
         good = bad = 0
-        for entry in iter_manifest(manifest, cfg, columns, split_chars):
+        for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
             if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
                                                    *shard):
                 continue  # another shard's line: its process reports it

@@ -23,7 +23,7 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
     out = batch.out
 
     def items():  # pass 2 (and the export): the good items, read again lazily
-        return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars)
+        return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars, batch.fold_case)
                 if not isinstance(entry, BadLine))
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
@@ -36,7 +36,7 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
             from ..workers import Plan, cpu_threads
 
             plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
-                        batch.shard, since=batch.ledger.offset)
+                        batch.shard, since=batch.ledger.offset, fold_case=batch.fold_case)
             stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose)
             batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except DeviceFailed as exc:
