@@ -59,9 +59,7 @@ def check_out(out: Path, flag: str = "--out") -> None:
     probe file in it, which catches whatever this cannot see.
     """
     out = Path(out)
-    existing = out
-    while not os.path.lexists(existing) and existing != existing.parent:
-        existing = existing.parent
+    existing = _nearest_existing(out)
     where = f"{flag} {out}: " + ("" if existing == out else f"{existing} ")
     if not existing.is_dir():
         what = "is a file" if existing.is_file() else "is a broken symbolic link" if existing.is_symlink() else "is"
@@ -70,6 +68,13 @@ def check_out(out: Path, flag: str = "--out") -> None:
         raise OutDirError(f"{where}is on a read-only filesystem (choose a writable {flag})")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OutDirError(f"{where}is not writable: permission denied (choose a writable {flag})")
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest folder above it that exists (the filesystem a missing `path` would be made on)."""
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 @dataclass
@@ -503,30 +508,13 @@ def folds_case(folder: Path) -> bool:
 
 def case_folding(out: Path) -> Path | None:
     """`out` when its filesystem folds case (`folds_case`), else None, before `Batch` opens it (synth --strict
-    reads the manifest first): the folders of its path that are missing are made for the probe and removed
-    after it, so nothing is left behind. OutDirError when they cannot be made."""
+    reads the manifest first): probed in the nearest folder of its path that exists, on whose filesystem the
+    missing ones would be made, so nothing is made. OutDirError when that folder takes no new file."""
     out = Path(out)
-    missing, folder = [], out  # the folders of out's path that do not exist, innermost first
-    while not os.path.lexists(folder) and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    made = []
     try:
-        for folder in reversed(missing):  # outermost first
-            try:
-                folder.mkdir()
-                made.append(folder)
-            except FileExistsError:  # another run made it meanwhile: it is not ours to remove
-                pass
-        return out if folds_case(out) else None
+        return out if folds_case(_nearest_existing(out)) else None
     except OSError as exc:
         raise OutDirError(f"--out {out}: cannot be written ({exc.strerror or exc})") from None
-    finally:
-        for folder in reversed(made):  # innermost first
-            try:
-                folder.rmdir()
-            except OSError:  # another run put something in it meanwhile
-                pass
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
