@@ -20,8 +20,9 @@ straight to the output directory; only these small rows travel through Ray's obj
 
 Retries are idempotent: before running, a call reads what other writers recorded since its last call; an
 id whose last record is good and was made from the row as it is now (the fingerprint) is not run again and
-returns its recorded metadata (`skipped` true). So a batch Ray retries after its actor died re-runs only
-the rows the dead actor had not finished, and no id gets two results. A bad row is an error row (recorded
+returns its recorded metadata. So a batch Ray retries after its actor died re-runs only the rows the dead
+actor had not finished, and no id gets two results; a row the dead actor finished is reported as run by
+this run (`skipped` false, `changed` / `damaged` as the dead actor would have said), since it was. A bad row is an error row (recorded
 in results.jsonl when it has a usable id), never an exception. Ids must be unique across the dataset (the
 CLI checks that in its first pass; a dataset built here is not checked across batches).
 """
@@ -36,8 +37,9 @@ from typing import Iterator
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
 from .errors import DeviceFailed, OmniTTSError, RequestError
 
-# One metadata row per input row. `skipped`: not run by this call, its metadata is the id's recorded
-# result (done or failed by an earlier run, by another writer, or by this run's attempt that Ray retried);
+# One metadata row per input row. `skipped`: not run by this run, its metadata is the id's record from before
+# it (done or failed by an earlier run); a row that an attempt of this run finished before Ray retried its
+# batch is not skipped. This run: since `since` in results.jsonl, or since the actor started without one.
 # `changed`: run again because the row or the options changed since its record; `damaged`: run again with the
 # row and options the same, because its file was damaged or missing (`Batch.rerun` tells the two apart).
 COLUMNS = ("id", "path", "seconds", "frames", "finish_reason", "status", "error", "seed", "skipped", "changed",
@@ -140,25 +142,31 @@ class Synthesizer:
     def __call__(self, batch):
         rows = _pylist(batch)
         items, out = [], [None] * len(rows)  # out: the metadata row of each input row, filled below
-        seen: dict[str, int] = {}  # id -> the row that took it (an id belongs to its first row, even a bad one)
+        # file name -> (the row that took it, its id): an id belongs to its first row, even a bad one; where
+        # OUT's filesystem folds case, ids alike but for case are one file name (`Batch.fold_case`)
+        seen: dict[str, tuple[int, str]] = {}
         for index, raw in enumerate(rows):
             obj = {name: raw[column] for name, column in self.plan.items() if _present(raw.get(column))}
             try:
                 item = parse_item(_typed_values(obj), index + 1, self.base, self.columns)
-                if item.request.id in seen:
+                taken = seen.get(self._name(item.request.id))
+                if taken is not None and taken[1] == item.request.id:
                     raise RequestError(f"id: {item.request.id!r} already used by another row of this batch")
+                if taken is not None:
+                    raise RequestError(f"id: {item.request.id!r} names the same file as another row's {taken[1]!r} "
+                                       f"on this case-insensitive filesystem ({self.batch.fold_case})")
                 check_item(self.cfg, item, self.voices, self.settings.split_chars)
             except RequestError as exc:
                 out[index] = self._bad(_raw_id(obj.get("id")), str(exc), seen, index)
                 continue
-            seen[item.request.id] = index
+            seen[self._name(item.request.id)] = (index, item.request.id)
             items.append(item)
         self.batch.ledger.refresh()  # what other writers (actors, an earlier attempt of this batch) recorded
         ran: dict[str, bool | None] = {}  # id -> its `Batch.rerun` entry (None: none), for the items this call runs
         try:
             for outcome in self.pipeline.run(self._pending(items, ran)):
                 rec = self.batch.save(outcome)
-                out[seen[rec["id"]]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"],
+                out[seen[self._name(rec["id"])][0]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"],
                                             rec["finish_reason"], rec["status"], rec["error"], rec["seed"],
                                             rerun=ran[rec["id"]])
         except DeviceFailed:  # its running items count a death each (batch/claims.py); the run fails with it
@@ -168,28 +176,37 @@ class Synthesizer:
             self.batch.ledger.refresh()
             for item in items:
                 if item.request.id not in ran:
-                    out[seen[item.request.id]] = self._recorded(item.request.id)
+                    out[seen[self._name(item.request.id)][0]] = self._recorded(item.request.id)
         return _table(out)
 
+    def _name(self, item_id: str) -> str:
+        """What makes two ids one file name in OUT: the id, or its lower case where OUT's filesystem folds case."""
+        return item_id.lower() if self.batch.fold_case else item_id
+
     def _recorded(self, item_id: str) -> dict:
-        """The metadata row of an item this call did not run: its last record's."""
+        """The metadata row of an item this call did not run: its last record's. A record another writer
+        made during this run (an attempt of this batch whose actor died) makes it a row run by this run,
+        run again over an earlier run's record as `Ledger.replaced` says (as `Batch.rerun` would have)."""
         ledger = self.batch.ledger
+        this_run = item_id in ledger.arrived
+        rerun = ledger.replaced.get(item_id) if this_run and not self.settings.force else None
         done = ledger.done.get(item_id)
         if done is not None:
             return _row(item_id, done.path, done.seconds, done.frames, done.finish_reason, seed=done.seed,
-                        skipped=True)
+                        skipped=not this_run, rerun=rerun)
         if item_id in ledger.failed:
-            return _row(item_id, status="error", finish_reason="error", error=ledger.failed[item_id], skipped=True)
+            return _row(item_id, status="error", finish_reason="error", error=ledger.failed[item_id],
+                        skipped=not this_run, rerun=rerun)
         # pending() skips only recorded ids; kept as an honest error row rather than a crash
         return _row(item_id, status="error", error="no record found for a skipped item", skipped=True)
 
     def _bad(self, item_id, message: str, seen: dict, index: int) -> dict:
         """A row that is not a valid item: an error row, recorded under its id when that is usable (a safe id
         no earlier row of the batch took; a later row with it is then a duplicate, as in a manifest)."""
-        usable = isinstance(item_id, str) and SAFE_ID.match(item_id) and item_id not in seen
+        usable = isinstance(item_id, str) and SAFE_ID.match(item_id) and self._name(item_id) not in seen
         if not usable:
             return _row(None, status="error", finish_reason="error", error=message)
-        seen[item_id] = index
+        seen[self._name(item_id)] = (index, item_id)
         message = f"{item_id}: {message}"
         self.batch.record_bad(item_id, message)
         return _row(item_id, status="error", finish_reason="error", error=message)

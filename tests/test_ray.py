@@ -155,6 +155,30 @@ def test_stage_maps_columns_and_turns_bad_rows_into_error_rows(ckpt_dir, tmp_pat
 
 
 
+def test_stage_takes_ids_alike_but_for_case_as_one_file_where_the_filesystem_folds_case(ckpt_dir, tmp_path,
+                                                                                          monkeypatch):
+    """On a case-insensitive OUT (macOS, Windows, SMB; probed once, patched here) `Alice` and `alice` are one
+    file: the later row is an error row naming the earlier, as a manifest's line is, and nothing is
+    overwritten. On a case-sensitive one both run."""
+    import pyarrow as pa
+
+    from omnitts.batch import outdir
+
+    rows = [{"id": i, "text": f"Sentence {n}.", "speaker": "ryan"} for n, i in enumerate(("Alice", "alice", "bob"))]
+    monkeypatch.setattr(outdir, "folds_case", lambda folder: True)
+    stage = Synthesizer(ckpt_dir("custom_voice"), tmp_path / "folded", dtype="float32", greedy=True, max_frames=4)
+    got = stage(pa.Table.from_pylist(rows)).to_pylist()
+    stage.close()
+    assert [r["status"] for r in got] == ["ok", "error", "ok"], got
+    assert "'alice' names the same file as another row's 'Alice' on this case-insensitive filesystem" in got[1]["error"]
+    assert [r["id"] for r in _records(tmp_path / "folded")] == ["Alice", "bob"]
+
+    monkeypatch.setattr(outdir, "folds_case", lambda folder: False)
+    stage = Synthesizer(ckpt_dir("custom_voice"), tmp_path / "plain", dtype="float32", greedy=True, max_frames=4)
+    assert [r["status"] for r in stage(pa.Table.from_pylist(rows)).to_pylist()] == ["ok"] * 3
+    stage.close()
+
+
 def test_stage_tells_a_row_run_again_for_a_damaged_file_from_a_changed_row(ckpt_dir, tmp_path):
     """The stage's call alone (no cluster): a row whose file was damaged is run again and marked `damaged` (not
     `changed`), as the one-process run counts it; a row whose text changed is marked `changed`."""
@@ -173,6 +197,59 @@ def test_stage_tells_a_row_run_again_for_a_damaged_file_from_a_changed_row(ckpt_
     assert [r["id"] for r in _records(out)] == ["kept", "broken", "edited", "broken", "edited"]
     assert stage.batch.tally.changed == 2 and stage.batch.tally.damaged == 1  # the actor's own count agrees
     stage.close()
+
+def _flags(rows: list[dict]) -> dict:
+    return {r["id"]: (r["status"], r["skipped"], r["changed"], r["damaged"]) for r in rows}
+
+
+def test_a_retried_batch_reports_the_rows_its_dead_attempt_ran_as_run_by_this_run(ckpt_dir, tmp_path):
+    """Ray retries a batch on a new actor after its actor died: the rows the dead attempt finished are not run
+    again, but they were run by this run, so they are not `skipped`, and a row run again over an earlier run's
+    record says why (`changed` / `damaged`) as the dead attempt would have; the command's summary counts them
+    as a run without deaths does. Two stages with the same `since` stand in for the two attempts."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from omnitts.batch.ledger import Ledger
+    from omnitts.batch.outdir import Tally
+    from omnitts.cli.running import _count_row
+
+    out, ckpt = tmp_path / "out", ckpt_dir("custom_voice")
+    rows = [{"id": i, "text": f"Sentence {i}.", "speaker": "ryan"} for i in ("kept", "broken", "edited", "new")]
+    earlier = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4)
+    assert [r["status"] for r in earlier(pa.Table.from_pylist(rows[:3])).to_pylist()] == ["ok"] * 3
+    earlier.close()
+    (out / "broken.wav").write_bytes(b"truncated")
+    rows[2]["text"] = "Changed."
+    since = (out / "results.jsonl").stat().st_size  # where this run begins
+    before = Ledger(out)
+
+    dead = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4, since=since)
+    first = dead(pa.Table.from_pylist(rows)).to_pylist()  # its rows never reach the driver: the actor died
+    dead.close()
+    retry = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4, since=since)
+    got = retry(pa.Table.from_pylist(rows)).to_pylist()
+    retry.close()
+    assert _flags(got) == _flags(first) == {"kept": ("ok", True, False, False), "broken": ("ok", False, False, True),
+                                          "edited": ("ok", False, True, False), "new": ("ok", False, False, False)}
+    assert [r["id"] for r in _records(out)] == ["kept", "broken", "edited", "broken", "edited", "new"]  # none twice
+
+    tally = Tally()
+    for row in got:
+        _count_row(row, before, tally, Console(quiet=True))
+    assert (tally.skipped, tally.done, tally.changed, tally.damaged) == (1, 3, 2, 1)
+
+    # --force: every row is run once by the run; the retry reports the dead attempt's rows as run, not redone
+    since = (out / "results.jsonl").stat().st_size
+    dead = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4, since=since, force=True)
+    dead(pa.Table.from_pylist(rows[:2]))
+    dead.close()
+    retry = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4, since=since, force=True)
+    assert _flags(retry(pa.Table.from_pylist(rows[:2])).to_pylist()) == {"kept": ("ok", False, False, False),
+                                                                         "broken": ("ok", False, False, False)}
+    retry.close()
+    assert len(_records(out)) == 8
+
 
 def _actor_pids() -> list[int]:
     """Processes of the stage's Ray actors (Ray titles them ray::MapWorker(MapBatches(Synthesizer)))."""

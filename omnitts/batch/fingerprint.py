@@ -42,6 +42,13 @@ def fingerprint(request, params, checkpoint: str, audio_format: str, loudness: f
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def same_print(recorded: str | None, current: str, old: bool = True) -> bool:
+    """Whether a record's fingerprint stands for `current`. A record from before fingerprints (None)
+    counts as the same when `old` (good records: not redone merely because omnitts was upgraded), and
+    as different otherwise (a failed record without one is a bad line, which a fixed line replaces)."""
+    return recorded == current or (recorded is None and old)
+
+
 def _source(value) -> str | None:
     """A reference clip or voice: the digest of a file's bytes; of samples and rate; of a Voice's tensors."""
     if value is None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..errors import OmniTTSError
+from .fingerprint import same_print
 
 NAME = "results.jsonl"
 
@@ -71,7 +72,8 @@ class Ledger:
     Several writers may share the log (batch/claims.py): each appends under an exclusive `flock`, one
     `write` per line, so lines never interleave. Before appending, a writer reads the lines the others
     appended since its last read (`refresh` does that too, without writing); ids whose records came from
-    another writer after this Ledger opened are in `arrived`.
+    another writer after this Ledger opened are in `arrived`, and those of them that replaced an earlier
+    run's record are in `replaced`.
     """
 
     def __init__(self, out: Path, since: int | None = None):
@@ -82,6 +84,10 @@ class Ledger:
         self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
         self.failed_prints: dict[str, str | None] = {}  # id -> that failed record's fingerprint
         self.arrived: set[str] = set()  # ids another writer recorded after this Ledger opened
+        # id -> for an arrived id that had an earlier run's record: whether it was run again for a damaged or
+        # missing file (that record good, made as this one was: the same fingerprint) rather than a change,
+        # as `Batch.rerun` says for the items a writer runs itself
+        self.replaced: dict[str, bool] = {}
         self.offset = 0  # bytes of the log read so far (whole lines only)
         self._lock = threading.RLock()  # reads and writes of this object's state, between threads
         self._track = False  # what is there at the start is the earlier runs' work, not `arrived`
@@ -161,9 +167,19 @@ class Ledger:
                 self.offset += len(line)
                 record = _parse(line)
                 if record is not None:
-                    self._note(record)
                     if self._track:
-                        self.arrived.add(record["id"])
+                        self._arrive(record)
+                    self._note(record)
+
+    def _arrive(self, record: dict) -> None:
+        """Note `record`, another writer's, as this run's (before `_note`: what it replaces is still here)."""
+        item_id = record["id"]
+        if item_id in self.arrived:
+            return  # what it replaced was this run's too; the first arrival saw the earlier run's record
+        self.arrived.add(item_id)
+        if item_id in self.done or item_id in self.failed:
+            done = self.done.get(item_id)
+            self.replaced[item_id] = done is not None and same_print(done.fingerprint, record.get("fingerprint") or "")
 
     def _note(self, record: dict) -> None:
         """The latest record of an id wins."""

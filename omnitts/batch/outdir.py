@@ -37,7 +37,7 @@ from ..engine.pipeline import Job, Outcome
 from ..errors import OmniTTSError
 from ..params import SamplingParams
 from .claims import Writer, sweep
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint, same_print
 from .ledger import Ledger, check_log
 from .shard import in_shard
 
@@ -287,7 +287,7 @@ class Batch:
         """Whether `item_id` (fingerprint `current`) is not to run; counts why in the tally."""
         ledger, s = self.ledger, self.settings
         if item_id in ledger.arrived and (self._done_as(item_id, current)
-                                          or _same(ledger.failed_prints.get(item_id, ""), current, old=False)):
+                                          or same_print(ledger.failed_prints.get(item_id, ""), current, old=False)):
             self.tally.others += 1  # another writer ran it during this run, as this writer would have
             return True
         if s.force:
@@ -295,7 +295,7 @@ class Batch:
         if self._done_as(item_id, current):
             self.tally.skipped += 1
             return True
-        if item_id in ledger.failed and _same(ledger.failed_prints[item_id], current, old=False) \
+        if item_id in ledger.failed and same_print(ledger.failed_prints[item_id], current, old=False) \
                 and not s.retry_failed:
             self.tally.skipped += 1
             self.tally.earlier_failed += 1
@@ -309,7 +309,7 @@ class Batch:
         done = ledger.done.get(item_id)
         if not self.settings.force and (done is not None or item_id in ledger.failed):
             # not skipped: a changed line or options, else (the same fingerprint) a file damaged or missing
-            self.rerun[item_id] = done is not None and _same(done.fingerprint, current)
+            self.rerun[item_id] = done is not None and same_print(done.fingerprint, current)
         self._prints[item_id] = current
         deaths, alone = self.writer.deaths.get(item_id, (0, False))
         if alone:
@@ -346,7 +346,7 @@ class Batch:
         """The id's last record is good, made from fingerprint `current`, and its file is intact (with
         `--save-codes`, its codes file is there too: a run that adds the flag writes the codes it lacks)."""
         done = self.ledger.done.get(item_id)
-        return (done is not None and _same(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
+        return (done is not None and same_print(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
                 and (not self.settings.save_codes or (self.out / f"{item_id}.codes.npy").is_file()))
 
     # -- writing ----------------------------------------------------------------------------------
@@ -456,13 +456,6 @@ def record(item_id, status, path=None, seconds=None, samples=None, frames=None, 
             "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
             "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
             "timings": timings, "fingerprint": fingerprint}
-
-
-def _same(recorded: str | None, current: str, old: bool = True) -> bool:
-    """Whether a record's fingerprint stands for `current`. A record from before fingerprints (None)
-    counts as the same when `old` (good records: not redone merely because omnitts was upgraded), and
-    as different otherwise (a failed record without one is a bad line, which a fixed line replaces)."""
-    return recorded == current or (recorded is None and old)
 
 
 def _check_name(target: Path) -> None:
