@@ -53,8 +53,9 @@ def test_a_failed_item_is_retried_only_with_the_flag(ckpt_dir, tmp_path, monkeyp
     again = runner.invoke(app, args)  # without the flag: not run (its exit code and summary: tests/test_cli.py)
     assert again.exit_code == 1 and len(_records(out)) == 2 and not (out / "flaky.wav").exists(), again.output
 
-    retried = runner.invoke(app, args + ["--retry-failed"])
+    retried = runner.invoke(app, args + ["--retry-failed"], env={"COLUMNS": "200"})
     assert retried.exit_code == 0, retried.output
+    assert "run again" not in retried.output, retried.output  # a failure tried again as it was: nothing changed
     records = _records(out)
     assert _statuses(out) == {"plain": ["ok"], "flaky": ["error", "ok"]}
     assert records[-1]["path"] == "flaky.wav" and sf.info(out / "flaky.wav").frames == 4 * 1920

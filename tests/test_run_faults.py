@@ -421,6 +421,46 @@ def _failing_at_third(monkeypatch, out, kind: str, code: int):
     return out / "c.wav"
 
 
+def test_a_write_error_on_a_damaged_file_does_not_count_it_as_done(ckpt_dir, tmp_path):
+    """A damaged file being redone is not "done" in the write error's count, though its old record says ok."""
+    manifest, out = _manifest(tmp_path, ["a", "b", "c"]), tmp_path / "out"
+    assert _synth(ckpt_dir, manifest, out).exit_code == 0
+    (out / "b.wav").unlink()
+    (out / "b.wav").mkdir()  # its file gone, and nothing can be written in its place
+    result = _synth(ckpt_dir, manifest, out)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: cannot write {out / 'b.wav'}: Is a directory (EISDIR): 2 items done ({out}/results.jsonl); fix that "
+        "and run the same command again to resume")
+
+
+def test_an_export_with_no_item_done_says_nothing_was_exported(ckpt_dir, tmp_path, monkeypatch):
+    from omnitts.api import TTS
+
+    def failing(self, request):
+        raise RuntimeError("no luck")
+
+    monkeypatch.setattr(TTS, "prepare", failing)
+    out, target = tmp_path / "out", tmp_path / "export"
+    result = _synth(ckpt_dir, _manifest(tmp_path, ["a"]), out, "--export-dataset", str(target))
+    assert result.exit_code == 1, result.output
+    assert (f"--export-dataset {target}: nothing exported, no item of the manifest has audio in {out}"
+            in " ".join(result.output.split())), result.output
+    assert not target.exists()
+
+
+def test_ctrl_c_before_anything_is_recorded_says_so(ckpt_dir, tmp_path, monkeypatch):
+    import omnitts.api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(omnitts.api, "load", interrupted)
+    result = _synth(ckpt_dir, _manifest(tmp_path), tmp_path / "out")
+    assert result.exit_code == 130, result.output
+    assert result.output.strip() == "interrupted before any item was recorded; run the same command again to start"
+
+
 @pytest.mark.parametrize("kind, code, text", [("commit", errno.EACCES, "Permission denied (EACCES)"),
                                               ("write", errno.EIO, "Input/output error (EIO)"),
                                               ("record", errno.EROFS, "Read-only file system (EROFS)")])
@@ -532,6 +572,12 @@ def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_r
         assert refused.exit_code == 2 and refused.output.strip() == (
             f"error: --export-dataset {folder}: is the output directory or holds it; an export replaces its target, "
             "so choose a folder outside --out")
+    assert not (tmp_path / "new-out").exists()
+    inside = tmp_path / "new-out" / "ds"  # a folder inside OUT: OUT is for the items' files alone
+    refused = _synth(ckpt_dir, _manifest(tmp_path, ["c"]), tmp_path / "new-out", "--export-dataset", str(inside))
+    assert refused.exit_code == 2 and refused.output.strip() == (
+        f"error: --export-dataset {inside}: is inside the output directory {tmp_path / 'new-out'}; choose a folder "
+        "outside --out")
     assert not (tmp_path / "new-out").exists()
 
 

@@ -34,6 +34,9 @@ def check_target(target: Path, out: Path | None = None) -> None:
         if where == out or where in out.parents:
             raise ExportError(f"--export-dataset {target}: is the output directory or holds it; an export replaces "
                               "its target, so choose a folder outside --out")
+        if out in where.parents:  # OUT holds its items' files and nothing else (a later run sweeps, --strict checks)
+            raise ExportError(f"--export-dataset {target}: is inside the output directory {out}; choose a folder "
+                              "outside --out")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
     if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):

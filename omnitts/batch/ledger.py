@@ -84,9 +84,8 @@ class Ledger:
         self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
         self.failed_prints: dict[str, str | None] = {}  # id -> that failed record's fingerprint
         self.arrived: set[str] = set()  # ids another writer recorded after this Ledger opened
-        # id -> for an arrived id that had an earlier run's record: whether it was run again for a damaged or
-        # missing file (that record good, made as this one was: the same fingerprint) rather than a change,
-        # as `Batch.rerun` says for the items a writer runs itself
+        # id -> for an arrived id that replaced an earlier run's record: `rerun_of` then (a damaged file or a
+        # change), as `Batch.rerun` says for the items a writer runs itself
         self.replaced: dict[str, bool] = {}
         self.offset = 0  # bytes of the log read so far (whole lines only)
         self._lock = threading.RLock()  # reads and writes of this object's state, between threads
@@ -177,9 +176,20 @@ class Ledger:
         if item_id in self.arrived:
             return  # what it replaced was this run's too; the first arrival saw the earlier run's record
         self.arrived.add(item_id)
-        if item_id in self.done or item_id in self.failed:
-            done = self.done.get(item_id)
-            self.replaced[item_id] = done is not None and same_print(done.fingerprint, record.get("fingerprint") or "")
+        why = self.rerun_of(item_id, record.get("fingerprint") or "")
+        if why is not None:
+            self.replaced[item_id] = why
+
+    def rerun_of(self, item_id: str, current: str) -> bool | None:
+        """Why `item_id`, run again now with fingerprint `current`, replaces its record: True for a damaged
+        or missing file (its good record made as now), False for a change of its line or the options since
+        (a good or a failed record); None for no record, or a failure tried again as it was (--retry-failed)."""
+        done = self.done.get(item_id)
+        if done is not None:
+            return same_print(done.fingerprint, current)
+        if item_id in self.failed and not same_print(self.failed_prints[item_id], current, old=False):
+            return False
+        return None
 
     def _note(self, record: dict) -> None:
         """The latest record of an id wins."""

@@ -306,10 +306,9 @@ class Batch:
         """A claimed item's job. One whose process died while it ran (its claim says so, `Writer.deaths`)
         runs alone; one whose process died while it ran alone fails without running."""
         item_id, ledger = job.request.id, self.ledger
-        done = ledger.done.get(item_id)
-        if not self.settings.force and (done is not None or item_id in ledger.failed):
-            # not skipped: a changed line or options, else (the same fingerprint) a file damaged or missing
-            self.rerun[item_id] = done is not None and same_print(done.fingerprint, current)
+        why = None if self.settings.force else ledger.rerun_of(item_id, current)
+        if why is not None:  # not skipped: a changed line or options, or a file damaged or missing
+            self.rerun[item_id] = why
         self._prints[item_id] = current
         deaths, alone = self.writer.deaths.get(item_id, (0, False))
         if alone:

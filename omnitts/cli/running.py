@@ -40,7 +40,7 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
             stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose)
             batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except DeviceFailed as exc:
-        done = len(batch.ledger.done)
+        done = done_count(batch)
         fail(f"{exc}: {plural(done, 'item')} done ({out}/results.jsonl), the items it was running not recorded; run "
              "the same command again to resume once the device works", code=1)
     except OmniTTSError as exc:
@@ -48,10 +48,16 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
     except OSError as exc:
         os_error(exc, out, batch)
     except KeyboardInterrupt as exc:
-        typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
-                   "again to resume", err=True)
+        if (out / "results.jsonl").exists():
+            typer.echo(f"interrupted: finished items are recorded in {out}/results.jsonl; run the same command "
+                       "again to resume", err=True)
+        else:
+            typer.echo("interrupted before any item was recorded; run the same command again to start", err=True)
         raise typer.Exit(exit_code(exc))
-    if export_dataset is not None and batch.tally.done + batch.tally.skipped + batch.tally.others:
+    if export_dataset is not None and not batch.tally.done + batch.tally.skipped + batch.tally.others:
+        typer.echo(f"--export-dataset {export_dataset}: nothing exported, no item of the manifest has audio in {out}",
+                   err=True)
+    elif export_dataset is not None:
         from ..batch.export import export_dataset as export
 
         current = (item for item in items() if batch.mine(item.request.id) and batch.is_current(item))
@@ -184,13 +190,19 @@ def _count_row(row: dict, before, tally, console) -> None:
             tally.rerun(bool(row["damaged"]))
 
 
+def done_count(batch) -> int:
+    """Items whose last record is good, less those this run was running again (their file damaged or missing,
+    or their line changed): what a message saying "N items done" may count without opening every file."""
+    return sum(1 for item_id in batch.ledger.done if item_id not in batch.rerun)
+
+
 def os_error(exc: OSError, out: Path, batch) -> None:
     """A filesystem error (a full disk, EACCES, EIO, a filesystem turned read-only...) ends the run with
     one line naming the file and the error, exit 1. What is done stays done (nothing is half-written:
     see batch/outdir.py), so the same command resumes once the cause is fixed."""
     from ..io.atomic import disk_full, shown_name
 
-    done = len(batch.ledger.done) if batch is not None else 0
+    done = done_count(batch) if batch is not None else 0
     resume = f"{plural(done, 'item')} done ({out}/results.jsonl); "
     if disk_full(exc):
         fail(f"no space left on {out}: {resume}free some space and run the same command again to resume", code=1)
@@ -218,7 +230,7 @@ def _export_failed(exc: Exception, target: Path, out: Path, batch) -> None:
         reason = (f"cannot write {exc.filename}: " if exc.filename else "") + _os_reason(exc)
     else:
         reason = str(exc)
-    done = len(batch.ledger.done)
+    done = done_count(batch)
     fail(f"--export-dataset {target}: {reason}; nothing was exported, the {plural(done, 'item')} done in {out} "
           "stay done: fix that and run the same command again to export", code=1)
 
