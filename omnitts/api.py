@@ -28,9 +28,10 @@ from .engine.pipeline import Job, Pipeline
 from .engine.reference import decode_codes, generate_codes
 from .errors import AudioError, OmniTTSError, RequestError, VoiceError
 from .info import checkpoint_info
+from .io import user_path
 from .io.audio import load_reference
-from .params import SamplingParams, check_seed
-from .recipe import option_problem
+from .params import SamplingParams, check_flag, check_seed, fresh_seed
+from .recipe import type_name, option_problem
 from .request import Request, Voice
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .text import empty_text
@@ -126,9 +127,10 @@ class TTS:
         """Sampling parameters from the checkpoint's generation_config.json, with `overrides`.
 
         Args:
-            greedy: argmax decoding in talker and sub-talker instead of sampling.
+            greedy: argmax decoding in talker and sub-talker instead of sampling (a bool).
             **overrides: any `SamplingParams` field (None keeps the default).
         """
+        check_flag("greedy", greedy)
         params = SamplingParams.from_generation_config(self.ckpt.config.generation, **overrides)
         return params.greedy() if greedy else params
 
@@ -137,9 +139,13 @@ class TTS:
         """Encode a reference clip once into a reusable `Voice` (Base checkpoints only).
 
         Args:
-            ref_audio: a path to an audio file, or a `(samples, sample_rate)` pair.
+            ref_audio: a path to an audio file (`~` is the home folder), or a `(samples, sample_rate)` pair:
+                float samples in [-1, 1], or integer PCM as `scipy.io.wavfile.read` returns it (int16,
+                int32, int8, uint8), scaled to [-1, 1) as soundfile scales it (int16 / 2**15, ...); other
+                integer types (int64, uint16, ...) are refused. Mono, shape (n,), or (n, channels).
             ref_text: what the clip says (required unless `x_vector_only`).
-            x_vector_only: keep only the speaker embedding (no in-context reference codes).
+            x_vector_only: keep only the speaker embedding (no in-context reference codes). A clip over
+                30 s is then cut to its first 30 s with a UserWarning (in-context cloning refuses it).
         """
         from .batch.manifest import check_fields
 
@@ -167,8 +173,9 @@ class TTS:
                      checkpoint=self.identity, meta=meta)
 
     def load_voice(self, path) -> Voice:
-        """Read a saved voice file (see `Voice.save`), refusing one made with another checkpoint."""
-        key = Path(path).expanduser().resolve()
+        """Read a saved voice file (see `Voice.save`; `~` is the home folder), refusing one made with another
+        checkpoint."""
+        key = user_path(path).resolve()
         try:
             stat = key.stat()
             stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
@@ -223,10 +230,13 @@ class TTS:
         """`generate` for requests already turned into prompts (see `prepare`)."""
         return self._finished(Job(request, params, prompt=prompt) for request, prompt, params in prepared)
 
-    def _finished(self, jobs: Iterable[Job]) -> Iterator[Audio]:
+    def _finished(self, jobs: Iterable[Job], named: str | None = None) -> Iterator[Audio]:
+        """The jobs' results; the first failure raised, named by `named` with the job's id where given
+        (`synthesize`'s "text[{}]")."""
         for outcome in Pipeline(self).run(jobs):
             if not outcome.ok:
-                raise outcome.exception or OmniTTSError(outcome.error)
+                exc = outcome.exception or OmniTTSError(outcome.error)
+                raise exc if named is None else _naming(exc, named.format(outcome.job.request.id), "text")
             yield outcome.result
 
     def run(self, request: Request, params: SamplingParams) -> Audio:
@@ -241,6 +251,8 @@ class TTS:
 
     def run_reference(self, request: Request, params: SamplingParams) -> Audio:
         """The one-request eager slow path (what the engine is tested against), with greedy margins."""
+        if params.samples and params.seed is None:  # drawn here, so the result says it (as the engine's do)
+            params = replace(params, seed=fresh_seed())
         prompt = self.prepare(request)
         generation = generate_codes(self.ckpt, prompt, params.with_budget(prompt.text_tokens, request.max_seconds))
         audio = decode_codes(self.ckpt, generation.codes, prompt.ref_codes)
@@ -265,15 +277,21 @@ class TTS:
                 `top_k`, `top_p`, `repetition_penalty`, `subtalker_*`).
             max_frames: frame budget per item (12.5 frames per second; a split item's pieces share it);
                 None derives it from the text.
-            seed: makes sampling reproducible; with a list, item i uses `seed + i`.
+            seed: makes sampling reproducible; with a list, item i uses `seed + i`. Without one, each
+                item's drawn seed is its `Audio.seed`.
 
         Returns:
             An `Audio` (samples, sample_rate, codes, ...; `.save(path)`; plays inline in Jupyter),
             or a list of them for a list of texts. Their ids are "0", "1", ...
+
+        Raises:
+            RequestError: a text or keyword that cannot be used, named (`speaker: ...`); with a list, an
+                item that fails is named by its index (`text[3]: 71,400 characters make 350 pieces ...`).
         """
         if not isinstance(text, (str, list, tuple)):
             raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
         check_seed(seed)
+        check_flag("greedy", greedy)
         texts = [text] if isinstance(text, str) else list(text)
         for i, item in enumerate(texts):
             if not isinstance(item, str):
@@ -283,9 +301,12 @@ class TTS:
                 raise RequestError(f"{where}: {problem}; give the words to speak")
             if problem := not_text(item):
                 raise RequestError(f"{where}: {problem}")
-        # The keywords; each text is checked above, named by its index.
-        _check_request(Request("", language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice,
-                               non_streaming))
+        # The keywords; each text is checked above, named by its index. Against the checkpoint too, so that an
+        # error of a keyword (an unknown speaker) is not taken for one of the first item's below.
+        keywords = Request("", language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice, non_streaming)
+        _check_request(keywords)
+        if texts:
+            resolve(self.ckpt.config, replace(keywords, text=texts[0]))
         if ref_audio is not None and voice is None and len(texts) > 1:
             voice = self.clone_voice(ref_audio, ref_text, x_vector_only)
         jobs = []
@@ -296,7 +317,8 @@ class TTS:
             jobs.append(Job(request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
         # Not `generate`: every field is checked above, and a voice cloned once for the list sits beside the
         # ref_audio it came from (which `_check_request` refuses in a request given whole).
-        results = {result.id: result for result in self._finished(jobs)}
+        named = None if isinstance(text, str) else "text[{}]"  # a list's item that fails is named by its index
+        results = {result.id: result for result in self._finished(jobs, named)}
         ordered = [results[str(i)] for i in range(len(texts))]
         return ordered[0] if isinstance(text, str) else ordered
 
@@ -329,6 +351,7 @@ class TTS:
             already under way finish and are yielded, and then the first error is raised.
         """
         check_seed(seed)
+        check_flag("greedy", greedy)
         errors: list[BaseException] = []  # the first error; once there is one, no more requests are read
 
         def jobs():
@@ -396,6 +419,8 @@ def _check_request(request: Request) -> None:
     that it names one reference, before anything uses them: RequestError naming the field."""
     from .batch.manifest import check_fields
 
+    if request.text is None:  # required: `check_fields` takes None for absent, as in a manifest's optional fields
+        raise RequestError("text: missing; give the words to speak")
     check_fields({name: getattr(request, name) for name in ("id", "text", "language", "speaker", "instruct",
                                                             "ref_text", "x_vector_only", "non_streaming",
                                                             "max_seconds")})
@@ -435,11 +460,15 @@ def _check_reference(ref_audio) -> None:
                            f"{type(ref_audio).__name__}")
 
 
-def _naming(exc: BaseException, where: str) -> BaseException:
+def _naming(exc: BaseException, where: str, field: str | None = None) -> BaseException:
     """`exc` with `where` before its message: of its own type, chained to it (as `raise ... from exc`); `exc`
-    itself with `where` as a note where its type is not made from a message alone."""
+    itself with `where` as a note where its type is not made from a message alone. `field`: a field that
+    `where` names already, dropped from the message's start (`text[3]: ...`, not `text[3]: text: ...`)."""
+    message = str(exc)
+    if field is not None:
+        message = message.removeprefix(f"{field}: ")
     try:
-        named = type(exc)(f"{where}: {exc}")
+        named = type(exc)(f"{where}: {message}")
     except Exception:  # noqa: BLE001 - a constructor that takes other arguments (UnicodeDecodeError takes five)
         if hasattr(exc, "add_note"):  # Python 3.11+
             exc.add_note(where)
@@ -464,7 +493,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     """Load a Qwen3-TTS-12Hz checkpoint directory (CustomVoice, VoiceDesign or Base; 0.6B or 1.7B).
 
     Args:
-        path: the checkpoint directory, exactly as published.
+        path: the checkpoint directory, exactly as published (a str or path; `~` is the home folder).
         device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling); cuda and
             npu run on the process's current device (`torch.cuda.set_device`).
         dtype: auto (default: bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs
@@ -495,8 +524,13 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     Raises:
         CheckpointError: a file is missing or does not match (the message names it).
         TypeError, ValueError: an engine option (max_batch, graph_buckets, ...) of the wrong type or range,
-            named, before anything loads; the rule a recipe's keys follow.
+            named, before anything loads; the rule a recipe's keys follow. `path` and `official_tokenizer`
+            are type-checked alike.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path: expected the checkpoint directory (a string or path), got {type(path).__name__}")
+    if not isinstance(official_tokenizer, bool):  # not a recipe key, but a flag like eager
+        raise TypeError(f"official_tokenizer: expected true or false, got {type_name(type(official_tokenizer), True)}")
     for name, value in (("max_batch", max_batch), ("eager", eager), ("deterministic", deterministic),
                         ("graph_buckets", graph_buckets), ("span_buckets", span_buckets),
                         ("max_prefill_tokens", max_prefill_tokens), ("codec_chunk_frames", codec_chunk_frames)):

@@ -77,7 +77,7 @@ class SamplingParams:
     Talker (codebook 0): `do_sample`, `temperature`, `top_k`, `top_p`, `repetition_penalty` (over the
     codebook-0 codes generated so far). Sub-talker (codebooks 1..15): the `subtalker_*` fields, no penalty.
     `max_frames` is the frame budget (80 ms each); None derives it from the text (the runaway
-    guard, see `with_budget`), never above `frame_cap` (generation_config's max_new_tokens - 1).
+    guard, see `with_budget`), never above `frame_cap` (generation_config's max_new_tokens - 1; >= 1).
     `seed` makes sampling reproducible (its low 64 bits key the noise, see omnitts.sampling).
     """
 
@@ -116,6 +116,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be at most {LARGEST[name]:.4g}, got {getattr(self, name)}")
         if self.max_frames is not None and self.max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
+        if self.frame_cap < 1:  # the most frames any budget is cut to: one at least, as from_generation_config makes
+            raise ValueError(f"frame_cap must be >= 1 (the most frames one utterance may take), got {self.frame_cap}")
 
     @classmethod
     def from_generation_config(cls, gen: dict, **overrides) -> "SamplingParams":
@@ -168,6 +170,12 @@ def check_seed(seed) -> None:
     """A seed is an int or None (TypeError otherwise, before any arithmetic on it)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, INT)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+
+
+def check_flag(name: str, value) -> None:
+    """A flag such as `greedy` is a bool (TypeError naming it otherwise: "yes" would count as true)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
 
 
 def frames_in(seconds: float) -> int:

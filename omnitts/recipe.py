@@ -79,7 +79,7 @@ class Recipe:
                 raise RecipeError(f"{where}: {name}: {problem[1]}")
         for key, value in self.env.items():
             if not isinstance(value, str):
-                raise RecipeError(f"{where}: env.{key}: expected a string, got {_type_name(type(value), given=True)}")
+                raise RecipeError(f"{where}: env.{key}: expected a string, got {type_name(type(value), given=True)}")
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""
@@ -108,7 +108,7 @@ def option_problem(name: str, value) -> tuple[type[Exception], str] | None:
     else:
         fits = isinstance(value, (list, tuple) if kind is list else kind)
     if not fits:
-        return TypeError, f"expected {_type_name(kind)}, got {_type_name(type(value), given=True)}"
+        return TypeError, f"expected {type_name(kind)}, got {type_name(type(value), given=True)}"
     if name in _CHOICES and value not in _CHOICES[name]:
         return ValueError, f"{value!r} is not one of {', '.join(_CHOICES[name])}"
     if kind is int and value < 1:
@@ -121,7 +121,7 @@ def option_problem(name: str, value) -> tuple[type[Exception], str] | None:
     return None
 
 
-def _type_name(kind, given: bool = False) -> str:
+def type_name(kind, given: bool = False) -> str:
     """How a type is named in "expected X, got Y" (`given`: as Y, where bool is the value's kind)."""
     if kind is bool:
         return "a boolean" if given else "true or false"

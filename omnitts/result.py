@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .io import user_path
 from .io.audio import write_audio
 
 
@@ -28,7 +29,9 @@ class Audio:
         codes: the generated codec codes, int64 of shape (frames, 16); None if not kept.
         finish_reason: "eos" (the model ended the utterance) or "length" (the frame budget ran out).
         id: the request's id (a manifest id, or "0", "1", ... for a list given to `synthesize`).
-        seed: the seed the request sampled with (None: unseeded, or greedy).
+        seed: the seed the request sampled with: the one given, or for a request given none that samples,
+            the one drawn for it (pass it back as `seed` to reproduce the audio). A greedy request keeps
+            the seed it was given (unused: greedy decoding draws nothing), else None.
         talker_margin, predictor_margin: smallest greedy top-1/top-2 logit gaps (reference path only).
     """
 
@@ -60,9 +63,9 @@ class Audio:
         """Write the audio to `path`, atomically (a temporary name, then a rename).
 
         The format comes from the suffix: .wav and .flac (16-bit PCM) or .ogg (Vorbis). Missing
-        folders are created. Returns the path.
+        folders are created; `~` is the home folder. Returns the path.
         """
-        path = Path(path)
+        path = user_path(path)
         write_audio(path, self.samples, self.sample_rate)
         return path
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,7 +41,8 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError, VoiceError
-from .io.atomic import atomic_write
+from .io import user_path
+from .io.atomic import atomic_write, file_mode
 from .models.safetensors_io import MAX_HEADER
 from .version import __version__
 
@@ -48,6 +50,7 @@ FORMAT = "omnitts-voice"
 FORMAT_VERSION = 1
 MODES = ("icl", "x_vector_only")
 READ_CHUNK = 16 * 2**20
+NO_REF_TEXT = "an icl voice needs its ref_text, the transcript of its reference codes"
 
 
 @dataclass
@@ -135,14 +138,17 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     """Write `voice` to `path` (.safetensors), atomically: a temporary name in the folder, then rename.
 
     `identity` (default `voice.checkpoint`) is the checkpoint the voice belongs to; `meta` adds or
-    overrides string metadata (default `voice.meta`: ref_audio, ref_seconds, checkpoint_name).
+    overrides string metadata (default `voice.meta`: ref_audio, ref_seconds, checkpoint_name). `path` may
+    start with `~`; the file gets the mode other outputs get (0666 less the umask). A voice `load_voice`
+    would refuse (an in-context voice without its ref_text, tensors that are not tensors) is refused here.
     """
-    path = Path(path)
+    path = user_path(path)
     identity = identity or voice.checkpoint
     if not identity:
         raise VoiceError(f"{path}: the voice has no checkpoint identity; make it with TTS.clone_voice")
     if path.suffix != ".safetensors":
         raise VoiceError(f"{path}: voice files end in .safetensors")
+    check_parts(voice, str(path))
     tensors = {"x_vector": voice.x_vector.detach().float().cpu().contiguous()}
     if voice.icl:
         tensors["ref_codes"] = voice.ref_codes.detach().long().cpu().contiguous()
@@ -156,6 +162,7 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(path) as tmp:
             save_file(tensors, tmp, metadata={k: str(v) for k, v in info.items()})
+            os.chmod(tmp, file_mode())  # safetensors writes a new file of mode 0600
     except OSError as exc:
         raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror or exc})") from None
     return path
@@ -164,11 +171,11 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
 def load_voice(path) -> tuple[Voice, dict]:
     """Read a voice file -> (Voice, its metadata). Raises VoiceError naming the file if it is not one.
 
-    The checkpoint is not checked here (see `TTS.load_voice`).
+    The checkpoint is not checked here (see `TTS.load_voice`). `path` may start with `~`.
     """
     from safetensors import safe_open
 
-    path = Path(path)
+    path = user_path(path)
     if not path.is_file():
         raise VoiceError(f"{path}: voice file not found")
     try:
@@ -202,7 +209,7 @@ def load_voice(path) -> tuple[Voice, dict]:
             raise VoiceError(f"{path}: ref_codes must be int64 (frames, groups); got {ref_codes.dtype} "
                              f"{tuple(ref_codes.shape)}")
         if not meta.get("ref_text", "").strip():
-            raise VoiceError(f"{path}: an icl voice needs its ref_text")
+            raise VoiceError(f"{path}: {NO_REF_TEXT}")
     voice = Voice(x_vector, ref_codes, meta.get("ref_text") if mode == "icl" else None,
                   checkpoint=meta["checkpoint"], meta=meta)
     return voice, meta
@@ -222,10 +229,24 @@ def check_voice(voice: Voice, meta: dict, path, identity: str, cfg) -> None:
     check_fits(voice, cfg, str(path))
 
 
+def check_parts(voice: Voice, where: str) -> None:
+    """Raise VoiceError (naming `where` and the field) unless `voice` holds what every voice file holds: tensors
+    (a numpy array would fail deep inside), and for an in-context voice its transcript (without it the voice
+    would speak from an empty one, and its file would be refused when read)."""
+    for name in ("x_vector", "ref_codes"):
+        value = getattr(voice, name)
+        if not isinstance(value, torch.Tensor) and (value is not None or name == "x_vector"):
+            raise VoiceError(f"{where}: {name} must be a torch.Tensor, got {type(value).__name__} "
+                             f"(torch.from_numpy converts an array)")
+    if voice.ref_codes is not None and not (isinstance(voice.ref_text, str) and voice.ref_text.strip()):
+        raise VoiceError(f"{where}: {NO_REF_TEXT} (got {voice.ref_text!r})")
+
+
 def check_fits(voice: Voice, cfg, where: str) -> None:
-    """Raise VoiceError (naming `where`) unless `voice`'s tensors fit config `cfg`: an x_vector of the
-    talker's width, finite; reference codes of its code groups, each inside its codebook (a crafted or
-    damaged file would otherwise index past an embedding table)."""
+    """Raise VoiceError (naming `where`) unless `voice` is whole (`check_parts`) and its tensors fit config
+    `cfg`: an x_vector of the talker's width, finite; reference codes of its code groups, each inside its
+    codebook (a crafted or damaged file would otherwise index past an embedding table)."""
+    check_parts(voice, where)
     hidden, groups = cfg.talker.hidden_size, cfg.talker.num_code_groups
     codebook = cfg.codec.decoder.codebook_size
     x_vector, codes = voice.x_vector, voice.ref_codes

@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,6 +163,8 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
 
     code = 0
     batch = None
+    # Python warnings (a reference clip over 30 s) go to the parent, which says each once as the CLI does
+    warnings.showwarning = lambda message, *args, **kwargs: send("warning", index, str(message))
     try:
         # Started with them held (Pool._spawn): one that came meanwhile arrives now, to our handlers.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
@@ -371,6 +374,8 @@ class Pool:
             yield event[:6]
         elif kind == "error":
             self.errors[index] = (event[2], event[3])
+            yield event
+        elif kind == "warning":
             yield event
         elif kind == "graphs":
             self.graphs.update(event[2])

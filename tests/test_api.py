@@ -231,6 +231,29 @@ def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):
     with pytest.raises(TypeError, match=r"^do_sample: expected a bool, got int$"):
         omnitts.SamplingParams(do_sample=1)
     assert omnitts.SamplingParams(seed=np.int64(3), temperature=np.float32(0.5), top_p=1).seed == 3  # numpy's too
+    with pytest.raises(TypeError, match=r"^greedy: expected a bool, got str$"):  # "no" sampled greedily
+        cv.synthesize("Hi.", speaker="ryan", greedy="no")
+    with pytest.raises(TypeError, match=r"^greedy: expected a bool, got int$"):
+        list(cv.stream([{"text": "Hi.", "speaker": "ryan"}], greedy=1))
+
+
+def test_a_frame_cap_below_one_is_refused_naming_it():
+    """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
+    with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
+        omnitts.SamplingParams(frame_cap=0)
+    assert omnitts.SamplingParams(frame_cap=1).with_budget(5).max_frames == 1
+
+
+def test_a_request_without_text_is_a_request_error_naming_the_field(cv):
+    """`Request(text=None)` passed the field check (None is an absent optional field in a manifest) and failed in
+    the splitter: "TypeError: expected string or bytes-like object"."""
+    params = cv.default_params(True, max_frames=2)
+    with pytest.raises(RequestError, match=r"^text: missing; give the words to speak$"):
+        cv.run(omnitts.Request(None, speaker="ryan"), params)
+    with pytest.raises(RequestError, match=r"^requests\[1\]: text: missing; give the words to speak$"):
+        list(cv.stream([omnitts.Request("Hi.", speaker="ryan"), omnitts.Request(None, speaker="ryan")], max_frames=2))
+    with pytest.raises(RequestError, match=r"^jobs\[0\]: text: missing"):
+        list(cv.generate([(omnitts.Request(None, speaker="ryan"), params)]))
 
 
 @pytest.mark.parametrize("max_seconds,message", [(-1, "must be > 0, got -1"), (float("nan"), "must be > 0, got nan"),
@@ -286,6 +309,32 @@ def test_synthesize_names_the_text_of_a_list_at_fault(cv):
         cv.synthesize("", speaker="ryan", max_frames=2)
 
 
+def test_synthesize_names_the_item_of_a_list_that_fails_later(cv):
+    """Errors found while an item is prepared (its pieces, its budget) named no item: `text[i]` says which."""
+    sentence = "This sentence is here to make the text long enough to be split into pieces. "
+    with pytest.raises(RequestError, match=r"^text\[1\]: [\d,]+ characters make \d+ pieces; at most 256"):
+        cv.synthesize(["ok", sentence * 1000], speaker="ryan", max_frames=2)
+    with pytest.raises(RequestError, match=r"^text\[1\]: max_frames: the item's budget of 2 frames cannot be shared "
+                                           r"by its \d+ pieces"):
+        cv.synthesize(["ok", sentence * 10], speaker="ryan", max_frames=2)
+    with pytest.raises(RequestError, match=r"^max_frames: the item's budget of 2 frames"):  # one text: as it was
+        cv.synthesize(sentence * 10, speaker="ryan", max_frames=2)
+    with pytest.raises(RequestError, match=r"^speaker: 'bob' is not known"):  # a keyword's error: no item named
+        cv.synthesize(["ok", "fine"], speaker="bob", max_frames=2)
+
+
+def test_an_unseeded_result_gives_the_seed_that_reproduces_it(cv):
+    """`Audio.seed` is the seed drawn for an unseeded request (the reference path too), None for greedy."""
+    request = omnitts.Request("Hi.", speaker="ryan")
+    for run in (cv.run, cv.run_reference):
+        first = run(request, cv.default_params(max_frames=3))
+        assert first.seed is not None
+        again = run(request, cv.default_params(max_frames=3, seed=first.seed))
+        np.testing.assert_array_equal(again.codes, first.codes)
+    assert cv.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=2).seed is None
+    assert cv.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=2, seed=5).seed == 5
+
+
 def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
     """The error `stream` raises names the item and keeps the original as its cause; an exception whose type is
     not made from one message (it used to fail rebuilding, as a TypeError) is raised itself."""
@@ -320,12 +369,18 @@ def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
     ({"codec_chunk_frames": -1}, ValueError, "codec_chunk_frames: must be > 0, got -1"),
     ({"max_prefill_tokens": 0}, ValueError, "max_prefill_tokens: must be > 0, got 0"),
     ({"eager": "no"}, TypeError, "eager: expected true or false, got a string"),
+    ({"official_tokenizer": "x"}, TypeError, "official_tokenizer: expected true or false, got a string"),
 ])
 def test_load_refuses_engine_options_as_a_recipe_does(ckpt_dir, options, error, message):
     """Before the checkpoint loads, with the recipe's rule: `max_batch=0` used to fail in the first
     synthesize with a talker-cache message, `-3` with a negative tensor dimension."""
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         omnitts.load(ckpt_dir("custom_voice"), **options)
+
+
+def test_load_names_a_path_that_is_not_one():
+    with pytest.raises(TypeError, match=r"^path: expected the checkpoint directory \(a string or path\), got NoneType$"):
+        omnitts.load(None)
 
 
 def test_load_takes_numpy_sizes_and_tuples(ckpt_dir):

@@ -362,3 +362,191 @@ def test_a_voice_shows_as_one_line(tts_factory, ref_wav):
     assert repr(icl) == (f"Voice(in-context, {len(icl.ref_codes)} reference frames, ref_text={REF_TEXT!r}, "
                          f"checkpoint={tts.identity!r})")
     assert repr(xvec) == f"Voice(x-vector only, checkpoint={tts.identity!r})"
+
+
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory):
+    """A 31 s clip (16 kHz): over the 30 s a reference may be; x-vector-only cloning uses its first 30 s."""
+    path = tmp_path_factory.mktemp("long") / "long.wav"
+    t = np.arange(16000 * 31) / 16000
+    sf.write(path, (0.3 * np.sin(2 * np.pi * 180 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32),
+             16000)
+    return path
+
+
+def test_paths_may_start_with_a_tilde(tts_factory, ref_wav, tmp_path, monkeypatch):
+    """`~` is the home folder in every path the library takes (as in `omnitts.load`): it was taken literally, so
+    load_voice said "not found" and saving made a folder named `~` in the current directory."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    shutil.copy(ref_wav, home / "ref.wav")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    tts = tts_factory("base")
+    voice = tts.clone_voice("~/ref.wav", REF_TEXT)
+    assert voice.save("~/voices/v.safetensors") == home / "voices" / "v.safetensors"
+    assert load_voice("~/voices/v.safetensors")[0].ref_text == REF_TEXT
+    assert tts.load_voice("~/voices/v.safetensors").ref_text == REF_TEXT
+    audio = tts.synthesize("Hi.", voice="~/voices/v.safetensors", greedy=True, max_frames=2)
+    assert audio.save("~/out/a.wav") == home / "out" / "a.wav" and (home / "out" / "a.wav").is_file()
+    lines = [{"id": "a", "text": "Hi.", "voice": "~/voices/v.safetensors"},  # manifest fields: the same
+             {"id": "b", "text": "Hi.", "ref_audio": "~/ref.wav", "x_vector_only": True}]
+    assert sorted(a.id for a in tts.stream(lines, greedy=True, max_frames=2)) == ["a", "b"]
+    result = runner.invoke(app, ["voice-clone", "-m", str(tts.ckpt.path), "--ref-audio", "~/ref.wav", "--x-vector-only",
+                                 "--save", "~/voices/cli.safetensors", "--text", "Hi.", "-o", "~/cli", "--max-frames",
+                                 "2"])  # quoted on a command line: the shell leaves `~` alone
+    assert result.exit_code == 0, result.output
+    assert (home / "voices" / "cli.safetensors").is_file() and (home / "cli" / "clone.wav").is_file()
+    assert not (cwd / "~").exists()
+
+
+def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp_path):
+    """A (samples, rate) pair of int16 (scipy.io.wavfile's) was taken unscaled, 32768 times too loud: the voice was
+    silently another. Integer PCM is scaled as soundfile scales it; integer types without a PCM meaning are refused."""
+    from omnitts.errors import AudioError
+
+    tts = tts_factory("base")
+    t = np.arange(2 * 24000) / 24000
+    path = tmp_path / "r.wav"
+    sf.write(path, 0.3 * np.sin(2 * np.pi * 220 * t), 24000, subtype="PCM_16")
+    from_file = tts.clone_voice(path, x_vector_only=True).x_vector
+    for dtype in ("int16", "int32"):
+        samples, rate = sf.read(path, dtype=dtype)
+        torch.testing.assert_close(tts.clone_voice((samples, rate), x_vector_only=True).x_vector, from_file)
+    pcm8 = np.round(0.3 * np.sin(2 * np.pi * 220 * t) * 127)
+    for samples, floats in ((pcm8.astype(np.int8), pcm8 / 128), ((pcm8 + 128).astype(np.uint8), pcm8 / 128)):
+        torch.testing.assert_close(tts.clone_voice((samples, 24000), x_vector_only=True).x_vector,
+                                   tts.clone_voice((floats.astype(np.float32), 24000), x_vector_only=True).x_vector)
+    for dtype in ("int64", "uint16"):
+        with pytest.raises(AudioError, match=rf"^reference audio: samples of dtype {dtype} are not PCM audio; give "
+                                             r"float samples in \[-1, 1\], or int16, int32, int8 or uint8 PCM"):
+            tts.clone_voice((pcm8.astype(dtype), 24000), x_vector_only=True)
+
+
+def test_a_voice_that_its_file_could_not_hold_is_refused_at_save_and_use(tts_factory, ref_wav, tmp_path):
+    """An in-context voice without its transcript spoke from an empty one, and saved a file `load_voice` refused;
+    an x_vector that is a numpy array failed with AttributeError ('numpy.ndarray' has no attribute 'dim')."""
+    from dataclasses import replace
+
+    tts = tts_factory("base")
+    voice = tts.clone_voice(ref_wav, REF_TEXT)
+    for ref_text in (None, "  "):
+        bad = replace(voice, ref_text=ref_text)
+        with pytest.raises(VoiceError, match=r"v.safetensors: an icl voice needs its ref_text, the transcript of its "
+                                             rf"reference codes \(got {ref_text!r}\)$"):
+            bad.save(tmp_path / "v.safetensors")
+        with pytest.raises(VoiceError, match=r"^voice: an icl voice needs its ref_text"):
+            tts.synthesize("Hi.", voice=bad, max_frames=2)
+    assert not (tmp_path / "v.safetensors").exists()
+    numpy_voice = replace(voice, x_vector=voice.x_vector.numpy())
+    with pytest.raises(VoiceError, match=r"^voice: x_vector must be a torch.Tensor, got ndarray"):
+        tts.synthesize("Hi.", voice=numpy_voice, max_frames=2)
+    with pytest.raises(VoiceError, match=r"v.safetensors: x_vector must be a torch.Tensor, got ndarray"):
+        numpy_voice.save(tmp_path / "v.safetensors")
+
+
+def test_voice_and_checkpoint_files_follow_the_umask(tts_factory, ckpt_dir, ref_wav, tmp_path):
+    """safetensors writes a new file of mode 0600: voice files (and the test and demo checkpoints' weights) were
+    private while audio files got 0666 less the umask."""
+    import os
+
+    mask = os.umask(0o002)
+    try:
+        voice = tts_factory("base").clone_voice(ref_wav, x_vector_only=True)
+        assert voice.save(tmp_path / "v.safetensors").stat().st_mode & 0o777 == 0o664
+    finally:
+        os.umask(mask)
+    for path in (ckpt_dir("base") / "model.safetensors", ckpt_dir("base") / "speech_tokenizer" / "model.safetensors"):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, path
+
+
+def test_a_long_clip_warns_once_at_the_callers_line(tts_factory, long_clip):
+    """The warning pointed at a line of omnitts (api.py); it names the call that made it."""
+    tts = tts_factory("base")
+    with pytest.warns(UserWarning, match=r"longer than 30 s; its first 30 s are used") as caught:
+        tts.clone_voice(long_clip, x_vector_only=True)
+    assert len(caught) == 1 and caught[0].filename == __file__, [(w.filename, w.lineno) for w in caught]
+    with pytest.warns(UserWarning, match=r"longer than 30 s") as caught:  # through the engine's pipeline too
+        tts.synthesize("Hi.", ref_audio=long_clip, x_vector_only=True, greedy=True, max_frames=2)
+    assert {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]
+
+
+def test_cli_long_clip_warns_once_in_a_warning_line(ckpt_dir, long_clip, tmp_path):
+    """The clip is read before the model loads and again when it is cloned: the warning showed twice, as Python's
+    two-line warnings with a source line. It is one `warning:` line."""
+    import sys
+    import warnings
+
+    def shown(message, category, filename, lineno, file=None, line=None):  # as Python shows it outside pytest
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    with warnings.catch_warnings():
+        warnings.showwarning = shown
+        result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(long_clip),
+                                     "--x-vector-only", "--save", str(tmp_path / "v.safetensors")])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "longer than 30 s" in line]
+    assert said == [(f"warning: {long_clip}: reference audio is longer than 30 s; its first 30 s are used for the "
+                     "speaker embedding")], result.output
+    assert "UserWarning" not in result.output
+
+
+@pytest.mark.parametrize("workers", [pytest.param([], id="one-process"),
+                                     pytest.param(["--workers", "2"], id="workers", marks=pytest.mark.slow)])
+def test_synth_says_a_long_clip_once_in_a_warning_line(ckpt_dir, long_clip, tmp_path, workers):
+    """Lines cloning from one clip over 30 s: the warning was Python's, with a library source line (and from
+    worker processes, each its own); it is one `warning:` line per clip, whichever process read it."""
+    import json
+    import sys
+    import warnings
+
+    def shown(message, category, filename, lineno, file=None, line=None):  # as Python shows it outside pytest
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": f"l{i}", "text": "Hello.", "ref_audio": str(long_clip),
+                                            "x_vector_only": True}) + "\n" for i in range(3)))
+    with warnings.catch_warnings():
+        warnings.showwarning = shown
+        result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(tmp_path / "out"),
+                                     "--max-frames", "2", "-q", *workers])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if "longer than 30 s" in line]
+    assert said == [(f"warning: {long_clip}: reference audio is longer than 30 s; its first 30 s are used for the "
+                     "speaker embedding")], result.output
+    assert "UserWarning" not in result.output
+
+
+def test_cli_text_says_the_seed_that_reproduces_it(ckpt_dir, ref_wav, tmp_path):
+    """An unseeded --text run drew a seed it did not say; the line gives it, and --seed with it gives the same audio."""
+    import re
+
+    args = ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav), "--x-vector-only", "--text",
+            "Hello there.", "-o", str(tmp_path), "--max-frames", "3"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    seed = re.search(r"x-vector only voice; seed (\d+)\)$", first.output.strip())
+    assert seed, first.output
+    again = runner.invoke(app, args + ["--seed", seed[1], "--id", "again"])
+    assert again.exit_code == 0 and f"; seed {seed[1]})" in again.output, again.output
+    np.testing.assert_array_equal(sf.read(tmp_path / "again.wav")[0], sf.read(tmp_path / "clone.wav")[0])
+    greedy = runner.invoke(app, args + ["--greedy", "--id", "greedy"])
+    assert greedy.exit_code == 0 and "; seed" not in greedy.output, greedy.output  # nothing drawn
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "proc"])
+def test_cli_out_that_cannot_be_a_directory_fails_before_the_model_loads(ckpt_dir, ref_wav, tmp_path, monkeypatch,
+                                                                        where):
+    """-o naming a file (or a path /proc refuses) failed only after loading and cloning: "p_e.py: cannot write"."""
+    import omnitts.api
+
+    loads = []
+    monkeypatch.setattr(omnitts.api, "load", lambda *args, **kwargs: loads.append(args))
+    (tmp_path / "p_e.py").write_text("")
+    out = {"file": tmp_path / "p_e.py", "under_file": tmp_path / "p_e.py" / "sub", "proc": "/proc/omnitts-nope"}[where]
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
+                                 "--x-vector-only", "--text", "Hi.", "-o", str(out)])
+    assert result.exit_code == 2 and not loads, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: -o {out}: "), result.output
+    assert "not a directory" in lines[0] or "-o is the output directory" in lines[0] or "not writable" in lines[0]

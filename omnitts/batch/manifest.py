@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError
+from ..io import user_path
 from ..params import LARGEST
 from ..request import Request
 from ..text import empty_text
@@ -175,7 +176,8 @@ def _check_ranges(obj: dict) -> None:
 def _path(value: str | None, base: Path) -> Path | None:
     if value is None:
         return None
-    return Path(value) if Path(value).is_absolute() else base / value
+    path = user_path(value)  # "~/v.safetensors" is in the home folder, as the API takes it
+    return path if path.is_absolute() else base / path
 
 
 def _audio_problem(path: str, icl: bool = True) -> str | None:

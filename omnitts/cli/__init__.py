@@ -57,6 +57,7 @@ from .options import (
     fail,
     option,
     plural,
+    warnings_as_lines,
 )
 from ..stops import install, stopped
 from .running import os_error, run_synth
@@ -550,15 +551,20 @@ def voice_clone(
 
     --save VOICE.safetensors encodes the reference once; manifests then use it with
     {"voice": "VOICE.safetensors", ...} (the voice is tied to this checkpoint's weights).
-    --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format).
+    --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format); the line
+    it prints gives the seed it sampled with (pass it as --seed to get the same audio again).
     """
     from ..api import load
     from ..batch.manifest import id_problem
     from ..config import load_config
+    from ..io import user_path
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
     from ..text.prompt import not_text, resolve
 
+    # A quoted "~/..." reaches us unexpanded: the home folder, as the library reads it (not a folder named ~).
+    out = None if out is None else user_path(out)
+    save = None if save is None else user_path(save)
     _show_log(False)
     _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
     audio_format = _check_output(audio_format, None)
@@ -569,6 +575,8 @@ def voice_clone(
     if out is not None and out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():
         fail(f"-o {out}: -o is the output directory, as in synth; write -o {out.parent} --id {out.stem}"
               f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
+    if out is not None:
+        _check_clone_out(out)
     if problem := id_problem(item_id):
         fail(f"--id: {problem}")
     if save is not None and save.suffix != ".safetensors":
@@ -587,10 +595,15 @@ def voice_clone(
                   f"{cfg.model_type}")
         if text is not None:
             resolve(cfg, Request(text, language, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only))
-        load_reference(ref_audio, cfg.codec.input_sample_rate, truncate=x_vector_only)  # fails before the load
+        shown: set[str] = set()  # a clip over 30 s is said once, though clone_voice reads it again
+        with warnings_as_lines(shown):
+            load_reference(ref_audio, cfg.codec.input_sample_rate, truncate=x_vector_only)  # fails before the load
+        if out is not None:
+            _make_clone_out(out)
         tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1,
                    codec_dtype=codec_dtype)
-        voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)
+        with warnings_as_lines(shown):
+            voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)
         mode = "in-context" if voice.icl else "x-vector only"
         if save is not None:
             voice.save(save)
@@ -600,12 +613,32 @@ def voice_clone(
             result = tts.synthesize(text, language=language, voice=voice, greedy=greedy, max_frames=max_frames,
                                     seed=seed)
             path = result.save(out / f"{item_id}.{audio_format}")
+            seeded = "" if result.seed is None else f"; seed {result.seed}"  # None: greedy, nothing drawn
             typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
-                       f"{mode} voice)")
+                       f"{mode} voice{seeded})")
     except OmniTTSError as exc:
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{out}: cannot write ({exc.strerror or exc})")
+
+
+def _check_clone_out(out: Path) -> None:
+    """voice-clone's -o, checked with the arguments: a directory, or a path one can be made at, that can be written."""
+    from ..batch.outdir import check_out
+
+    try:
+        check_out(out, "-o")
+    except OmniTTSError as exc:
+        fail(str(exc))
+
+
+def _make_clone_out(out: Path) -> None:
+    """Make voice-clone's -o before the model loads: `check_out` cannot see every refusal (/proc, where root
+    passes the permission check)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail(f"-o {out}: cannot make the directory ({exc.strerror or exc}); -o is the output directory")
 
 
 def main():

@@ -3,6 +3,8 @@ defaults, and the one-line error exit."""
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -126,6 +128,23 @@ def fail(message: str, code: int = 2):
     """The command's one error line on stderr, then exit `code` (2: a usage error, before anything ran)."""
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def warning_line(message: str, shown: set[str]) -> None:
+    """`warning: MESSAGE` on stderr, once per message (`shown`: those said already)."""
+    if message not in shown:
+        shown.add(message)
+        typer.echo(f"warning: {message}", err=True)
+
+
+@contextmanager
+def warnings_as_lines(shown: set[str] | None = None):
+    """Python warnings raised inside (a reference clip over 30 s) as `warning: MESSAGE` lines, the CLI's style
+    (no source line), each message once; `shown` carries that across several blocks."""
+    shown = set() if shown is None else shown
+    with warnings.catch_warnings():
+        warnings.showwarning = lambda message, *args, **kwargs: warning_line(str(message), shown)
+        yield
 
 
 def either(choices) -> str:

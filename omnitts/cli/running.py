@@ -11,7 +11,7 @@ import typer
 
 from ..errors import DeviceFailed, OmniTTSError
 from ..stops import Interrupt, exit_code
-from .options import fail, plural
+from .options import fail, plural, warning_line, warnings_as_lines
 
 
 def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
@@ -27,18 +27,11 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
                 if not isinstance(entry, BadLine))
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)
+    shown: set[str] = set()  # warnings said already (workers' too)
     try:
-        if ray is not None:
-            stopped = _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
-        elif workers_on is None:
-            stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet, verbose)
-        else:
-            from ..workers import Plan, cpu_threads
-
-            plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
-                        batch.shard, since=batch.ledger.offset, fold_case=batch.fold_case)
-            stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose)
-            batch.ledger.refresh()  # what every worker wrote: for the export and the check below
+        with warnings_as_lines(shown):  # a reference clip over 30 s: one `warning:` line per clip
+            stopped = _run_somewhere(batch, items, good, bad, model, load_kwargs, quiet, workers_on, ray, verbose,
+                                     manifest, columns, shown)
     except DeviceFailed as exc:
         done = done_count(batch)
         fail(f"{exc}: {plural(done, 'item')} done ({out}/results.jsonl), the items it was running not recorded; run "
@@ -72,6 +65,22 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
         _check_all_have_audio(batch, items(), bad)
     if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
         raise typer.Exit(1)
+
+
+def _run_somewhere(batch, items, good, bad, model, load_kwargs, quiet, workers_on, ray, verbose, manifest, columns,
+                   shown) -> int | None:
+    """The pending items run here, in worker processes or on Ray; the code of a signal that stopped them, or None."""
+    if ray is not None:
+        return _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
+    if workers_on is None:
+        return _run(batch, items(), good + bad, model, load_kwargs, quiet, verbose)
+    from ..workers import Plan, cpu_threads
+
+    plan = Plan(manifest, model, columns, batch.out, batch.settings, load_kwargs, cpu_threads(workers_on),
+                batch.shard, since=batch.ledger.offset, fold_case=batch.fold_case)
+    stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose, shown)
+    batch.ledger.refresh()  # what every worker wrote: for the export and the check below
+    return stopped
 
 
 def _check_all_have_audio(batch, items, bad: int) -> None:
@@ -295,9 +304,10 @@ def _graph_line(stats: dict) -> str:
 
 
 def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool,
-                 verbose: bool = False) -> int | None:
+                 verbose: bool = False, shown: set[str] | None = None) -> int | None:
     """Run one worker process per device on `batch`'s directory: one progress bar, one summary (`verbose`:
-    with what graph capture cost, all workers together).
+    with what graph capture cost, all workers together). `shown`: warnings said already (the workers'
+    come here as events, each said once whichever worker raised it).
 
     The workers report their records here; a worker that dies is named (the others take over its
     items). Returns the exit code of a signal that stopped the run early, as `_run` does.
@@ -331,6 +341,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                 console.print(f"error: {event[2]}: {event[4]}")
             elif kind == "error":
                 console.print(f"error: {who}: {event[2]}")
+            elif kind == "warning":
+                warning_line(event[2], set() if shown is None else shown)
             elif kind == "ended" and not event[1].stopped:
                 ended = event[1]
                 if ended.restarted:

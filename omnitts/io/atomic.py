@@ -64,8 +64,14 @@ def temp_name(path: Path) -> str:
     prefix = f".{Path(path).name}{TEMP_MARK}{writer_token()}-"
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=Path(path).parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+    os.chmod(tmp, file_mode())  # mkstemp makes 0600
     return tmp
+
+
+def file_mode() -> int:
+    """The mode `open()` gives a new file (0666 less the umask): what every file omnitts writes gets, also
+    where a writer (mkstemp, safetensors) makes its file 0600."""
+    return 0o666 & ~_umask()
 
 
 @contextmanager

@@ -9,12 +9,18 @@ bounded (a 10-minute clip would otherwise cost gigabytes and hundreds of prompt 
 much is ever read from a file. In-context cloning needs the transcript of exactly the audio used, so
 a longer clip is refused there; the speaker embedding alone (`x_vector_only`) uses its first
 `MAX_REFERENCE_SECONDS`, with a warning.
+
+Samples given as a `(samples, sample_rate)` pair are float audio in [-1, 1], or integer PCM as
+`scipy.io.wavfile` and `soundfile` return it (int16, int32, int8, uint8), scaled to [-1, 1) as
+soundfile scales it; other integer types (int64, uint16, ...) have no PCM meaning and are refused.
+Paths may start with `~` (the home folder).
 """
 
 from __future__ import annotations
 
 import numbers
 import os
+import sys
 import warnings
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -22,19 +28,27 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AudioError
+from . import user_path
 from .atomic import DISK_FULL, atomic_write, temp_name
 
 MIN_REFERENCE_SECONDS = 0.5
 MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
 SF_ERR_SYSTEM = 2  # libsndfile's code for a failed system call ("System error.")
+# Integer PCM -> (offset, scale) to [-1, 1), as soundfile reads each subtype as float (uint8 is offset binary).
+PCM = {np.dtype(np.int8): (0, 2**7), np.dtype(np.int16): (0, 2**15), np.dtype(np.int32): (0, 2**31),
+       np.dtype(np.uint8): (128, 2**7)}
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # omnitts/, for warnings
+_DECORATOR = os.path.join("torch", "utils", "_contextlib.py")  # torch.inference_mode on an API method
 
 
 def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray:
     """A path, or a (samples, rate) pair -> mono float32 samples at `target_sr`.
 
     A clip longer than `MAX_REFERENCE_SECONDS` raises AudioError, or with `truncate` (a speaker
-    embedding only) is cut to that length with a warning; a file is never read further than that.
+    embedding only) is cut to that length with a UserWarning (pointing at the caller's code, not
+    omnitts'); a file is never read further than that. Integer samples in a pair are PCM, scaled
+    (see the module docstring); a path may start with `~`.
     """
     import librosa
 
@@ -42,7 +56,7 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
         name = "reference audio"
         wav, sr = _samples(source, name)
     else:
-        path = Path(source)
+        path = user_path(source)
         name = str(path)
         if not path.is_file():
             what = "is a directory, not an audio file" if path.is_dir() else "file not found"
@@ -65,7 +79,8 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
                              f"cloning needs the transcript of exactly the audio used: trim the clip (and its "
                              f"ref_text) to at most {MAX_REFERENCE_SECONDS:g} s, or set x_vector_only")
         warnings.warn(f"{name}: reference audio is longer than {MAX_REFERENCE_SECONDS:g} s; its first "
-                      f"{MAX_REFERENCE_SECONDS:g} s are used for the speaker embedding", UserWarning, stacklevel=2)
+                      f"{MAX_REFERENCE_SECONDS:g} s are used for the speaker embedding", UserWarning,
+                      stacklevel=_caller_level())
         wav = wav[:limit]
     if wav.size == 0 or wav.size < MIN_REFERENCE_SECONDS * sr:
         raise AudioError(f"{name}: reference audio is {wav.size / max(sr, 1):.2f} s long; "
@@ -74,6 +89,17 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     if sr != target_sr:
         wav = librosa.resample(y=wav, orig_sr=sr, target_sr=target_sr)
     return wav.astype(np.float32)
+
+
+def _caller_level() -> int:
+    """The `stacklevel` of the nearest frame outside omnitts (and torch's decorator around its methods), for a
+    warning of `load_reference`: it then names the user's call (`clone_voice`, `synthesize`, ...), not a line of
+    the library; 2 (the caller) where every frame is omnitts' (its command line shows warnings its own way)."""
+    frame, level = sys._getframe(2), 2  # load_reference's caller
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE)
+                                 or frame.f_code.co_filename.endswith(_DECORATOR)):
+        frame, level = frame.f_back, level + 1
+    return 2 if frame is None else level
 
 
 def check_samples(wav: np.ndarray, name: str) -> None:
@@ -88,7 +114,8 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
     """A (samples, sample_rate) pair -> (mono float32 samples, rate); AudioError saying what is wrong.
 
     Samples are mono, shape (n,), or (n, channels) as soundfile reads them (averaged): a (channels, n) array,
-    as librosa keeps them, would otherwise be taken as n channels of a few samples.
+    as librosa keeps them, would otherwise be taken as n channels of a few samples. Integer samples are PCM
+    (`PCM`), scaled to [-1, 1): taken as they are, int16 speech would be thousands of times too loud.
     """
     if len(pair) != 2:
         raise AudioError(f"{name}: expected a (samples, sample_rate) pair, got a tuple of {len(pair)}")
@@ -96,7 +123,14 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
     if isinstance(sr, bool) or not isinstance(sr, numbers.Integral) or sr <= 0:
         raise AudioError(f"{name}: sample rate must be a positive integer, got {sr!r}")
     try:
-        wav = np.asarray(samples, dtype=np.float32)
+        wav = np.asarray(samples)
+        if (native := wav.dtype.newbyteorder("=")) in PCM:  # big-endian int16 is PCM too
+            offset, scale = PCM[native]
+            wav = (wav.astype(np.float32) - offset) / np.float32(scale)
+        elif wav.dtype.kind in "biu":
+            raise AudioError(f"{name}: samples of dtype {wav.dtype} are not PCM audio; give float samples in "
+                             f"[-1, 1], or int16, int32, int8 or uint8 PCM (as scipy.io.wavfile reads it)")
+        wav = np.asarray(wav, dtype=np.float32)
     except (TypeError, ValueError) as exc:
         raise AudioError(f"{name}: samples must be an array of numbers ({exc})") from None
     if wav.ndim == 2 and wav.shape[1] > wav.shape[0]:
@@ -111,7 +145,7 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     """Write `samples` atomically: to a temporary name in the same folder, then rename."""
     import soundfile as sf
 
-    path = Path(path)
+    path = user_path(path)
     kind = path.suffix.lower().lstrip(".")
     if kind not in FORMATS:
         raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import torch
 
 from ..config import TOKENIZER_TYPE, load_config
+from ..io.atomic import file_mode
 from ..models.codec_encoder import mimi_encoder, published_layout
 from .text_tokenizer import write_text_tokenizer
 
@@ -161,10 +163,12 @@ def _randomise(module: torch.nn.Module, gen: torch.Generator) -> None:
 
 
 def _save(tensors: dict, path: Path, dtype: torch.dtype) -> None:
+    """Write a weight file with the mode the checkpoint's JSON files get (0666 less the umask)."""
     from safetensors.torch import save_file
 
     out = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
     save_file(out, str(path), metadata={"format": "pt"})
+    os.chmod(path, file_mode())  # safetensors writes a new file of mode 0600
 
 
 @torch.no_grad()
