@@ -78,7 +78,7 @@ class SamplingParams:
     codebook-0 codes generated so far). Sub-talker (codebooks 1..15): the `subtalker_*` fields, no penalty.
     `max_frames` is the frame budget (80 ms each); None derives it from the text (the runaway
     guard, see `with_budget`), never above `frame_cap` (generation_config's max_new_tokens - 1; >= 1).
-    `seed` makes sampling reproducible (its low 64 bits key the noise, see omnitts.sampling).
+    `seed` makes sampling reproducible: a signed 64-bit integer (`SEEDS`), keying the noise (omnitts.sampling).
     """
 
     do_sample: bool = True
@@ -116,6 +116,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be at most {LARGEST[name]:.4g}, got {getattr(self, name)}")
         if self.max_frames is not None and self.max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
+        if problem := seed_problem(self.seed):
+            raise ValueError(f"seed {problem}")
         if self.frame_cap < 1:  # the most frames any budget is cut to: one at least, as from_generation_config makes
             raise ValueError(f"frame_cap must be >= 1 (the most frames one utterance may take), got {self.frame_cap}")
 
@@ -167,9 +169,21 @@ _KINDS = dict(do_sample=bool, temperature=NUMBER, top_k=INT, top_p=NUMBER, repet
 
 
 def check_seed(seed) -> None:
-    """A seed is an int or None (TypeError otherwise, before any arithmetic on it)."""
+    """A seed is an int or None (TypeError otherwise, before any arithmetic on it), of 64 bits (ValueError)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, INT)):
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    if problem := seed_problem(seed):
+        raise ValueError(f"seed: {problem}")
+
+
+SEEDS = (-(2**63), 2**63 - 1)  # a seed is a signed 64-bit integer: what results.jsonl's readers (Parquet, Arrow) hold
+
+
+def seed_problem(seed) -> str | None:
+    """Why int `seed` cannot be a seed (outside SEEDS), or None. Within them every seed keys its own noise."""
+    if seed is not None and not SEEDS[0] <= seed <= SEEDS[1]:
+        return f"must be a 64-bit integer, from -2**63 to 2**63 - 1, got {seed}"
+    return None
 
 
 def check_flag(name: str, value) -> None:

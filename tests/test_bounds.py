@@ -212,3 +212,44 @@ def test_numbers_past_what_the_engine_holds_are_refused_and_a_huge_budget_is_cut
     assert frames_in(1e308) == 2**31 and frames_in(1e-9) == 1 and frames_in(2.0) == 25
     params = SamplingParams(frame_cap=100)
     assert params.with_budget(10, max_seconds=1e308).max_frames == 100
+
+
+def test_a_seed_is_a_64_bit_integer_everywhere_and_an_old_larger_one_exports_as_its_word(ckpt_dir, tts_factory,
+                                                                                         tmp_path):
+    """A seed past int64 was taken (its low 64 bits keyed the noise), recorded as given, and then broke what reads
+    results.jsonl into int64 columns (`--export-dataset`: a traceback; Ray's metadata rows). Every way in now
+    refuses it, naming the field; a record made before exports the seed's 64-bit word, which keys the same noise."""
+    import datasets
+
+    from omnitts.params import SamplingParams, check_seed
+    from omnitts.sampling import seed_word
+
+    for seed in (2**63, -(2**63) - 1, 2**70):
+        with pytest.raises(ValueError, match=r"^seed: must be a 64-bit integer, from -2\*\*63 to 2\*\*63 - 1"):
+            check_seed(seed)
+        with pytest.raises(ValueError, match=r"^seed must be a 64-bit integer"):
+            SamplingParams(seed=seed)
+    check_seed(2**63 - 1), check_seed(-(2**63))
+    with pytest.raises(ValueError, match="seed: must be a 64-bit integer"):
+        tts_factory("custom_voice").synthesize("Hi.", speaker="ryan", seed=2**63, max_frames=2)
+
+    model = str(ckpt_dir("custom_voice"))
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "big", "text": "Hi.", "speaker": "ryan", "seed": 2**63}) + "\n"
+                        + json.dumps({"id": "ok", "text": "Hi.", "speaker": "ryan", "seed": 5}) + "\n")
+    checked = runner.invoke(app, ["validate", str(manifest), "-m", model])
+    assert checked.exit_code == 1 and "m.jsonl:1: seed: must be a 64-bit integer" in checked.output, checked.output
+    refused = runner.invoke(app, ["synth", str(manifest), "-m", model, "-o", str(tmp_path / "x"), "--seed",
+                                  str(2**63)])
+    assert refused.exit_code == 2 and "--seed" in refused.output and not (tmp_path / "x").exists()
+
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["synth", str(manifest), "-m", model, "-o", str(out), "--max-frames", "2",
+                               "-q"]).exit_code == 1  # the bad line
+    log = out / "results.jsonl"
+    record = next(json.loads(line) for line in log.read_text().splitlines() if '"ok"' in line and '"id": "ok"' in line)
+    log.write_text(log.read_text() + json.dumps({**record, "seed": 2**64 + 5}) + "\n")  # as an older run recorded it
+    exported = runner.invoke(app, ["synth", str(manifest), "-m", model, "-o", str(out), "--max-frames", "2", "-q",
+                                   "--export-dataset", str(tmp_path / "ds")])
+    assert "Traceback" not in exported.output and "exported 1 item" in exported.output, exported.output
+    assert datasets.load_from_disk(str(tmp_path / "ds"))["seed"] == [seed_word(2**64 + 5)] == [5]

@@ -110,8 +110,17 @@ def _write(out: Path, items: Iterable, work: Path, datasets, ArrowWriter):
                 rate = sf_rate(path)
             writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
                           "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
-                          "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": rec.seed})
+                          "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": _seed(rec.seed)})
             count += 1
         writer.finalize()
     dataset = datasets.Dataset.from_file(str(work / "rows.arrow"))
     return count, dataset.cast_column("audio", datasets.Audio(sampling_rate=rate, decode=False))
+
+
+def _seed(seed: int | None) -> int | None:
+    """A record's seed as the int64 column holds it: records made before seeds were held to 64 bits may hold a
+    larger one, which keyed the noise by its low 64 bits; that word (`sampling.seed_word`) is the same seed."""
+    from ..params import SEEDS
+    from ..sampling import seed_word
+
+    return seed if seed is None or SEEDS[0] <= seed <= SEEDS[1] else seed_word(seed)

@@ -28,7 +28,7 @@ from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError
 from ..io import user_path
-from ..params import LARGEST
+from ..params import LARGEST, seed_problem
 from ..request import Request
 from ..text import empty_text
 from ..text.prompt import not_text, resolve
@@ -161,6 +161,8 @@ def _from(columns: dict, name: str) -> str:
 
 
 def _check_ranges(obj: dict) -> None:
+    if problem := seed_problem(obj.get("seed")):
+        raise RequestError(f"seed: {problem}")
     for name, rule, ok in (("max_seconds", "> 0", lambda v: v > 0), ("temperature", "> 0", lambda v: v > 0),
                            ("repetition_penalty", "> 0", lambda v: v > 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
                            ("top_k", ">= 0 (0 = off)", lambda v: v >= 0)):

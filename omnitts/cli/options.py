@@ -57,8 +57,8 @@ Out = Annotated[Path, option("--out", "-o", panel=OUTPUT, metavar="DIR",
 Greedy = Annotated[bool, option("--greedy/--no-greedy", panel=DECODING, help="Argmax decoding instead of sampling.")]
 MaxFrames = Annotated[Optional[int], option("--max-frames", panel=DECODING, metavar="N", min=1,
                                              help="Frame budget per item (12.5 frames/s).")]
-Seed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N",
-                                        help="Seed for items without their own.")]
+Seed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N", min=-(2**63), max=2**63 - 1,
+                                        help="Seed for items without their own (64-bit).")]
 Dtype = Annotated[Optional[str], option("--dtype", panel=ENGINE, metavar="TYPE",
                                          help="auto, float32, bfloat16 or float16. [default: auto]")]
 CodecDtype = Annotated[Optional[str], option("--codec-dtype", panel=ENGINE, metavar="TYPE",
