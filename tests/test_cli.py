@@ -546,3 +546,23 @@ def test_ids_alike_but_for_case_both_run_where_the_filesystem_keeps_case(ckpt_di
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted((r["id"], r["status"]) for r in records) == [("Alice", "ok"), ("alice", "ok")]
     assert sorted(p.name for p in out.glob("*.wav")) == ["Alice.wav", "alice.wav"]
+
+
+def test_path_options_take_a_tilde_the_shell_left(ckpt_dir, tmp_path, monkeypatch):
+    """`--out=~/x` (and any quoted "~/...") reaches omnitts unexpanded: it made a folder named `~` in the current
+    directory. Every path option reads `~` as the home folder, as the library does."""
+    from omnitts.cache import cache_root
+
+    monkeypatch.setenv("OMNITTS_CACHE_DIR", str(cache_root()))  # the kernels built already, under the real home
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    (home / "ckpt").symlink_to(ckpt_dir("custom_voice"))
+    (home / "m.jsonl").write_text(json.dumps({"id": "a", "text": "Hi.", "speaker": "ryan"}) + "\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    checked = runner.invoke(app, ["validate", "~/m.jsonl", "--model=~/ckpt"])
+    assert checked.exit_code == 0 and "1 good, 0 bad" in checked.output, checked.output
+    result = runner.invoke(app, ["synth", "~/m.jsonl", "--model=~/ckpt", "--out=~/out", "--max-frames", "2", "-q",
+                                 "--export-dataset=~/ds"])
+    assert result.exit_code == 0, result.output
+    assert (home / "out" / "a.wav").is_file() and (home / "ds").is_dir() and list(cwd.iterdir()) == []

@@ -24,6 +24,13 @@ def test_demo_runs_each_kind(tmp_path, kind):
                                env={"COLUMNS": "200"})
     assert again.exit_code == 0, again.output  # a re-run says why nothing ran
     assert f"{len(DEMO_LINES[kind])} items already done in {out}: skipped (--force redoes them)" in again.output
+    # Its folder given for another kind: the demo's lines would all fail on it; one line says so instead
+    other = CliRunner().invoke(app, ["demo", "-o", str(tmp_path / "other"), "--model-dir", str(model)],
+                               env={"COLUMNS": "200"})
+    assert other.exit_code == 2 and other.output == (
+        f"error: --model-dir {model}: holds a {kind} checkpoint, not custom_voice; pass --kind {kind}, or another "
+        "--model-dir to build one\n"), other.output
+    assert not (tmp_path / "other").exists()
 
 
 def test_demo_rejects_an_unknown_kind(tmp_path):

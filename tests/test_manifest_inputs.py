@@ -420,13 +420,21 @@ def test_table_errors_name_rows_fields_and_columns(ckpt_dir, tmp_path):
         f"{path}:row 3: speaker: 'bob' is not known to this checkpoint; choose one of "
         + ", ".join(load_config(model).talker.speakers),
         f"{path}: 2 good, 2 bad"]
-    # A mapped column that does not exist is one error for the whole file, naming the columns there are.
+    # A mapped column that does not exist is one error for the whole file, naming the columns there are: the
+    # manifest cannot be read, exit 2, as synth exits.
     missing = runner.invoke(app, ["validate", str(path), "-m", model, "--id-column", "utt", "--text-column", "words"])
-    assert missing.exit_code == 1 and missing.output.splitlines() == [
-        f"{path}: column 'words' (mapped to text) not found; the columns are 'utt', 'sentence', 'speaker', 'seed'",
-        f"{path}: 0 good, 1 bad"]
+    assert missing.exit_code == 2 and missing.output.splitlines() == [
+        f"error: {path}: column 'words' (mapped to text) not found; the columns are 'utt', 'sentence', 'speaker', "
+        "'seed'"], missing.output
     unmapped = runner.invoke(app, ["validate", str(path), "-m", model])
-    assert unmapped.exit_code == 1 and f"{path}: no 'id' column" in unmapped.output
+    assert unmapped.exit_code == 2 and f"error: {path}: no 'id' column" in unmapped.output
+    # A field's own column mapped to another field: that field has no column, and the message says why.
+    csv = tmp_path / "c.csv"
+    csv.write_text("ident,id,text,speaker\nx,a,Hello.,ryan\n")
+    taken = runner.invoke(app, ["validate", str(csv), "-m", model, "--column", "speaker=text"], env={"COLUMNS": "200"})
+    assert taken.exit_code == 2 and " ".join(taken.output.split()) == (
+        f"error: {csv}: the 'text' column is read as speaker (--column speaker=text), so no column gives text; map "
+        "one with --text-column NAME"), taken.output
     bad_option = runner.invoke(app, ["validate", str(path), "-m", model, "--column", "pitch=sentence"])
     assert bad_option.exit_code == 2 and "unknown field 'pitch'" in bad_option.output
 

@@ -356,6 +356,26 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     assert not (tmp_path / "v.safetensors").exists()
 
 
+@pytest.mark.parametrize("save, problem", [
+    ("afile/v.safetensors", "--save {t}/afile/v.safetensors: {t}/afile is a file, not a directory"),
+    ("afile/sub/v.safetensors", "--save {t}/afile/sub/v.safetensors: {t}/afile is a file, not a directory"),
+    ("folder.safetensors", "--save {t}/folder.safetensors: is a directory; give the voice file's name"),
+])
+def test_cli_save_where_no_file_can_be_is_one_line_before_the_model_loads(ckpt_dir, ref_wav, tmp_path, monkeypatch,
+                                                                          save, problem):
+    """A file in the way of --save's folder said "cannot write the voice file (File exists)", after cloning."""
+    import omnitts.api
+
+    (tmp_path / "afile").write_text("a file")
+    (tmp_path / "folder.safetensors").mkdir()
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav), "--ref-text",
+                                 REF_TEXT, "--save", str(tmp_path / save)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: " + problem.format(t=tmp_path)) and result.output.count("\n") == 1, \
+        result.output
+
+
 def test_a_voice_shows_as_one_line(tts_factory, ref_wav):
     tts = tts_factory("base")
     icl, xvec = tts.clone_voice(ref_wav, REF_TEXT), tts.clone_voice(ref_wav, x_vector_only=True)

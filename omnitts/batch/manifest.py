@@ -289,6 +289,10 @@ def _table_plan(available: list[str], columns: dict) -> tuple[dict[str, str], st
     plan = {name: columns.get(name, name) for name in FIELDS if name in columns or name not in taken}
     plan = {name: column for name, column in plan.items() if column in available}
     for name in ("id", "text"):
+        if name not in plan and name in available:  # its own column is read as another field
+            other = next(field for field, column in columns.items() if column == name)
+            return {}, (f"the {name!r} column is read as {other} (--column {other}={name}), so no column gives "
+                        f"{name}; map one with --{name}-column NAME")
         if name not in plan:
             return {}, f"no {name!r} column; the columns are {listing}; map one with --{name}-column NAME"
     return plan, None

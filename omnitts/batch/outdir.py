@@ -50,9 +50,9 @@ class OutNameError(OmniTTSError):
     """One item's file name cannot be made in the output directory (the item fails, the run goes on)."""
 
 
-def check_out(out: Path, flag: str = "--out") -> None:
+def check_out(out: Path, flag: str = "--out", given: Path | None = None) -> None:
     """Raise OutDirError unless `out` is, or can be made, a directory omnitts can write; creates nothing.
-    `flag`: the option named in the message.
+    `flag`: the option named in the message; `given`: the path it was given, where `out` is that file's folder.
 
     Checked before anything runs: `out` (or the nearest part of its path that exists) must be a
     directory, writable, and not on a read-only filesystem. `Batch` then creates `out` and writes a
@@ -60,7 +60,7 @@ def check_out(out: Path, flag: str = "--out") -> None:
     """
     out = Path(out)
     existing = _nearest_existing(out)
-    where = f"{flag} {out}: " + ("" if existing == out else f"{existing} ")
+    where = f"{flag} {given or out}: " + ("" if existing == out and given is None else f"{existing} ")
     if not existing.is_dir():
         what = "is a file" if existing.is_file() else "is a broken symbolic link" if existing.is_symlink() else "is"
         raise OutDirError(f"{where}{what}, not a directory (choose a directory; omnitts creates it if missing)")

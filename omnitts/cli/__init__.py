@@ -57,6 +57,7 @@ from .options import (
     fail,
     option,
     plural,
+    user_path,
     warnings_as_lines,
 )
 from ..stops import install, stopped
@@ -341,8 +342,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
 
     Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
     datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise; 2 when the manifest
-    cannot be read (`-`, a folder that is not a dataset, a header naming a column twice...), or for a bad
-    checkpoint or option.
+    cannot be read (`-`, a folder that is not a dataset, a header naming a column twice, a mapped column
+    missing, no line at all...), or for a bad checkpoint or option, as synth.
     """
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..config import load_config
@@ -351,6 +352,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     try:
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
         for entry in iter_manifest(manifest, cfg, columns):
+            if isinstance(entry, BadLine) and entry.line == 0:  # the whole file (empty, a mapped column missing)
+                fail(entry.message)
             if isinstance(entry, BadLine):
                 bad += 1
                 typer.echo(entry.message)
@@ -440,12 +443,12 @@ DEMO_LINES = {
 
 @app.command(cls=Command)
 def demo(
-    model_dir: Annotated[Optional[Path], option("--model-dir", panel=INPUT, metavar="DIR",
+    model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, panel=INPUT, metavar="DIR",
                                                  help="Where the checkpoint is built. "
                                                       "[default: .cache/demo-tiny-KIND]")] = None,
     kind: Annotated[str, option("--kind", panel=INPUT, metavar="KIND", show_default=True,
                                  help="custom_voice, voice_design or base.")] = "custom_voice",
-    out: Annotated[Optional[Path], option("--out", "-o", panel=OUTPUT, metavar="DIR",
+    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
                                            help="Output directory. [default: out/demo-KIND]")] = None,
     force: Force = False,
 ):
@@ -457,6 +460,7 @@ def demo(
     import json
 
     from ..batch.outdir import check_out
+    from ..config import load_config
 
     if kind not in DEMO_LINES:
         fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
@@ -467,6 +471,9 @@ def demo(
         check_out(out)
         if not built:
             check_out(model_dir, "--model-dir")
+        elif (built_kind := load_config(model_dir).model_type) != kind:  # its lines would fail on another kind
+            fail(f"--model-dir {model_dir}: holds a {built_kind} checkpoint, not {kind}; pass --kind {built_kind}, "
+                 "or another --model-dir to build one")
     except OmniTTSError as exc:
         fail(str(exc))
     if not built:
@@ -522,7 +529,7 @@ def _write_demo_reference(path: Path) -> None:
 @app.command("voice-clone", cls=Command)
 def voice_clone(
     model: Model,
-    ref_audio: Annotated[Path, option("--ref-audio", panel=INPUT, metavar="FILE",
+    ref_audio: Annotated[Path, option("--ref-audio", callback=user_path, panel=INPUT, metavar="FILE",
                                        help="Reference clip, ideally 3-10 s of clean speech.")],
     ref_text: Annotated[Optional[str], option("--ref-text", panel=INPUT, metavar="TEXT",
                                                help="Its transcript (in-context cloning).")] = None,
@@ -539,9 +546,9 @@ def voice_clone(
     codec_dtype: CodecDtype = "float32",
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
-    save: Annotated[Optional[Path], option("--save", panel=OUTPUT, metavar="FILE",
+    save: Annotated[Optional[Path], option("--save", callback=user_path, panel=OUTPUT, metavar="FILE",
                                             help="Write the voice to this .safetensors file.")] = None,
-    out: Annotated[Optional[Path], option("--out", "-o", panel=OUTPUT, metavar="DIR",
+    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
                                            help="Output directory for --text: OUT/ID.wav.")] = None,
     item_id: Annotated[str, option("--id", panel=OUTPUT, metavar="ID", show_default=True,
                                     help="File name of the audio, as a manifest id.")] = "clone",
@@ -557,14 +564,10 @@ def voice_clone(
     from ..api import load
     from ..batch.manifest import id_problem
     from ..config import load_config
-    from ..io import user_path
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
     from ..text.prompt import not_text, resolve
 
-    # A quoted "~/..." reaches us unexpanded: the home folder, as the library reads it (not a folder named ~).
-    out = None if out is None else user_path(out)
-    save = None if save is None else user_path(save)
     _show_log(False)
     _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
     audio_format = _check_output(audio_format, None)
@@ -581,6 +584,10 @@ def voice_clone(
         fail(f"--id: {problem}")
     if save is not None and save.suffix != ".safetensors":
         fail(f"--save {save}: voice files end in .safetensors")
+    if save is not None and save.is_dir():
+        fail(f"--save {save}: is a directory; give the voice file's name (VOICE.safetensors)")
+    if save is not None:  # its folder: as -o is checked (a file in the way, read-only, not writable)
+        _check_clone_out(save.parent, "--save", save)
     if x_vector_only and ref_text:
         fail("--ref-text and --x-vector-only exclude each other (x-vector-only cloning uses no transcript)")
     if not x_vector_only and not (ref_text or "").strip():
@@ -622,12 +629,13 @@ def voice_clone(
         fail(f"{out}: cannot write ({exc.strerror or exc})")
 
 
-def _check_clone_out(out: Path) -> None:
-    """voice-clone's -o, checked with the arguments: a directory, or a path one can be made at, that can be written."""
+def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> None:
+    """voice-clone's -o (or the folder of its --save file, `given`), checked with the arguments: a directory, or
+    a path one can be made at, that can be written."""
     from ..batch.outdir import check_out
 
     try:
-        check_out(out, "-o")
+        check_out(out, flag, given)
     except OmniTTSError as exc:
         fail(str(exc))
 

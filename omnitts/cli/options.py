@@ -50,14 +50,33 @@ def option(*names: str, panel: str, metavar: str = FLAG, show_default: bool = Fa
     return typer.Option(*names, metavar=metavar, rich_help_panel=panel, show_default=show_default, **kwargs)
 
 
-Model = Annotated[Path, option("--model", "-m", panel=INPUT, metavar="DIR",
+def user_path(value: Path | None) -> Path | None:
+    """A path option's callback: `~` is the home folder, also where the shell left it (`--out=~/x`, quoted), as
+    the library takes paths (`omnitts.io.user_path`)."""
+    from ..io import user_path as expand
+
+    return None if value is None else expand(value)
+
+
+Model = Annotated[Path, option("--model", "-m", callback=user_path, panel=INPUT, metavar="DIR",
                                 help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
-Out = Annotated[Path, option("--out", "-o", panel=OUTPUT, metavar="DIR",
+Out = Annotated[Path, option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
                               help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
 Greedy = Annotated[bool, option("--greedy/--no-greedy", panel=DECODING, help="Argmax decoding instead of sampling.")]
 MaxFrames = Annotated[Optional[int], option("--max-frames", panel=DECODING, metavar="N", min=1,
                                              help="Frame budget per item (12.5 frames/s).")]
-Seed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N", min=-(2**63), max=2**63 - 1,
+def _seed(value: int | None) -> int | None:
+    """--seed is a 64-bit integer, as a line's seed (checked here: click's range would print its bounds in the help)."""
+    if value is None:
+        return None  # (params imports torch: not while parsing a command line that gives no seed)
+    from ..params import seed_problem
+
+    if problem := seed_problem(value):
+        raise typer.BadParameter(problem)
+    return value
+
+
+Seed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N", callback=_seed,
                                         help="Seed for items without their own (64-bit).")]
 Dtype = Annotated[Optional[str], option("--dtype", panel=ENGINE, metavar="TYPE",
                                          help="auto, float32, bfloat16 or float16. [default: auto]")]
@@ -75,7 +94,7 @@ Workers = Annotated[Optional[int], option("--workers", panel=ENGINE, metavar="N"
                                           help="Engine processes, one per device (cpu: up to one per core); with --ray: actors.")]
 Devices = Annotated[Optional[str], option("--devices", panel=ENGINE, metavar="LIST",
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
-RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", panel=ENGINE, metavar="FILE",
+RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", callback=user_path, panel=ENGINE, metavar="FILE",
                                               help="TOML settings; flags win.")]
 
 ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False,
@@ -98,7 +117,7 @@ IdCol = Annotated[Optional[str], option("--id-column", panel=INPUT, metavar="COL
                                          help="Column holding the id (--column id=COL).")]
 TextCol = Annotated[Optional[str], option("--text-column", panel=INPUT, metavar="COL",
                                            help="Column holding the text (--column text=COL).")]
-ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False,
+ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False, callback=user_path,
                                              help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
 Loudness = Annotated[Optional[float], option("--loudness", panel=OUTPUT, metavar="LUFS",
                                               help="Normalize each output's loudness (e.g. -23).")]
@@ -120,7 +139,7 @@ RetryRunaway = Annotated[int, option("--retry-runaway", panel=DECODING, metavar=
 UseRay = Annotated[bool, option("--ray", panel=ENGINE, help="Run on a Ray cluster: one engine per actor.")]
 RayAddress = Annotated[Optional[str], option("--ray-address", panel=ENGINE, metavar="ADDR",
                                               help="Ray cluster to join (auto, ray://...). [default: local]")]
-ExportDataset = Annotated[Optional[Path], option("--export-dataset", panel=OUTPUT, metavar="DIR",
+ExportDataset = Annotated[Optional[Path], option("--export-dataset", callback=user_path, panel=OUTPUT, metavar="DIR",
                                                   help="Also save the results as a datasets dataset.")]
 
 
