@@ -22,9 +22,10 @@ Retries are idempotent: before running, a call reads what other writers recorded
 id whose last record is good and was made from the row as it is now (the fingerprint) is not run again and
 returns its recorded metadata. So a batch Ray retries after its actor died re-runs only the rows the dead
 actor had not finished, and no id gets two results; a row the dead actor finished is reported as run by
-this run (`skipped` false, `changed` / `damaged` as the dead actor would have said), since it was. A bad row is an error row (recorded
-in results.jsonl when it has a usable id), never an exception. Ids must be unique across the dataset (the
-CLI checks that in its first pass; a dataset built here is not checked across batches).
+this run (`skipped` false, `changed` / `damaged` as the dead actor would have said), since it was. A bad
+row is an error row (recorded in results.jsonl when it has a usable id), never an exception. Ids must be
+unique across the dataset (the CLI checks that in its first pass; a dataset built here is not checked
+across batches).
 """
 
 from __future__ import annotations
