@@ -602,14 +602,12 @@ def voice_clone(
                   f"{cfg.model_type}")
         if text is not None:
             resolve(cfg, Request(text, language, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only))
-        shown: set[str] = set()  # a clip over 30 s is said once, though clone_voice reads it again
-        with warnings_as_lines(shown):
+        with warnings_as_lines():  # a clip over 30 s is said once, though clone_voice reads it again
             load_reference(ref_audio, cfg.codec.input_sample_rate, truncate=x_vector_only)  # fails before the load
-        if out is not None:
-            _make_clone_out(out)
-        tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1,
-                   codec_dtype=codec_dtype)
-        with warnings_as_lines(shown):
+            if out is not None:
+                _make_clone_out(out)
+            tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1,
+                       codec_dtype=codec_dtype)
             voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)
         mode = "in-context" if voice.icl else "x-vector only"
         if save is not None:

@@ -30,8 +30,17 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
     shown: set[str] = set()  # warnings said already (workers' too)
     try:
         with warnings_as_lines(shown):  # a reference clip over 30 s: one `warning:` line per clip
-            stopped = _run_somewhere(batch, items, good, bad, model, load_kwargs, quiet, workers_on, ray, verbose,
-                                     manifest, columns, shown)
+            if ray is not None:
+                stopped = _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
+            elif workers_on is None:
+                stopped = _run(batch, items(), good + bad, model, load_kwargs, quiet, verbose)
+            else:
+                from ..workers import Plan, cpu_threads
+
+                plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
+                            batch.shard, since=batch.ledger.offset, fold_case=batch.fold_case)
+                stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose, shown)
+                batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except DeviceFailed as exc:
         done = done_count(batch)
         fail(f"{exc}: {plural(done, 'item')} done ({out}/results.jsonl), the items it was running not recorded; run "
@@ -65,22 +74,6 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
         _check_all_have_audio(batch, items(), bad)
     if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
         raise typer.Exit(1)
-
-
-def _run_somewhere(batch, items, good, bad, model, load_kwargs, quiet, workers_on, ray, verbose, manifest, columns,
-                   shown) -> int | None:
-    """The pending items run here, in worker processes or on Ray; the code of a signal that stopped them, or None."""
-    if ray is not None:
-        return _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
-    if workers_on is None:
-        return _run(batch, items(), good + bad, model, load_kwargs, quiet, verbose)
-    from ..workers import Plan, cpu_threads
-
-    plan = Plan(manifest, model, columns, batch.out, batch.settings, load_kwargs, cpu_threads(workers_on),
-                batch.shard, since=batch.ledger.offset, fold_case=batch.fold_case)
-    stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose, shown)
-    batch.ledger.refresh()  # what every worker wrote: for the export and the check below
-    return stopped
 
 
 def _check_all_have_audio(batch, items, bad: int) -> None:
