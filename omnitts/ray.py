@@ -24,8 +24,9 @@ returns its recorded metadata. So a batch Ray retries after its actor died re-ru
 actor had not finished, and no id gets two results; a row the dead actor finished is reported as run by
 this run (`skipped` false, `changed` / `damaged` as the dead actor would have said), since it was. A bad
 row is an error row (recorded in results.jsonl when it has a usable id), never an exception. Ids must be
-unique across the dataset (the CLI checks that in its first pass; a dataset built here is not checked
-across batches).
+unique across the dataset (the CLI checks that in its first pass): a row whose id this run recorded from
+another row (another batch of this stage, or another actor's) is an error row that replaces nothing, and
+the same row again gets that row's metadata (as a retried batch's does).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
+from .batch.fingerprint import same_print
 from .errors import DeviceFailed, OmniTTSError, RequestError
 
 # One metadata row per input row. `skipped`: not run by this run, its metadata is the id's record from before
@@ -139,6 +141,7 @@ class Synthesizer:
                            sample_rate=self.tts.sample_rate)
         self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
                                  sink=self.batch.sink, started=self.batch.started)
+        self.earlier: set[str] = set()  # the file names of the ids of this stage's earlier calls (`_name`)
 
     def __call__(self, batch):
         rows = _pylist(batch)
@@ -164,8 +167,9 @@ class Synthesizer:
             items.append(item)
         self.batch.ledger.refresh()  # what other writers (actors, an earlier attempt of this batch) recorded
         ran: dict[str, bool | None] = {}  # id -> its `Batch.rerun` entry (None: none), for the items this call runs
+        twice: set[str] = set()  # ids this run recorded from another row (`_other_row`): not run
         try:
-            for outcome in self.pipeline.run(self._pending(items, ran)):
+            for outcome in self.pipeline.run(self._pending(items, ran, twice)):
                 rec = self.batch.save(outcome)
                 out[seen[self._name(rec["id"])][0]] = _row(rec["id"], rec["path"], rec["seconds"], rec["frames"],
                                             rec["finish_reason"], rec["status"], rec["error"], rec["seed"],
@@ -173,11 +177,16 @@ class Synthesizer:
         except DeviceFailed:  # its running items count a death each (batch/claims.py); the run fails with it
             self.batch.writer.abandon_running()
             raise
-        if len(ran) < len(items):  # the rest were done (or failed) before: their recorded metadata
+        for item_id in twice:  # not recorded: the record is the other row's
+            out[seen[self._name(item_id)][0]] = _row(None, status="error", finish_reason="error", error=(
+                f"id: {item_id!r} already used by another row of this run (in another batch); ids must be unique "
+                "across the dataset"))
+        if len(ran) + len(twice) < len(items):  # the rest were done (or failed) before: their recorded metadata
             self.batch.ledger.refresh()
             for item in items:
-                if item.request.id not in ran:
+                if item.request.id not in ran and item.request.id not in twice:
                     out[seen[self._name(item.request.id)][0]] = self._recorded(item.request.id)
+        self.earlier.update(seen)
         return _table(out)
 
     def _name(self, item_id: str) -> str:
@@ -189,7 +198,7 @@ class Synthesizer:
         made during this run (an attempt of this batch whose actor died) makes it a row run by this run,
         run again over an earlier run's record as `Ledger.replaced` says (as `Batch.rerun` would have)."""
         ledger = self.batch.ledger
-        this_run = item_id in ledger.arrived
+        this_run = item_id in ledger.arrived or self._name(item_id) in self.earlier
         rerun = ledger.replaced.get(item_id) if this_run and not self.settings.force else None
         done = ledger.done.get(item_id)
         if done is not None:
@@ -212,17 +221,34 @@ class Synthesizer:
         self.batch.record_bad(item_id, message)
         return _row(item_id, status="error", finish_reason="error", error=message)
 
-    def _pending(self, items: list, ran: dict) -> Iterator:
+    def _pending(self, items: list, ran: dict, twice: set) -> Iterator:
         """`Batch.pending`'s jobs (or None: wait), noting which ids run and why each one recorded before runs
-        again (`Batch.rerun`: its file damaged, or its row or the options changed)."""
+        again (`Batch.rerun`: its file damaged, or its row or the options changed); a job for another row than
+        the one this run recorded under its id is given back unrun, its id noted in `twice`."""
         pending = self.batch.pending(items)
         while True:
             job = next(pending, _END)
             if job is _END:
                 return
+            if job is not None and self._other_row(job):
+                self.batch.give_back(job)
+                twice.add(job.request.id)
+                continue
             if job is not None:
                 ran[job.request.id] = self.batch.rerun.get(job.request.id)  # read now: `save` pops it
             yield job
+
+    def _other_row(self, job) -> bool:
+        """Whether `job`, handed out by `Batch.pending` (just after reading the log), is for another row than the
+        one this run recorded under its id (another actor of the run, or an earlier call of this stage): an id
+        used twice in the dataset, in two batches, whose audio would replace the other row's. The same row
+        again (a batch Ray retried after its actor died) is not: it is skipped, or runs for a damaged file."""
+        item_id, ledger = job.request.id, self.batch.ledger
+        if item_id not in ledger.arrived and self._name(item_id) not in self.earlier:
+            return False
+        done = ledger.done.get(item_id)
+        recorded = done.fingerprint if done is not None else ledger.failed_prints.get(item_id)
+        return not same_print(recorded, self.batch._fingerprint(job), old=False)
 
     def close(self) -> None:
         batch = getattr(self, "batch", None)  # None: __init__ failed before the directory was opened

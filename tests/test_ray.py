@@ -188,8 +188,10 @@ def test_stage_tells_a_row_run_again_for_a_damaged_file_from_a_changed_row(ckpt_
     rows = [{"id": i, "text": f"Sentence {i}.", "speaker": "ryan"} for i in ("kept", "broken", "edited")]
     stage = Synthesizer(ckpt_dir("custom_voice"), out, dtype="float32", greedy=True, max_frames=4)
     assert [r["status"] for r in stage(pa.Table.from_pylist(rows)).to_pylist()] == ["ok"] * 3
+    stage.close()
     (out / "broken.wav").write_bytes(b"truncated")
     rows[2]["text"] = "Changed."
+    stage = Synthesizer(ckpt_dir("custom_voice"), out, dtype="float32", greedy=True, max_frames=4)  # the next run
     got = {r["id"]: r for r in stage(pa.Table.from_pylist(rows)).to_pylist()}
     flags = {i: (r["status"], r["skipped"], r["changed"], r["damaged"]) for i, r in got.items()}
     assert flags == {"kept": ("ok", True, False, False), "broken": ("ok", False, False, True),
@@ -197,6 +199,31 @@ def test_stage_tells_a_row_run_again_for_a_damaged_file_from_a_changed_row(ckpt_
     assert [r["id"] for r in _records(out)] == ["kept", "broken", "edited", "broken", "edited"]
     assert stage.batch.tally.changed == 2 and stage.batch.tally.damaged == 1  # the actor's own count agrees
     stage.close()
+
+def test_an_id_used_again_in_a_later_batch_of_the_run_is_an_error_row(ckpt_dir, tmp_path):
+    """Ids are unique across a dataset: a row whose id this run recorded from another row, in an earlier batch
+    of the stage or by another actor of the run, is an error row and replaces nothing (its audio and record
+    stay the first row's); the same row again (what a batch Ray retried holds) gets that row's metadata, as
+    run by this run."""
+    import pyarrow as pa
+
+    out, ckpt = tmp_path / "out", ckpt_dir("custom_voice")
+    stage = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4)
+    other = Synthesizer(ckpt, out, dtype="float32", greedy=True, max_frames=4)  # another actor of the run
+    first = {"id": "a", "text": "The first row.", "speaker": "ryan"}
+    assert stage(pa.Table.from_pylist([first])).to_pylist()[0]["status"] == "ok"
+    audio = (out / "a.wav").read_bytes()
+    for actor in (stage, other):
+        got = actor(pa.Table.from_pylist([{**first, "text": "Another row, same id."}])).to_pylist()
+        assert got[0]["status"] == "error" and got[0]["id"] is None, got
+        assert "id: 'a' already used by another row of this run (in another batch)" in got[0]["error"]
+        got = actor(pa.Table.from_pylist([first])).to_pylist()
+        assert _flags(got) == {"a": ("ok", False, False, False)} and got[0]["path"] == "a.wav"  # not skipped
+    assert (out / "a.wav").read_bytes() == audio
+    assert [r["id"] for r in _records(out)] == ["a"]
+    stage.close()
+    other.close()
+
 
 def _flags(rows: list[dict]) -> dict:
     return {r["id"]: (r["status"], r["skipped"], r["changed"], r["damaged"]) for r in rows}

@@ -317,6 +317,13 @@ class Batch:
                                      "--retry-failed tries it once more")
         return replace(job, alone=True) if deaths else job
 
+    def give_back(self, job: Job) -> None:
+        """Let a job that `pending` handed out go unrun: its claim released, as if it had not been handed out."""
+        item_id = job.request.id
+        self.rerun.pop(item_id, None)
+        self._prints.pop(item_id, None)
+        self.writer.release(item_id, recorded=False)
+
     def started(self, job: Job) -> None:
         """The pipeline put `job`'s item in its engine: from now a death of this process is counted against it."""
         self.writer.running(job.request.id, alone=job.alone)
