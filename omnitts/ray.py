@@ -39,6 +39,7 @@ from typing import Iterator
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
 from .batch.fingerprint import same_print
 from .errors import DeviceFailed, OmniTTSError, RequestError
+from .io import user_path
 
 # One metadata row per input row. `skipped`: not run by this run, its metadata is the id's record from before
 # it (done or failed by an earlier run); a row that an attempt of this run finished before Ray retried its
@@ -126,11 +127,12 @@ class Synthesizer:
 
         for key, value in (env or {}).items():
             os.environ.setdefault(key, value)
+        model, out = user_path(model), user_path(out)  # `~` is the home folder, as in every path omnitts takes
         self.settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes,
                                  format=format, retry_failed=retry_failed, force=force, retry_runaway=retry_runaway,
                                  loudness=loudness, split_chars=split_chars)
         self.columns = dict(columns or {})
-        self.base = Path(base or "/")
+        self.base = user_path(base or "/")
         taken = set(self.columns.values())  # a column mapped to a field is not read as another field
         self.plan = {name: self.columns.get(name, name) for name in FIELDS if name in self.columns or name not in taken}
         self.cfg = load_config(model)
@@ -314,7 +316,8 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
     if num_cpus is not None or not ask:
         ask["num_cpus"] = 1 if num_cpus is None else num_cpus
     kwargs.setdefault("base", os.getcwd())
-    model, out = os.path.abspath(model), os.path.abspath(out)  # the actors' working directory is not ours
+    # the actors' working directory is not ours; `~` is the driver's home folder
+    model, out = os.path.abspath(user_path(model)), os.path.abspath(user_path(out))
     return ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model=model, out=out, **kwargs),
                           batch_size=batch_size, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(size=actors), **ask)

@@ -225,6 +225,22 @@ def test_an_id_used_again_in_a_later_batch_of_the_run_is_an_error_row(ckpt_dir, 
     other.close()
 
 
+def test_stage_paths_may_start_with_a_tilde(ckpt_dir, tmp_path, monkeypatch):
+    """`~` is the home folder in the stage's model and out, as in every path omnitts takes: out was taken
+    literally (a folder named `~` in the current directory got the audio), and model was not found."""
+    import pyarrow as pa
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    (home / "ckpt").symlink_to(ckpt_dir("custom_voice"))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    stage = Synthesizer("~/ckpt", "~/out", dtype="float32", greedy=True, max_frames=2)
+    assert stage(pa.Table.from_pylist([{"id": "a", "text": "Hi.", "speaker": "ryan"}])).to_pylist()[0]["status"] == "ok"
+    stage.close()
+    assert (home / "out" / "a.wav").is_file() and not (cwd / "~").exists()
+
+
 def _flags(rows: list[dict]) -> dict:
     return {r["id"]: (r["status"], r["skipped"], r["changed"], r["damaged"]) for r in rows}
 

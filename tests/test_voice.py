@@ -417,6 +417,9 @@ def test_paths_may_start_with_a_tilde(tts_factory, ref_wav, tmp_path, monkeypatc
                                  "2"])  # quoted on a command line: the shell leaves `~` alone
     assert result.exit_code == 0, result.output
     assert (home / "voices" / "cli.safetensors").is_file() and (home / "cli" / "clone.wav").is_file()
+    (home / "run").mkdir()
+    (home / "run" / "results.jsonl").write_text('{"id": "a", "status": "error", "error": "x"}\n')
+    assert omnitts.read_results("~/run")["a"]["status"] == "error"  # it said "no such output directory"
     assert not (cwd / "~").exists()
 
 

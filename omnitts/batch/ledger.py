@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 from ..errors import OmniTTSError
+from ..io import user_path
 from .fingerprint import same_print
 
 NAME = "results.jsonl"
@@ -57,11 +58,12 @@ def records(out: Path) -> Iterator[dict]:
 
 def read_results(out) -> dict[str, dict]:
     """{id: its last record} of output directory `out` (the record that counts; see the module docstring);
-    {} for a directory nothing was recorded in yet.
+    {} for a directory nothing was recorded in yet. `~` is the home folder.
 
     Raises:
         FileNotFoundError: `out` is not a directory (a mistyped path is not an empty run)."""
-    if not Path(out).is_dir():
+    out = user_path(out)
+    if not out.is_dir():
         raise FileNotFoundError(f"{out}: no such output directory")
     return {record["id"]: record for record in records(out)}
 
