@@ -40,6 +40,7 @@ from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values
 from .batch.fingerprint import same_print
 from .errors import DeviceFailed, OmniTTSError, RequestError
 from .io import user_path
+from .params import check_flag
 
 # One metadata row per input row. `skipped`: not run by this run, its metadata is the id's record from before
 # it (done or failed by an earlier run); a row that an attempt of this run finished before Ray retried its
@@ -98,7 +99,8 @@ class Synthesizer:
         out: output directory, shared by every actor (a filesystem every node mounts at this path).
         device, dtype, codec_dtype, max_batch, eager, deterministic, official_tokenizer: as `omnitts.load`.
         greedy, seed, max_frames, format, save_codes, loudness, split_chars, retry_failed, retry_runaway:
-            as `omnitts synth`'s flags (`--format` is `format`).
+            as `omnitts synth`'s flags (`--format` is `format`), checked as it checks them before the model loads
+            (TypeError or ValueError naming the option).
         columns: {field: column} as `--column`; other columns of the dataset are ignored.
         base: the folder relative `ref_audio` / `voice` paths resolve against (a manifest's folder);
             `synthesize_dataset` passes the driver's working directory unless told.
@@ -125,6 +127,9 @@ class Synthesizer:
         from .config import load_config
         from .engine.pipeline import Pipeline
 
+        format = _check_options(greedy=greedy, seed=seed, max_frames=max_frames, format=format, save_codes=save_codes,
+                                loudness=loudness, split_chars=split_chars, retry_failed=retry_failed, force=force,
+                                retry_runaway=retry_runaway, columns=columns, since=since)
         for key, value in (env or {}).items():
             os.environ.setdefault(key, value)
         model, out = user_path(model), user_path(out)  # `~` is the home folder, as in every path omnitts takes
@@ -265,6 +270,31 @@ class Synthesizer:
 
 
 _END = object()
+
+
+def _check_options(*, format, loudness, split_chars, retry_runaway, columns, since, **flags) -> str:
+    """The stage's options checked as `omnitts synth` checks its flags, before the model loads (in an actor a bad
+    one failed every batch, or was taken: greedy="no" decoded greedily, a loudness of +5 LUFS was aimed at):
+    TypeError or ValueError naming the option. Returns the format as files are named (`FLAC` is `flac`)."""
+    from .io.audio import FORMATS
+    from .params import SamplingParams
+
+    SamplingParams(max_frames=flags.pop("max_frames"), seed=flags.pop("seed"))  # their types and ranges
+    for name, value in flags.items():
+        check_flag(name, value)
+    kind = format.strip().lower().removeprefix(".") if isinstance(format, str) else None
+    if kind not in FORMATS:
+        raise ValueError(f"format: {format!r}; choose one of {', '.join(FORMATS)}")
+    if loudness is not None and (isinstance(loudness, bool) or not isinstance(loudness, (int, float))
+                                 or not -70.0 <= loudness <= 0.0):
+        raise ValueError(f"loudness: {loudness!r}; choose a level from -70 to 0 LUFS (e.g. -23 or -16), or None")
+    for name, value in (("split_chars", split_chars), ("retry_runaway", retry_runaway), ("since", since)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name}: {value!r}; expected an integer >= 0")
+    if columns is not None and not (isinstance(columns, dict) and all(
+            name in FIELDS and isinstance(column, str) and column for name, column in columns.items())):
+        raise ValueError(f"columns: {columns!r}; expected {{field: column name}}, the fields among {', '.join(FIELDS)}")
+    return kind
 
 
 def _present(value) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -239,6 +240,23 @@ def test_stage_paths_may_start_with_a_tilde(ckpt_dir, tmp_path, monkeypatch):
     assert stage(pa.Table.from_pylist([{"id": "a", "text": "Hi.", "speaker": "ryan"}])).to_pylist()[0]["status"] == "ok"
     stage.close()
     assert (home / "out" / "a.wav").is_file() and not (cwd / "~").exists()
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("greedy", "no", "greedy: expected a bool, got str"), ("force", 1, "force: expected a bool"),
+    ("format", "mp3", "format: 'mp3'; choose one of wav, flac, ogg"), ("loudness", 5.0, "loudness: 5.0; choose a level"),
+    ("loudness", "x", "loudness: 'x'"), ("split_chars", -5, "split_chars: -5; expected an integer >= 0"),
+    ("retry_runaway", -1, "retry_runaway: -1"), ("since", "0", "since: '0'"), ("columns", {"nope": "x"}, "columns:"),
+    ("max_frames", 0, "max_frames must be >= 1"), ("seed", "3", "seed: expected an int")])
+def test_stage_options_are_checked_before_the_model_loads(tmp_path, monkeypatch, option, value, message):
+    """The stage's own options are checked as `omnitts synth` checks its flags, naming the option, before the model
+    loads: a truthy greedy="no" decoded greedily, a loudness above 0 LUFS was aimed at, a bad format or
+    split_chars failed every batch or row."""
+    import omnitts.api
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        Synthesizer(tmp_path / "ckpt", tmp_path / "out", **{option: value})
 
 
 def _flags(rows: list[dict]) -> dict:
