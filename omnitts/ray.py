@@ -31,6 +31,7 @@ the same row again gets that row's metadata (as a retried batch's does).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from pathlib import Path
@@ -127,9 +128,7 @@ class Synthesizer:
         from .config import load_config
         from .engine.pipeline import Pipeline
 
-        format = _check_options(greedy=greedy, seed=seed, max_frames=max_frames, format=format, save_codes=save_codes,
-                                loudness=loudness, split_chars=split_chars, retry_failed=retry_failed, force=force,
-                                retry_runaway=retry_runaway, columns=columns, since=since)
+        format = _check_options(**{name: value for name, value in locals().items() if name in CHECKED})
         for key, value in (env or {}).items():
             os.environ.setdefault(key, value)
         model, out = user_path(model), user_path(out)  # `~` is the home folder, as in every path omnitts takes
@@ -270,6 +269,8 @@ class Synthesizer:
 
 
 _END = object()
+CHECKED = ("greedy", "seed", "max_frames", "format", "save_codes", "loudness", "split_chars", "retry_failed", "force",
+           "retry_runaway", "columns", "since")  # the stage's options that `_check_options` checks
 
 
 def _check_options(*, format, loudness, split_chars, retry_runaway, columns, since, **flags) -> str:
@@ -335,8 +336,13 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
     """
     import ray.data
 
-    if actors < 1:
-        raise OmniTTSError(f"actors: {actors}; at least 1")
+    if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
+        raise OmniTTSError(f"actors: {actors!r}; at least 1")
+    # Checked here as each actor checks them, so a bad one fails once, before any actor starts (an unknown
+    # keyword: TypeError)
+    options = inspect.signature(Synthesizer).bind(model, out, **kwargs)
+    options.apply_defaults()
+    _check_options(**{name: options.arguments[name] for name in CHECKED})
     device = kwargs.get("device", "cpu")
     ask = {}
     if num_gpus is not None or (device == "cuda" and resources is None and num_cpus is None):

@@ -259,6 +259,19 @@ def test_stage_options_are_checked_before_the_model_loads(tmp_path, monkeypatch,
         Synthesizer(tmp_path / "ckpt", tmp_path / "out", **{option: value})
 
 
+def test_synthesize_dataset_checks_its_arguments_before_any_actor_starts():
+    """actors of another type, a bad stage option or an unknown keyword: one error naming it, from the driver (they
+    were a TypeError from a comparison, or an error in every actor as it started)."""
+    from omnitts.errors import OmniTTSError
+
+    with pytest.raises(OmniTTSError, match=re.escape("actors: '2'; at least 1")):
+        synthesize_dataset(None, "ckpt", "out", actors="2")
+    with pytest.raises(TypeError, match="greedy: expected a bool"):
+        synthesize_dataset(None, "ckpt", "out", greedy="no")
+    with pytest.raises(TypeError, match="max_frame"):
+        synthesize_dataset(None, "ckpt", "out", max_frame=5)
+
+
 def _flags(rows: list[dict]) -> dict:
     return {r["id"]: (r["status"], r["skipped"], r["changed"], r["damaged"]) for r in rows}
 
