@@ -198,9 +198,11 @@ class TTS:
         """Check `request` against the checkpoint, encode its reference audio if any, build its prompt.
 
         Raises:
-            RequestError: the request does not fit the checkpoint (names the field).
+            RequestError: `request` is not a `Request`, or does not fit the checkpoint (names the field).
             AudioError: the reference audio cannot be used.
         """
+        if not isinstance(request, Request):
+            raise RequestError(f"request: expected a Request, got {type(request).__name__}")
         resolve(self.ckpt.config, request)  # fail on a bad request before encoding any audio
         voice = request.voice
         if isinstance(voice, (str, Path)):
@@ -250,7 +252,9 @@ class TTS:
         return next(self._finished([Job(request, params)]))
 
     def run_reference(self, request: Request, params: SamplingParams) -> Audio:
-        """The one-request eager slow path (what the engine is tested against), with greedy margins."""
+        """The one-request eager slow path (what the engine is tested against), with greedy margins. Its
+        arguments are checked as `run` checks them."""
+        _check_job(request, params)
         if params.samples and params.seed is None:  # drawn here, so the result says it (as the engine's do)
             params = replace(params, seed=fresh_seed())
         prompt = self.prepare(request)

@@ -300,6 +300,24 @@ def test_generate_and_run_name_a_job_of_the_wrong_shape(cv):
     assert [a.frames for a in cv.generate([(request, params)])] == [2] and cv.run(request, params).frames == 2
 
 
+def test_run_reference_and_prepare_check_their_arguments_as_run_does(cv):
+    """`run_reference` took anything: an AttributeError from the prompt (a str, or an int language), an
+    UnboundLocalError for a Request without text, a negative max_seconds ran; `prepare` likewise."""
+    request, params = omnitts.Request("Hi.", speaker="ryan"), cv.default_params(True, max_frames=2)
+    for bad, message in ((("Hi.", params), r"request: expected a Request, got str"),
+                         ((request, None), r"params: expected SamplingParams \(see TTS\.default_params\), got NoneType"),
+                         ((omnitts.Request(None, speaker="ryan"), params), "text: missing; give the words to speak"),
+                         ((omnitts.Request("Hi.", speaker="ryan", language=5), params), "language: expected str, got int"),
+                         ((omnitts.Request("Hi.", speaker="ryan", max_seconds=-1), params), "max_seconds: must be > 0, got -1")):
+        with pytest.raises(RequestError, match=rf"^{message}$"):
+            cv.run_reference(*bad)
+    with pytest.raises(RequestError, match=r"^request: expected a Request, got str$"):
+        cv.prepare("Hi.")
+    with pytest.raises(RequestError, match=r"^text: missing; give the words to speak$"):
+        cv.prepare(omnitts.Request(None, speaker="ryan"))
+    assert cv.run_reference(request, params).frames == 2
+
+
 def test_synthesize_names_the_text_of_a_list_at_fault(cv):
     with pytest.raises(RequestError, match=r"^text\[1\]: empty; give the words to speak$"):
         cv.synthesize(["ok", ""], speaker="ryan", max_frames=2)

@@ -65,8 +65,11 @@ def _speaker_choice(tcfg) -> str:
 def resolve(cfg, req: Request) -> Resolved:
     """Check `req` against what checkpoint config `cfg` can do; raise RequestError naming the field."""
     tcfg, kind = cfg.talker, cfg.model_type
-    if not isinstance(req.text, str) or (problem := empty_text(req.text)):
-        raise RequestError(f"text: {problem or 'empty'}; give the words to speak")
+    if not isinstance(req.text, str):  # apart from the next check, which sets `problem` only for a string
+        raise RequestError(f"text: {'missing' if req.text is None else 'expected a string, got ' + type(req.text).__name__}"
+                           "; give the words to speak")
+    if problem := empty_text(req.text):
+        raise RequestError(f"text: {problem}; give the words to speak")
     for name in ("text", "instruct", "ref_text"):
         value = getattr(req, name)
         if isinstance(value, str) and (problem := not_text(value)):
