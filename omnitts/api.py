@@ -291,6 +291,9 @@ class TTS:
         Raises:
             RequestError: a text or keyword that cannot be used, named (`speaker: ...`); with a list, an
                 item that fails is named by its index (`text[3]: 71,400 characters make 350 pieces ...`).
+            TypeError, ValueError: `text` that is not a string or a list of them (`text[1]: expected a string`),
+                or `greedy`, `max_frames`, `seed` or a sampling keyword of the wrong type or range, named
+                (`seed: expected an int, got float`), as `SamplingParams` checks them.
         """
         if not isinstance(text, (str, list, tuple)):
             raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
@@ -353,9 +356,11 @@ class TTS:
             Nothing already read is lost to it: from the first error on (a bad item, an item that fails
             while generating, or an exception from `requests` itself) no more requests are read, the ones
             already under way finish and are yielded, and then the first error is raised.
+            TypeError, ValueError: `greedy`, `max_frames`, `seed` or a sampling keyword of the wrong type or
+                range, named, as `synthesize` raises them (before any item is read).
         """
         check_seed(seed)
-        check_flag("greedy", greedy)
+        self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, before any item
         errors: list[BaseException] = []  # the first error; once there is one, no more requests are read
 
         def jobs():

@@ -207,6 +207,25 @@ def test_the_library_prints_nothing(ckpt_dir, ref_wav, tmp_path, capfd):
     assert capfd.readouterr() == ("", "")
 
 
+@pytest.mark.parametrize("keywords, error, message", [
+    ({"max_frames": 0}, ValueError, "max_frames must be >= 1, got 0"),
+    ({"temperature": "x"}, TypeError, "temperature: expected a number, got str"),
+    ({"top_p": 2}, ValueError, r"top_p must be in \(0, 1\], got 2")])
+def test_stream_checks_its_keywords_before_reading_an_item(cv, keywords, error, message):
+    """A bad run-wide keyword was found only as the first item was read: that item was taken from the caller's
+    iterable and lost, and an empty one ran without complaint."""
+    read = []
+
+    def source():
+        read.append(0)
+        yield {"id": "a", "text": "Fine.", "speaker": "ryan"}
+
+    for requests in (source(), []):
+        with pytest.raises(error, match=rf"^{message}$"):
+            list(cv.stream(requests, **keywords))
+    assert read == []
+
+
 def test_stream_yields_results_in_the_order_they_finish(cv):
     """README: `stream` yields results as they finish, not in input order: a short item given last comes first."""
     lines = [{"id": "long", "text": "A long one.", "speaker": "ryan", "max_seconds": 0.8},
