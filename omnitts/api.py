@@ -33,6 +33,7 @@ from .io.audio import load_reference
 from .params import SamplingParams, check_flag, check_seed, fresh_seed
 from .recipe import type_name, option_problem
 from .request import Request, Voice
+from .sampling import seed_word
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
 from .text import empty_text
 from .text.prompt import Prompt, PromptBuilder, not_text, resolve
@@ -281,8 +282,8 @@ class TTS:
                 `top_k`, `top_p`, `repetition_penalty`, `subtalker_*`).
             max_frames: frame budget per item (12.5 frames per second; a split item's pieces share it);
                 None derives it from the text.
-            seed: makes sampling reproducible; with a list, item i uses `seed + i`. Without one, each
-                item's drawn seed is its `Audio.seed`.
+            seed: makes sampling reproducible; with a list, item i uses `seed + i` (as a 64-bit integer: past
+                2**63 - 1 it wraps to -2**63). Without one, each item's drawn seed is its `Audio.seed`.
 
         Returns:
             An `Audio` (samples, sample_rate, codes, ...; `.save(path)`; plays inline in Jupyter),
@@ -320,7 +321,7 @@ class TTS:
         for i, item in enumerate(texts):
             request = Request(item, language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice,
                               non_streaming, id=str(i))
-            item_seed = None if seed is None else seed + i
+            item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
             jobs.append(Job(request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
         # Not `generate`: every field is checked above, and a voice cloned once for the list sits beside the
         # ref_audio it came from (which `_check_request` refuses in a request given whole).
@@ -398,7 +399,7 @@ class TTS:
             if len(item) != 2 or not isinstance(item[1], SamplingParams):
                 raise RequestError(f"requests[{i}]: a pair must be (Request or dict, SamplingParams)")
             item, params = item
-        item_seed = None if seed is None else seed + i
+        item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
         if isinstance(item, dict):
             try:
                 parsed = parse_item({**item, "id": item.get("id") or str(i)}, i + 1, Path.cwd())

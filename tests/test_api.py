@@ -226,6 +226,17 @@ def test_stream_checks_its_keywords_before_reading_an_item(cv, keywords, error, 
     assert read == []
 
 
+def test_a_list_seed_wraps_at_64_bits_past_the_largest(cv):
+    """Item i uses seed + i: from the largest seed, item 1's was 2**63, refused with a ValueError naming a seed
+    nobody gave. It wraps to -2**63, and that seed alone gives its audio."""
+    largest = 2**63 - 1
+    first, second = cv.synthesize(["One.", "Two."], speaker="ryan", seed=largest, max_frames=3)
+    assert (first.seed, second.seed) == (largest, -(2**63))
+    assert np.array_equal(second.codes, cv.synthesize("Two.", speaker="ryan", seed=-(2**63), max_frames=3).codes)
+    lines = [{"id": "a", "text": "One.", "speaker": "ryan"}, {"id": "b", "text": "Two.", "speaker": "ryan"}]
+    assert sorted(a.seed for a in cv.stream(lines, seed=largest, max_frames=3)) == [-(2**63), largest]
+
+
 def test_stream_yields_results_in_the_order_they_finish(cv):
     """README: `stream` yields results as they finish, not in input order: a short item given last comes first."""
     lines = [{"id": "long", "text": "A long one.", "speaker": "ryan", "max_seconds": 0.8},
