@@ -343,7 +343,8 @@ class TTS:
                 - a dict of manifest fields (`id`, `text`, `language`, `speaker`, `instruct`,
                   `ref_audio`, `ref_text`, `x_vector_only`, `non_streaming`, `seed`, `max_seconds`;
                   a relative `ref_audio` resolves against the current directory);
-                - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given.
+                - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given (its dict
+                  may not set `seed`, `temperature`, `top_k`, `top_p` or `repetition_penalty` too).
                 An item without an id gets its position ("0", "1", ...); ids must be unique.
             greedy, max_frames, seed, **sampling: how items without their own `SamplingParams`
                 sample, as in `synthesize`; item i uses `seed + i` unless its dict has a `seed`, and
@@ -405,6 +406,10 @@ class TTS:
                 parsed = parse_item({**item, "id": item.get("id") or str(i)}, i + 1, Path.cwd())
             except RequestError as exc:
                 raise RequestError(f"requests[{i}]: {exc}") from None
+            given = ["seed"] * (parsed.seed is not None) + list(parsed.sampling)
+            if params is not None and given:  # the pair's parameters are used as given: this field would be dropped
+                raise RequestError(f"requests[{i}]: {given[0]}: the pair's SamplingParams decide how it samples; set "
+                                   f"{given[0]} there, or give the dict alone")
             request, item_seed = parsed.request, parsed.seed if parsed.seed is not None else item_seed
             sampling = {**sampling, **parsed.sampling}
             if parsed.voice_path is not None:

@@ -237,6 +237,18 @@ def test_a_list_seed_wraps_at_64_bits_past_the_largest(cv):
     assert sorted(a.seed for a in cv.stream(lines, seed=largest, max_frames=3)) == [-(2**63), largest]
 
 
+def test_a_pairs_dict_may_not_set_what_its_sampling_params_decide(cv):
+    """In a (dict, SamplingParams) pair the parameters are used as given: the dict's seed or temperature was
+    dropped without a word (the audio said the params' seed); now it is refused, naming the field."""
+    params = cv.default_params(max_frames=2, seed=1)
+    line = {"id": "a", "text": "Hi.", "speaker": "ryan"}
+    for field, value in (("seed", 99), ("temperature", 0.3)):
+        with pytest.raises(RequestError, match=rf"^requests\[0\]: {field}: the pair's SamplingParams decide how it "
+                                               rf"samples; set {field} there, or give the dict alone$"):
+            list(cv.stream([({**line, field: value}, params)]))
+    assert [a.seed for a in cv.stream([(line, params)])] == [1]
+
+
 def test_stream_yields_results_in_the_order_they_finish(cv):
     """README: `stream` yields results as they finish, not in input order: a short item given last comes first."""
     lines = [{"id": "long", "text": "A long one.", "speaker": "ryan", "max_seconds": 0.8},
