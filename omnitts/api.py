@@ -299,7 +299,7 @@ class TTS:
         if not isinstance(text, (str, list, tuple)):
             raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
         check_seed(seed)
-        check_flag("greedy", greedy)
+        self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, for [] too
         texts = [text] if isinstance(text, str) else list(text)
         for i, item in enumerate(texts):
             if not isinstance(item, str):

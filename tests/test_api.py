@@ -224,6 +224,8 @@ def test_stream_checks_its_keywords_before_reading_an_item(cv, keywords, error, 
         with pytest.raises(error, match=rf"^{message}$"):
             list(cv.stream(requests, **keywords))
     assert read == []
+    with pytest.raises(error, match=rf"^{message}$"):  # an empty list returned [] without complaint
+        cv.synthesize([], speaker="ryan", **keywords)
 
 
 def test_a_list_seed_wraps_at_64_bits_past_the_largest(cv):
