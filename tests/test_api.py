@@ -71,6 +71,20 @@ def test_save_picks_the_format_from_the_suffix(cv, tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_save_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
+    """An OSError as ever, naming the path given and what is wrong with it: onto a folder it named a temporary
+    file ('.x.wav.omnitts-....tmp' -> 'x.wav'), under a file it said "File exists" of the file."""
+    audio = omnitts.Audio(np.zeros(240, np.float32), 24000)
+    (tmp_path / "x.wav").mkdir()
+    (tmp_path / "f").write_text("a file")
+    with pytest.raises(IsADirectoryError, match=r"is a folder; give the audio file's name .*: '.*/x\.wav'$"):
+        audio.save(tmp_path / "x.wav")
+    for path in (tmp_path / "f" / "a.wav", tmp_path / "f" / "deeper" / "a.wav"):
+        with pytest.raises(NotADirectoryError, match=rf"a folder on this path is a file: '{re.escape(str(path))}'$"):
+            audio.save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "x.wav"]  # no temporary file left
+
+
 def test_result_is_the_old_name_of_audio(cv):
     assert omnitts.Result is omnitts.Audio
     audio = cv.synthesize("Old name.", speaker="ryan", greedy=True, max_frames=2)

@@ -18,6 +18,7 @@ Paths may start with `~` (the home folder).
 
 from __future__ import annotations
 
+import errno
 import numbers
 import os
 import sys
@@ -149,7 +150,15 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     kind = path.suffix.lower().lstrip(".")
     if kind not in FORMATS:
         raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # OSErrors as ever, naming `path` and what is wrong with it (not a temporary name, or "File exists" for
+    # a parent that is a file)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder; give the audio file's name (e.g. a.wav) inside it",
+                                str(path))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(errno.ENOTDIR, "a folder on this path is a file", str(path)) from None
     with atomic_write(path) as tmp, os_errors(path):
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
 
