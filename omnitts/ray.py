@@ -270,10 +270,10 @@ class Synthesizer:
 
 _END = object()
 CHECKED = ("greedy", "seed", "max_frames", "format", "save_codes", "loudness", "split_chars", "retry_failed", "force",
-           "retry_runaway", "columns", "since")  # the stage's options that `_check_options` checks
+           "retry_runaway", "columns", "since", "env")  # the stage's options that `_check_options` checks
 
 
-def _check_options(*, format, loudness, split_chars, retry_runaway, columns, since, **flags) -> str:
+def _check_options(*, format, loudness, split_chars, retry_runaway, columns, since, env, **flags) -> str:
     """The stage's options checked as `omnitts synth` checks its flags, before the model loads (in an actor a bad
     one failed every batch, or was taken: greedy="no" decoded greedily, a loudness of +5 LUFS was aimed at):
     TypeError or ValueError naming the option. Returns the format as files are named (`FLAC` is `flac`)."""
@@ -295,6 +295,9 @@ def _check_options(*, format, loudness, split_chars, retry_runaway, columns, sin
     if columns is not None and not (isinstance(columns, dict) and all(
             name in FIELDS and isinstance(column, str) and column for name, column in columns.items())):
         raise ValueError(f"columns: {columns!r}; expected {{field: column name}}, the fields among {', '.join(FIELDS)}")
+    if env is not None and not (isinstance(env, dict) and all(isinstance(key, str) and isinstance(value, str)
+                                                              for key, value in env.items())):
+        raise ValueError(f"env: {env!r}; expected {{variable: value}}, both strings")
     return kind
 
 
