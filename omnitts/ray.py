@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Iterator
@@ -286,11 +287,11 @@ def _check_options(*, format, loudness, split_chars, retry_runaway, columns, sin
     kind = format.strip().lower().removeprefix(".") if isinstance(format, str) else None
     if kind not in FORMATS:
         raise ValueError(f"format: {format!r}; choose one of {', '.join(FORMATS)}")
-    if loudness is not None and (isinstance(loudness, bool) or not isinstance(loudness, (int, float))
+    if loudness is not None and (isinstance(loudness, bool) or not isinstance(loudness, numbers.Real)
                                  or not -70.0 <= loudness <= 0.0):
         raise ValueError(f"loudness: {loudness!r}; choose a level from -70 to 0 LUFS (e.g. -23 or -16), or None")
     for name, value in (("split_chars", split_chars), ("retry_runaway", retry_runaway), ("since", since)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0):
             raise ValueError(f"{name}: {value!r}; expected an integer >= 0")
     if columns is not None and not (isinstance(columns, dict) and all(
             name in FIELDS and isinstance(column, str) and column for name, column in columns.items())):
