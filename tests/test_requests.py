@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import omnitts
 from omnitts.errors import RequestError
 
 
@@ -56,8 +57,17 @@ def test_cloning_fields_on_a_checkpoint_that_does_not_clone_are_refused(tts_fact
 
 
 def test_a_voice_on_a_checkpoint_that_does_not_clone_is_named(tts_factory):
+    """Also without a speaker: the voice is the mistake (it said "speaker: required" and nothing of the voice)."""
+    tts = tts_factory("custom_voice")
     with pytest.raises(RequestError, match=r"^voice: voice cloning needs a Base checkpoint; this one is custom_voice$"):
-        tts_factory("custom_voice").synthesize("Hi.", speaker="ryan", voice="x.safetensors")
+        tts.synthesize("Hi.", speaker="ryan", voice="x.safetensors")
+    with pytest.raises(RequestError, match=r"^voice: voice cloning needs a Base checkpoint; this one is custom_voice$"):
+        tts.synthesize("Hi.", voice="x.safetensors")
+    with pytest.raises(RequestError, match=r"^ref_audio: voice cloning needs a Base checkpoint"):
+        tts.synthesize("Hi.", ref_audio="r.wav", ref_text="Words.")
+    with pytest.raises(RequestError, match=r"^ref_text: voice cloning needs a Base checkpoint; this one is voice_design$"):
+        tts_factory("voice_design").run(omnitts.Request("Hi.", ref_text="Words.", speaker="ryan"),
+                                        tts.default_params(greedy=True, max_frames=2))
 
 
 @pytest.mark.parametrize("kwargs,message", [

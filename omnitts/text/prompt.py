@@ -81,6 +81,12 @@ def resolve(cfg, req: Request) -> Resolved:
     language_id = None if language == "auto" else tcfg.codec_language_id[language]
     speaker_id = None
     has_ref = req.voice is not None or req.ref_audio is not None
+    has_ref_text = bool((req.ref_text or "").strip())
+    if kind != "base" and (has_ref or has_ref_text or req.x_vector_only):  # a cloning field would do nothing here;
+        # said first: a voice given to a CustomVoice checkpoint is the line's mistake, not its missing speaker
+        name = ("voice" if req.voice is not None else "ref_audio" if has_ref else "ref_text" if has_ref_text
+                else "x_vector_only")
+        raise RequestError(f"{name}: voice cloning needs a Base checkpoint; this one is {kind}")
     if kind == "custom_voice":
         if not req.speaker:
             raise RequestError(f"speaker: required by this CustomVoice checkpoint; {_speaker_choice(tcfg)}")
@@ -98,7 +104,6 @@ def resolve(cfg, req: Request) -> Resolved:
         why = ("0.6B CustomVoice checkpoints take no instruction" if kind == "custom_voice"
                else "Base checkpoints take no instruction; describe voices with a VoiceDesign checkpoint")
         raise RequestError(f"instruct: {why}")
-    has_ref_text = bool((req.ref_text or "").strip())
     if kind == "base":
         if not has_ref:
             raise RequestError("ref_audio: this Base checkpoint clones a voice; give ref_audio (+ ref_text) or a voice")
@@ -109,10 +114,6 @@ def resolve(cfg, req: Request) -> Resolved:
         if req.voice is None and not req.x_vector_only and not has_ref_text:
             raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
                                "or set x_vector_only")
-    elif has_ref or has_ref_text or req.x_vector_only:  # a cloning field would do nothing here
-        name = ("voice" if req.voice is not None else "ref_audio" if has_ref else "ref_text" if has_ref_text
-                else "x_vector_only")
-        raise RequestError(f"{name}: voice cloning needs a Base checkpoint; this one is {kind}")
     non_streaming = req.non_streaming if req.non_streaming is not None else kind != "base"
     return Resolved(language_id, speaker_id, req.instruct or None, non_streaming)
 
