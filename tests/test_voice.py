@@ -444,6 +444,8 @@ def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp
         with pytest.raises(AudioError, match=rf"^reference audio: samples of dtype {dtype} are not PCM audio; give "
                                              r"float samples in \[-1, 1\], or int16, int32, int8 or uint8 PCM"):
             tts.clone_voice((pcm8.astype(dtype), 24000), x_vector_only=True)
+    with pytest.raises(AudioError, match=r"^reference audio: samples of dtype complex128 are complex; give real"):
+        tts.clone_voice(((pcm8 / 128).astype(np.complex128), 24000), x_vector_only=True)  # it took the real part
 
 
 def test_a_voice_that_its_file_could_not_hold_is_refused_at_save_and_use(tts_factory, ref_wav, tmp_path):

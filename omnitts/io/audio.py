@@ -131,6 +131,9 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
         elif wav.dtype.kind in "biu":
             raise AudioError(f"{name}: samples of dtype {wav.dtype} are not PCM audio; give float samples in "
                              f"[-1, 1], or int16, int32, int8 or uint8 PCM (as scipy.io.wavfile reads it)")
+        elif wav.dtype.kind == "c":  # numpy would keep the real part with only a ComplexWarning
+            raise AudioError(f"{name}: samples of dtype {wav.dtype} are complex; give real float samples in [-1, 1] "
+                             "(a spectrum is not audio: take its inverse transform's real part yourself)")
         wav = np.asarray(wav, dtype=np.float32)
     except (TypeError, ValueError) as exc:
         raise AudioError(f"{name}: samples must be an array of numbers ({exc})") from None
