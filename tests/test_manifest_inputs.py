@@ -517,6 +517,18 @@ def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):
         'Closed "here".', "Hi."]
 
 
+def test_a_csv_cell_past_the_csv_modules_limit_is_one_bad_line_and_the_lines_after_it_run(ckpt_dir, tmp_path):
+    """csv refuses a cell over 128 Ki characters with an error it cannot read past, which ended the file there:
+    the lines after a long text were never read. The text is judged as JSONL's is (the piece cap)."""
+    path = tmp_path / "m.csv"
+    path.write_text(f"id,text,speaker\na,Hi.,ryan\nb,{'word ' * 30000},ryan\nc,Hi.,ryan\n", encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert [e.request.id for e in entries if isinstance(e, Item)] == ["a", "c"]
+    (bad,) = [e for e in entries if isinstance(e, BadLine)]
+    assert bad.message.startswith(f"{path}:3: text: 150,000 characters make ") and bad.id == "b", bad.message
+    assert count_rows(path) == 3
+
+
 @pytest.mark.parametrize("name,header,message", [
     ("m.csv", "id,text,speaker,speaker", "the header names column 'speaker' twice; which one to read is unclear"),
     ("m.tsv", "id,text,speaker", ("the header is one column, 'id,text,speaker', holding commas: a .tsv file is read "

@@ -24,6 +24,7 @@ from ..errors import OmniTTSError
 from ..text import lone_surrogate
 
 BATCH_ROWS = 1024  # rows per record batch for the columnar readers
+CSV_CELL_LIMIT = 2**31 - 1  # characters: csv's own limit (128 Ki) stopped a long text's record, and the file, there
 PARQUET_BUFFER = 1 << 20  # bytes of a column chunk read at a time
 
 
@@ -122,6 +123,9 @@ class CsvSource:
             raise OmniTTSError(f"{path}:1: the header names column {twice!r} twice; which one to read is unclear")
 
     def _open(self):
+        # A cell over csv's limit raises an error the reader cannot read past: lifted (process-wide), so a long
+        # text is one cell as in JSONL, judged by its field's checks (the piece cap), and the lines after it run.
+        csv.field_size_limit(max(csv.field_size_limit(), CSV_CELL_LIMIT))
         return _open_text(self.path, newline="")
 
     def _records(self, handle) -> Iterator[tuple[int, list[str] | str]]:
