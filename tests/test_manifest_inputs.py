@@ -529,6 +529,30 @@ def test_a_csv_cell_past_the_csv_modules_limit_is_one_bad_line_and_the_lines_aft
     assert count_rows(path) == 3
 
 
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_table_damaged_past_its_header_is_one_error_naming_it(ckpt_dir, tmp_path, kind):
+    """A Parquet page that cannot be decoded, an Arrow stream (as `datasets` writes) cut short: pyarrow raises
+    while the rows are read, which was a traceback in validate and "cannot write OUT: ..." (exit 1) in synth."""
+    table = pa.table({"id": [f"x{i}" for i in range(3000)], "text": ["Hi."] * 3000, "speaker": ["ryan"] * 3000})
+    path = tmp_path / f"m.{kind}"
+    if kind == "parquet":
+        pq.write_table(table, path)
+        data = bytearray(path.read_bytes())
+        data[4:40] = b"\xff" * 36  # the first page header, after the magic bytes
+    else:
+        with pa.ipc.new_stream(path, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=1000):
+                writer.write_batch(batch)
+        data = path.read_bytes()[:path.stat().st_size // 2]
+    path.write_bytes(bytes(data))
+    model = str(ckpt_dir("custom_voice"))
+    for args in (["validate", str(path), "-m", model], ["synth", str(path), "-m", model, "-o", str(tmp_path / "out")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args[0], result.output)
+        (line,) = result.output.splitlines()
+        assert line.startswith(f"error: {path}: cannot read {'Parquet' if kind == 'parquet' else 'Arrow'} file ("), line
+
+
 @pytest.mark.parametrize("name,header,message", [
     ("m.csv", "id,text,speaker,speaker", "the header names column 'speaker' twice; which one to read is unclear"),
     ("m.tsv", "id,text,speaker", ("the header is one column, 'id,text,speaker', holding commas: a .tsv file is read "

@@ -171,6 +171,15 @@ class CsvSource:
             return sum(1 for _ in self._records(handle))
 
 
+def _read(batches, path: Path, kind: str):
+    """The record batches of a columnar file, with a read error past its header (a damaged page, a file cut short)
+    as OmniTTSError naming the file, as one at opening it is: pyarrow raises OSError or ArrowInvalid (a ValueError)."""
+    try:
+        yield from batches
+    except (OSError, ValueError) as exc:
+        raise OmniTTSError(f"{path}: cannot read {kind} file ({' '.join(str(exc).split())})") from None
+
+
 def _clean(batch) -> Iterator[dict]:
     """Rows of an Arrow record batch or table, without nulls and NaNs."""
     for row in batch.to_pylist():
@@ -197,7 +206,7 @@ class ParquetSource:
 
     def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
         number = 0
-        for batch in self.file.iter_batches(batch_size=BATCH_ROWS, columns=names):
+        for batch in _read(self.file.iter_batches(batch_size=BATCH_ROWS, columns=names), self.path, "Parquet"):
             for row in _clean(batch):
                 number += 1
                 yield number, row
@@ -233,8 +242,8 @@ class ArrowSource:
     def _batches(self):
         reader = self._reader()
         if hasattr(reader, "num_record_batches"):
-            return (reader.get_batch(i) for i in range(reader.num_record_batches))
-        return iter(reader)
+            return _read((reader.get_batch(i) for i in range(reader.num_record_batches)), self.path, "Arrow")
+        return _read(iter(reader), self.path, "Arrow")
 
     def rows(self, names=None) -> Iterator[tuple[int, dict | str]]:
         number = 0
