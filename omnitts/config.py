@@ -49,9 +49,34 @@ def _check_sizes(cls, data: dict, prefix: str) -> None:
             raise CheckpointError(f"{prefix}{f.name}: expected a positive integer, got {value!r}")
 
 
+_KINDS = {"dict": (dict, "a JSON object"), "dict | None": (dict, "a JSON object"), "list": (list, "a JSON array"),
+          "float": ((int, float), "a number"), "bool": (bool, "true or false")}  # field type -> (JSON kind, its name)
+
+
+def _check_kinds(cls, data: dict, prefix: str) -> None:
+    """Every object, array, number and flag field of dataclass `cls` that `data` gives has that JSON kind: another
+    (`"spk_id": []`, a string `rms_norm_eps`) failed with an AttributeError naming neither file nor field, or
+    deep inside torch at the first synthesis."""
+    for f in fields(cls):
+        value = data.get(f.name)
+        kind, name = _KINDS.get(f.type, (None, None))
+        if kind is not None and value is not None and (not isinstance(value, kind)
+                                                       or (kind != bool and isinstance(value, bool))):
+            raise CheckpointError(f"{prefix}{f.name}: expected {name}, got {value!r}")
+
+
+def _section(data: dict, key: str, where: str) -> dict:
+    """`data[key]`, a config section: a JSON object ({} when absent or null)."""
+    value = data.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise CheckpointError(f"{where}{key}: expected a JSON object, got {value!r}")
+    return value or {}
+
+
 def _build(cls, data: dict, where: str):
     """Instantiate dataclass `cls` from the keys of `data` it declares; wrong types name the field."""
     _check_sizes(cls, data, f"{where}.")
+    _check_kinds(cls, data, f"{where}.")
     kwargs = {f.name: data[f.name] for f in fields(cls) if f.name in data and f.init}
     try:
         return cls(**kwargs)
@@ -274,13 +299,14 @@ def load_config(ckpt: Path) -> ModelConfig:
     if not isinstance(talker_raw, dict):
         raise CheckpointError(f"{path}: missing field talker_config")
     talker = _build(TalkerConfig, talker_raw, f"{path}: talker_config")
-    predictor_raw = talker_raw.get("code_predictor_config") or {}
+    predictor_raw = _section(talker_raw, "code_predictor_config", f"{path}: talker_config.")
     predictor = _build(DecoderConfig, {**_PREDICTOR_DEFAULTS, **predictor_raw}, f"{path}: talker_config.code_predictor_config")
     if predictor.num_code_groups != talker.num_code_groups:
         raise CheckpointError(f"{path}: code_predictor_config.num_code_groups differs from talker_config's")
     speaker_encoder = None
     if model_type == "base":
-        speaker_encoder = _build(SpeakerEncoderConfig, top.get("speaker_encoder_config") or {}, f"{path}: speaker_encoder_config")
+        speaker_encoder = _build(SpeakerEncoderConfig, _section(top, "speaker_encoder_config", f"{path}: "),
+                                 f"{path}: speaker_encoder_config")
     ids = {k: top[k] for k in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id") if k in top}
     gen_path = ckpt / "generation_config.json"
     generation = read_json(gen_path) if gen_path.exists() else {}
@@ -322,11 +348,11 @@ def load_codec_config(folder: Path) -> CodecConfig:
     model_type = raw.get("model_type")
     if model_type != TOKENIZER_TYPE:
         raise CheckpointError(f"{path}: model_type={model_type!r}, expected {TOKENIZER_TYPE!r}")
-    decoder = _build(CodecDecoderConfig, raw.get("decoder_config") or {}, f"{path}: decoder_config")
+    decoder = _build(CodecDecoderConfig, _section(raw, "decoder_config", f"{path}: "), f"{path}: decoder_config")
     keys = ("encoder_valid_num_quantizers", "input_sample_rate", "output_sample_rate",
             "decode_upsample_rate", "encode_downsample_rate")
     _check_sizes(CodecConfig, raw, f"{path}: ")
-    codec = CodecConfig(decoder=decoder, encoder=dict(raw.get("encoder_config") or {}),
+    codec = CodecConfig(decoder=decoder, encoder=dict(_section(raw, "encoder_config", f"{path}: ")),
                         **{k: raw[k] for k in keys if k in raw})
     if codec.decode_upsample_rate != decoder.samples_per_frame:
         raise CheckpointError(

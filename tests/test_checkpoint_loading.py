@@ -246,3 +246,37 @@ def test_a_size_or_count_that_is_not_a_positive_integer_is_refused_naming_file_a
     assert str(raised.value) == message
     result = CliRunner().invoke(app, ["info", str(cv_copy)])
     assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
+
+
+@pytest.mark.parametrize("file, where, value, expected", [
+    ("config.json", "talker_config.spk_id", ["ryan"], "a JSON object"),
+    ("config.json", "talker_config.codec_language_id", "english", "a JSON object"),
+    ("config.json", "talker_config.rope_scaling", [1], "a JSON object"),
+    ("config.json", "talker_config.code_predictor_config", [1], "a JSON object"),
+    ("config.json", "talker_config.rms_norm_eps", "1e-6", "a number"),
+    ("config.json", "talker_config.attention_bias", "no", "true or false"),
+    ("speech_tokenizer/config.json", "decoder_config", [1], "a JSON object"),
+    ("speech_tokenizer/config.json", "encoder_config", [1], "a JSON object"),
+    ("speech_tokenizer/config.json", "decoder_config.upsample_rates", 8, "a JSON array"),
+])
+def test_a_config_field_of_another_json_kind_is_refused_naming_file_and_field(cv_copy, file, where, value, expected):
+    """An array where an object belongs (`"spk_id": [...]`) was an AttributeError traceback from `info` and load; a
+    string where a number belongs passed `info` and failed inside torch at the first synthesis."""
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+
+    path = cv_copy / file
+    config = json.loads(path.read_text())
+    *parents, field = where.split(".")
+    section = config
+    for key in parents:
+        section = section[key]
+    section[field] = value
+    path.write_text(json.dumps(config))
+    message = f"{path}: {where}: expected {expected}, got {value!r}"
+    with pytest.raises(CheckpointError) as raised:
+        omnitts.load(cv_copy)
+    assert str(raised.value) == message
+    result = CliRunner().invoke(app, ["info", str(cv_copy)])
+    assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
