@@ -72,6 +72,9 @@ class JsonlSource:
                 except json.JSONDecodeError as exc:
                     yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
                     continue
+                except RecursionError:  # arrays or objects nested past Python's recursion limit: not a traceback
+                    yield number, "JSON nested too deeply to read (no field takes arrays or objects)"
+                    continue
                 yield number, obj if isinstance(obj, dict) else "expected a JSON object"
 
     def count(self) -> int:
