@@ -581,6 +581,26 @@ def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_r
     assert not (tmp_path / "new-out").exists()
 
 
+def test_an_export_onto_the_manifest_it_reads_is_refused_before_anything_runs(ckpt_dir, tmp_path, monkeypatch):
+    """A saved dataset read as the manifest is a dataset an export may replace: `--export-dataset` naming it
+    replaced the input with the export, its other columns lost. Refused, as is a folder holding the manifest."""
+    import datasets
+
+    import omnitts.api
+
+    source = tmp_path / "data" / "lines"
+    datasets.Dataset.from_dict({"id": ["a"], "text": ["Hi."], "speaker": ["ryan"], "note": ["keep"]}).save_to_disk(
+        str(source))
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    for target in (source, source.parent):
+        refused = _synth(ckpt_dir, source, tmp_path / "out", "--export-dataset", str(target))
+        assert refused.exit_code == 2 and refused.output.strip() == (
+            f"error: --export-dataset {target}: is the manifest or holds it; an export replaces its target, so "
+            "choose another folder"), refused.output
+    assert datasets.load_from_disk(str(source))["note"] == ["keep"]
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- the kernel build's note
 
 def test_the_kernel_build_logs_instead_of_printing_and_the_cli_shows_it_unless_quiet(ckpt_dir, tmp_path, monkeypatch,

@@ -25,9 +25,11 @@ class ExportError(OmniTTSError):
     """The export target cannot be used (it is a file, or a folder of something else)."""
 
 
-def check_target(target: Path, out: Path | None = None) -> None:
+def check_target(target: Path, out: Path | None = None, manifest: Path | None = None) -> None:
     """Raise ExportError unless `target` is absent, an empty folder, or a dataset an export may replace,
-    and (given the output directory `out`) neither `out` nor a folder holding it."""
+    and (given the output directory `out`) neither `out` nor a folder holding it, and (given the `manifest`)
+    neither the manifest nor a folder holding it: a saved dataset read as the manifest is one an export would
+    replace, deleting the input (its other columns too)."""
     target = Path(target)
     if out is not None:
         where, out = target.resolve(), Path(out).resolve()
@@ -37,6 +39,11 @@ def check_target(target: Path, out: Path | None = None) -> None:
         if out in where.parents:  # OUT holds its items' files and nothing else (a later run sweeps, --strict checks)
             raise ExportError(f"--export-dataset {target}: is inside the output directory {out}; choose a folder "
                               "outside --out")
+    if manifest is not None:
+        where, source = target.resolve(), Path(manifest).resolve()
+        if where == source or where in source.parents:
+            raise ExportError(f"--export-dataset {target}: is the manifest or holds it; an export replaces its "
+                              "target, so choose another folder")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
     if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):

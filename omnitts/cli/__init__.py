@@ -234,7 +234,7 @@ def synth(
         if export_dataset is not None:
             from ..batch.export import check_target
 
-            check_target(export_dataset, out)
+            check_target(export_dataset, out, manifest)
     except OmniTTSError as exc:
         fail(str(exc))
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
