@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,6 +107,27 @@ def test_an_out_where_no_directory_can_be_made_is_one_line_and_exit_2(ckpt_dir, 
     """/sys refuses new directories even to root (EPERM); where it is mounted read-only, or for another user,
     check_out says so instead. Either way: one line, exit 2."""
     _bad_out(ckpt_dir, tmp_path, "/sys/omnitts-test-out", monkeypatch)
+
+
+def test_outs_own_result_log_as_the_manifest_is_refused_before_it_grows(ckpt_dir, tmp_path, monkeypatch):
+    """Every line of a result log is a bad manifest line (unknown fields), and pass 1 records each bad line in the
+    log it was reading: the file grew without end (88,000 lines in a minute) until the disk was full."""
+    import omnitts.api
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    out = tmp_path / "out"
+    out.mkdir()
+    log = out / "results.jsonl"
+    log.write_text(json.dumps({"id": "a", "status": "error", "error": "earlier"}) + "\n")
+    before = log.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    for manifest, given in ((log, out), (Path("out/results.jsonl"), Path("out/./"))):
+        result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(given),
+                                     "-q"])
+        assert result.exit_code == 2 and result.output.strip() == (
+            f"error: --out {given}: {manifest} is its result log, which the run appends to, not a manifest; give the "
+            "manifest its lines came from"), result.output
+    assert log.read_bytes() == before
 
 
 # ---------------------------------------------------------------- a full disk

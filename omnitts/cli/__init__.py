@@ -207,6 +207,7 @@ def synth(
     earlier one) or a write failed (a full disk...); 2 for a usage error, a bad file or --out, or a bad line
     with --strict; 130 on Ctrl-C; 143 on SIGTERM.
     """
+    from ..batch.ledger import NAME as LEDGER_NAME
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..batch.outdir import Batch, Settings, case_folding, check_out
     from ..batch.shard import in_shard, parse_shard
@@ -231,6 +232,9 @@ def synth(
     audio_format = _check_output(audio_format, loudness)
     try:
         check_out(out)
+        if manifest.resolve() == (out / LEDGER_NAME).resolve():  # each bad line recorded would be read again: no end
+            fail(f"--out {out}: {manifest} is its result log, which the run appends to, not a manifest; give the "
+                 "manifest its lines came from")
         if export_dataset is not None:
             from ..batch.export import check_target
 
