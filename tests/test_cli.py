@@ -562,6 +562,8 @@ def test_path_options_take_a_tilde_the_shell_left(ckpt_dir, tmp_path, monkeypatc
     monkeypatch.chdir(cwd)
     checked = runner.invoke(app, ["validate", "~/m.jsonl", "--model=~/ckpt"])
     assert checked.exit_code == 0 and "1 good, 0 bad" in checked.output, checked.output
+    described = runner.invoke(app, ["info", "~/ckpt"])  # an argument, as the manifest is
+    assert described.exit_code == 0 and "custom_voice" in described.output, described.output
     result = runner.invoke(app, ["synth", "~/m.jsonl", "--model=~/ckpt", "--out=~/out", "--max-frames", "2", "-q",
                                  "--export-dataset=~/ds"])
     assert result.exit_code == 0, result.output

@@ -371,7 +371,7 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
 
 
 @app.command(cls=Command)
-def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False,
+def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False, callback=user_path,
                                                help="Checkpoint directory.")]):
     """Describe a checkpoint: kind, size, voices, languages, defaults.
 
