@@ -80,6 +80,12 @@ class Recipe:
         for key, value in self.env.items():
             if not isinstance(value, str):
                 raise RecipeError(f"{where}: env.{key}: expected a string, got {type_name(type(value), given=True)}")
+            # What the environment cannot hold (os.environ raised it, a traceback, as the run started).
+            if not key or "=" in key or "\0" in key:
+                raise RecipeError(f"{where}: env: {key!r} is not an environment variable's name (not empty, no '=' "
+                                  "or NUL)")
+            if "\0" in value:
+                raise RecipeError(f"{where}: env.{key}: a NUL character cannot be in an environment variable")
 
     def engine_options(self) -> dict:
         """The settings this recipe gives that `omnitts.load` takes (device, dtype, max_batch, ...)."""

@@ -65,6 +65,10 @@ def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
     ("max_prefill_tokens = 0", "max_prefill_tokens: must be > 0, got 0"),
     ("env = 3", "env: expected a table, got an integer"),
     ("[env]\nX = 1", "env.X: expected a string, got an integer"),
+    # what os.environ refuses (a traceback as the run started)
+    ('[env]\n"" = "x"', "env: '' is not an environment variable's name (not empty, no '=' or NUL)"),
+    ('[env]\n"A=B" = "x"', "env: 'A=B' is not an environment variable's name"),
+    ('[env]\nX = "a\\u0000b"', "env.X: a NUL character cannot be in an environment variable"),
     ("max_batch = ", "not valid TOML"),
 ])
 def test_bad_values_name_the_key(tmp_path, text, message):
