@@ -86,6 +86,9 @@ def test_an_out_that_is_a_file_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkey
     assert line.endswith("is a file, not a directory (choose a directory; omnitts creates it if missing)")
     line = _bad_out(ckpt_dir, tmp_path, tmp_path / "file.txt" / "out", monkeypatch)
     assert f"{tmp_path / 'file.txt'} is a file, not a directory" in line
+    line = _bad_out(ckpt_dir, tmp_path, "/dev/null", monkeypatch)  # it read "is, not a directory"
+    assert line == ("error: --out /dev/null: is a device, pipe or socket, not a directory (choose a directory; omnitts "
+                    "creates it if missing)")
     assert (tmp_path / "file.txt").read_text() == "not a directory"
 
 

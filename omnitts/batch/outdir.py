@@ -62,7 +62,8 @@ def check_out(out: Path, flag: str = "--out", given: Path | None = None) -> None
     existing = _nearest_existing(out)
     where = f"{flag} {given or out}: " + ("" if existing == out and given is None else f"{existing} ")
     if not existing.is_dir():
-        what = "is a file" if existing.is_file() else "is a broken symbolic link" if existing.is_symlink() else "is"
+        what = ("is a file" if existing.is_file() else "is a broken symbolic link" if existing.is_symlink()
+                else "is a device, pipe or socket")
         raise OutDirError(f"{where}{what}, not a directory (choose a directory; omnitts creates it if missing)")
     if os.statvfs(existing).f_flag & os.ST_RDONLY:
         raise OutDirError(f"{where}is on a read-only filesystem (choose a writable {flag})")
