@@ -687,6 +687,17 @@ def test_a_manifest_on_standard_input_is_refused_with_what_to_do(ckpt_dir, tmp_p
                                  "file, not standard input: save it first (... > lines.jsonl)\n")
 
 
+def test_a_manifest_path_that_cannot_be_looked_up_is_one_error(ckpt_dir, tmp_path):
+    """A name too long for the filesystem (or, for a user, a folder above it without search permission): pathlib
+    raises the OSError before Python 3.12; synth met it with an UnboundLocalError traceback, validate with the
+    OSError's."""
+    manifest = tmp_path / ("m" * 300 + ".jsonl")
+    for command in (["validate", str(manifest)], ["synth", str(manifest), "-o", str(tmp_path / "out")]):
+        result = runner.invoke(app, [*command, "-m", str(ckpt_dir("custom_voice"))])
+        assert result.exit_code == 2, (command[0], result.output)
+        assert result.output == f"error: {manifest}: cannot open manifest (File name too long)\n", result.output
+
+
 @pytest.mark.parametrize("how", ["pipe", "fifo"])
 def test_synth_refuses_a_piped_manifest_and_validate_reads_it(ckpt_dir, tmp_path, how):
     """`cat m.jsonl | omnitts synth /dev/stdin ...` (or `<(...)`, a FIFO) synthesized nothing and exited 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -299,11 +300,24 @@ def is_saved_dataset(path: Path) -> bool:
                               or (path / "dataset_dict.json").is_file())
 
 
+def _check_reachable(path: Path) -> None:
+    """OmniTTSError where `path` cannot even be looked up (a name too long for the filesystem; for a user, a
+    folder above it without search permission): pathlib's checks raise that OSError before Python 3.12, and
+    say "not found" after. A missing path is the caller's to report."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
+
+
 def check_rereadable(path) -> None:
     """OmniTTSError unless manifest `path` can be read more than once (synth checks it, counts it, runs it):
     a regular file or a folder. A pipe (`cat ... |` into /dev/stdin, `<(...)`, a FIFO) is empty the second
     time, so it is refused rather than silently running nothing; a missing path is open_source's to report."""
     path = Path(path)
+    _check_reachable(path)
     what = ("standard input" if str(path) == "-" else None if not path.exists() or path.is_file() or path.is_dir()
             else "a pipe" if path.is_fifo() else "a device" if path.is_char_device() or path.is_block_device()
             else "a socket" if path.is_socket() else "a special file")
@@ -315,6 +329,7 @@ def check_rereadable(path) -> None:
 def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource | DatasetSource:
     """The reader for `path`, picked from its suffix, or a saved dataset for a folder."""
     path = Path(path)
+    _check_reachable(path)
     if path.is_dir():
         if is_saved_dataset(path):
             return DatasetSource(path)

@@ -246,6 +246,7 @@ def synth(
                         split_chars=split_chars)
     # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
     # Both passes stream the manifest, so memory does not grow with its length.
+    batch = None  # (an OSError before the Batch exists is reported with it unset)
     try:
         check_rereadable(manifest)
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
