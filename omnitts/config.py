@@ -11,6 +11,7 @@ This module knows nothing about tensors; `models/loader.py` turns these into mod
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,12 @@ class ModelConfig:
 def load_config(ckpt: Path) -> ModelConfig:
     """Read and validate the config files of checkpoint directory `ckpt`."""
     ckpt = Path(ckpt)
+    try:  # a path that cannot be looked up (a name too long): pathlib's checks raise it before Python 3.12
+        os.stat(ckpt)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise CheckpointError(f"{ckpt}: cannot read checkpoint directory ({exc.strerror})") from None
     if ckpt.exists() and not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: is a file; a checkpoint is a directory (the folder holding config.json)")
     if not ckpt.is_dir():

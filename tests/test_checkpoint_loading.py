@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -280,3 +281,23 @@ def test_a_config_field_of_another_json_kind_is_refused_naming_file_and_field(cv
     assert str(raised.value) == message
     result = CliRunner().invoke(app, ["info", str(cv_copy)])
     assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
+
+
+def test_a_checkpoint_path_that_cannot_be_looked_up_is_one_error(ckpt_dir, tmp_path):
+    """A name too long for the filesystem (or, for a user, a folder above it without search permission): pathlib
+    raises the OSError before Python 3.12; info and validate showed its traceback, synth said "cannot write
+    CKPT: ... 0 items done" and exited 1."""
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
+
+    model = tmp_path / ("c" * 300)
+    message = f"{model}: cannot read checkpoint directory (File name too long)"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        omnitts.load(model)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Hi.", "speaker": "ryan"}) + "\n")
+    for command in (["info", str(model)], ["validate", str(manifest), "-m", str(model)],
+                    ["synth", str(manifest), "-m", str(model), "-o", str(tmp_path / "out")]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2 and result.output == f"error: {message}\n", (command[0], result.output)
