@@ -52,6 +52,9 @@ BAD = [
     ({"id": "emptyref", "text": "Hi.", "ref_audio": " "}, "ref_audio: empty; give the path of a reference clip"),
     ({"id": "emptyvoice", "text": "Hi.", "voice": ""}, "voice: empty; give the path of a saved .safetensors voice"),
     ({"id": "novoice", "text": "Hi.", "voice": "nope.safetensors"}, "voice: file not found"),
+    # a path that cannot be looked up (a name too long): pathlib's OSError was a traceback, ending the whole run
+    ({"id": "longref", "text": "Hi.", "ref_audio": "r" * 300 + ".wav"}, "ref_audio: cannot read "),
+    ({"id": "longvoice", "text": "Hi.", "voice": "v" * 300 + ".safetensors"}, "voice: cannot read "),
     ({"id": "wavvoice", "text": "Hi.", "voice": "refs/r.wav"}, "voice: "),  # "... is not a .safetensors voice file"
     ({"id": "both", "text": "Hi.", "ref_audio": "refs/r.wav", "voice": "v.safetensors"}, "voice: give either ref_audio or voice"),
     ({"id": "cvvoice", "text": "Hi.", "voice": "v.safetensors"}, "voice: a saved voice needs a Base checkpoint"),
