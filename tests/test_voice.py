@@ -337,6 +337,7 @@ def bad_clips(tmp_path_factory):
     ("text", "cannot read audio (not a format soundfile or audioread decodes)"),
     ("empty", "reference audio file is empty (0 bytes)"),
     ("missing", "reference audio file not found"),
+    ("long_name", "cannot read audio (File name too long)"),  # it was "error: None: cannot write (...)"
     ("non_base", "voice cloning needs a Base checkpoint"),
     ("no_ref_text", "--ref-text is required"),
     ("no_action", "nothing to do"),
@@ -344,7 +345,8 @@ def bad_clips(tmp_path_factory):
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
     ref = {"silent": bad_clips / "silent.wav", "short": bad_clips / "short.wav", "junk": bad_clips / "junk.wav",
-           "text": bad_clips / "text.wav", "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav"}.get(case, ref_wav)
+           "text": bad_clips / "text.wav", "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav",
+           "long_name": bad_clips / ("n" * 300 + ".wav")}.get(case, ref_wav)
     model = ckpt_dir("custom_voice" if case == "non_base" else "base")
     args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
     args += {"no_ref_text": [], "surrogate": ["--ref-text", "a\udced\udca0\udc80b"]}.get(case, ["--ref-text", REF_TEXT])
@@ -360,6 +362,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     ("afile/v.safetensors", "--save {t}/afile/v.safetensors: {t}/afile is a file, not a directory"),
     ("afile/sub/v.safetensors", "--save {t}/afile/sub/v.safetensors: {t}/afile is a file, not a directory"),
     ("folder.safetensors", "--save {t}/folder.safetensors: is a directory; give the voice file's name"),
+    ("n" * 300 + ".safetensors", "--save {t}/" + "n" * 300 + ".safetensors: File name too long"),  # a traceback
 ])
 def test_cli_save_where_no_file_can_be_is_one_line_before_the_model_loads(ckpt_dir, ref_wav, tmp_path, monkeypatch,
                                                                           save, problem):

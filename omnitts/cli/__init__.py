@@ -589,8 +589,11 @@ def voice_clone(
         fail(f"--id: {problem}")
     if save is not None and save.suffix != ".safetensors":
         fail(f"--save {save}: voice files end in .safetensors")
-    if save is not None and save.is_dir():
-        fail(f"--save {save}: is a directory; give the voice file's name (VOICE.safetensors)")
+    try:
+        if save is not None and save.is_dir():
+            fail(f"--save {save}: is a directory; give the voice file's name (VOICE.safetensors)")
+    except OSError as exc:  # a path that cannot be looked up (a name too long): pathlib raises it before Python 3.12
+        fail(f"--save {save}: {exc.strerror or exc}")
     if save is not None:  # its folder: as -o is checked (a file in the way, read-only, not writable)
         _check_clone_out(save.parent, "--save", save)
     if x_vector_only and ref_text:
@@ -629,7 +632,7 @@ def voice_clone(
     except OmniTTSError as exc:
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
-        fail(f"{out}: cannot write ({exc.strerror or exc})")
+        fail(f"{exc.filename or out or save}: cannot write ({exc.strerror or exc})")
 
 
 def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> None:
