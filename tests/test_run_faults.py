@@ -573,6 +573,9 @@ def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_r
             f"error: --export-dataset {folder}: is the output directory or holds it; an export replaces its target, "
             "so choose a folder outside --out")
     assert not (tmp_path / "new-out").exists()
+    long = tmp_path / ("d" * 300)  # a name too long: pathlib raised its OSError, a traceback
+    refused = _synth(ckpt_dir, _manifest(tmp_path, ["c"]), tmp_path / "new-out", "--export-dataset", str(long))
+    assert refused.exit_code == 2 and refused.output.strip() == f"error: --export-dataset {long}: File name too long"
     inside = tmp_path / "new-out" / "ds"  # a folder inside OUT: OUT is for the items' files alone
     refused = _synth(ckpt_dir, _manifest(tmp_path, ["c"]), tmp_path / "new-out", "--export-dataset", str(inside))
     assert refused.exit_code == 2 and refused.output.strip() == (
