@@ -361,6 +361,15 @@ def test_synth_on_csv_with_column_options_matches_jsonl(ckpt_dir, tmp_path):
                                           np.load(tmp_path / "jsonl" / f"{row['id']}.codes.npy"))
 
 
+def test_byte_order_marks_of_concatenated_files_are_fine(ckpt_dir, tmp_path):
+    """`cat a.jsonl b.jsonl`, each saved with a byte order mark: the second file's first line opened with one, read
+    as "malformed JSON (Unexpected UTF-8 BOM (decode using utf-8-sig) ...)"."""
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "text": "Hi.", "speaker": "ryan"}\r\n'
+                     b'\xef\xbb\xbf{"id": "b", "text": "Hi.", "speaker": "ryan"}\r\n')
+    assert [e.request.id for e in iter_manifest(path, load_config(ckpt_dir("custom_voice")))] == ["a", "b"]
+
+
 def test_a_line_that_is_not_utf8_is_one_bad_line_and_the_lines_after_it_are_read(ckpt_dir, tmp_path):
     """A manifest saved in another encoding (Latin-1, say) has bytes that are not UTF-8: the line holding
     them is a bad line naming the byte and its column, in JSONL and CSV alike, and the run goes on."""

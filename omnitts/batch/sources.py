@@ -69,7 +69,8 @@ class JsonlSource:
                     yield number, problem
                     continue
                 try:
-                    obj = json.loads(line)
+                    # A byte order mark opening a later line too: files saved with one, concatenated (`cat`).
+                    obj = json.loads(line.removeprefix("\ufeff"))
                 except json.JSONDecodeError as exc:
                     yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
                     continue
