@@ -43,7 +43,7 @@ import torch
 from .errors import CheckpointError, VoiceError
 from .io import user_path
 from .io.atomic import atomic_write, file_mode
-from .models.safetensors_io import MAX_HEADER
+from .models.safetensors_io import MAX_HEADER, check_header
 from .version import __version__
 
 FORMAT = "omnitts-voice"
@@ -117,8 +117,7 @@ def _hash_file(digest, path: Path, prefix: str) -> None:
                 raise ValueError(f"header of {length} bytes")
             raw = f.read(length)
             header = json.loads(raw)
-            if not isinstance(header, dict):
-                raise ValueError("header is not a JSON object")
+            check_header(header)
             digest.update(path.name.encode() + b"\n" + raw)
             for name in sorted(k for k in header if k.startswith(prefix)):
                 start, end = header[name]["data_offsets"]

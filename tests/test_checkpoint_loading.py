@@ -43,11 +43,19 @@ def test_missing_speech_tokenizer_weights(cv_copy):
         omnitts.load(cv_copy)
 
 
+def _safetensors(header: bytes) -> bytes:
+    return len(header).to_bytes(8, "little") + header
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"\xff" * 100, "header of 18446744073709551615 bytes"),  # a length field of garbage: no read of it
     (b"\x07\x00\x00\x00\x00\x00\x00\x00[1,2,3]", "header is not a JSON object"),
     (b"abc", "unpack requires a buffer of 8 bytes"),
-], ids=["length", "not-an-object", "short"])
+    # a tensor's entry that is not one (a TypeError traceback from info and loading)
+    (_safetensors(b'{"a": 5}'), "tensor 'a': expected dtype, shape and data_offsets, got 5"),
+    (_safetensors(b'{"a": {"dtype": "F32", "shape": "x", "data_offsets": [0, 4]}}'),
+     "tensor 'a': expected dtype, shape and data_offsets, got {'dtype': 'F32', 'shape': 'x', 'data_offsets': [0, 4]}"),
+], ids=["length", "not-an-object", "short", "entry", "shape"])
 @pytest.mark.parametrize("name", ["model.safetensors", "speech_tokenizer/model.safetensors"])
 def test_a_damaged_weights_file_is_one_checkpoint_error_from_the_cli_and_the_library(cv_copy, tmp_path, name, content,
                                                                                       problem):

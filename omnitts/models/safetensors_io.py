@@ -32,10 +32,26 @@ def read_header(path: Path) -> tuple[dict, int]:
         if size > MAX_HEADER:
             raise ValueError(f"header of {size} bytes")
         header = json.loads(handle.read(size))
-    if not isinstance(header, dict):
-        raise ValueError("header is not a JSON object")
+    check_header(header)
     header.pop("__metadata__", None)
     return header, 8 + size
+
+
+def check_header(header) -> None:
+    """ValueError unless `header` is a JSON object of tensor entries, each with a dtype, a shape and data_offsets
+    (what info, loading and the voice identity index: else a TypeError deep inside them)."""
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    for name, entry in header.items():
+        if name != "__metadata__" and not (isinstance(entry, dict) and isinstance(entry.get("dtype"), str)
+                                           and _counts(entry.get("shape")) and _counts(entry.get("data_offsets"), 2)):
+            raise ValueError(f"tensor {name!r}: expected dtype, shape and data_offsets, got {str(entry)[:80]}")
+
+
+def _counts(value, length: int | None = None) -> bool:
+    """`value` is a list of non-negative integers (of `length` of them, if given)."""
+    return (isinstance(value, list) and (length is None or len(value) == length)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value))
 
 
 class MappedFile:
