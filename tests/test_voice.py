@@ -327,6 +327,9 @@ def bad_clips(tmp_path_factory):
     (folder / "junk.wav").write_bytes(b"RIFF not really a wav")
     (folder / "text.wav").write_text("not audio at all")  # every decoder refuses it, audioread without a word
     (folder / "empty.wav").write_bytes(b"")
+    nan = 0.3 * np.sin(np.arange(24000) / 5).astype(np.float32)
+    nan[12000] = np.nan
+    sf.write(folder / "nan.wav", nan, 24000, subtype="FLOAT")
     return folder
 
 
@@ -338,6 +341,8 @@ def bad_clips(tmp_path_factory):
     ("empty", "reference audio file is empty (0 bytes)"),
     ("missing", "reference audio file not found"),
     ("long_name", "cannot read audio (File name too long)"),  # it was "error: None: cannot write (...)"
+    # as validate says it; it was librosa's "cannot read audio (ParameterError: Audio buffer is not finite everywhere)"
+    ("nan", "nan.wav: reference audio contains NaN or infinite samples"),
     ("non_base", "voice cloning needs a Base checkpoint"),
     ("no_ref_text", "--ref-text is required"),
     ("no_action", "nothing to do"),
@@ -346,7 +351,7 @@ def bad_clips(tmp_path_factory):
 def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
     ref = {"silent": bad_clips / "silent.wav", "short": bad_clips / "short.wav", "junk": bad_clips / "junk.wav",
            "text": bad_clips / "text.wav", "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav",
-           "long_name": bad_clips / ("n" * 300 + ".wav")}.get(case, ref_wav)
+           "long_name": bad_clips / ("n" * 300 + ".wav"), "nan": bad_clips / "nan.wav"}.get(case, ref_wav)
     model = ckpt_dir("custom_voice" if case == "non_base" else "base")
     args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
     args += {"no_ref_text": [], "surrogate": ["--ref-text", "a\udced\udca0\udc80b"]}.get(case, ["--ref-text", REF_TEXT])

@@ -74,7 +74,9 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
             with warnings.catch_warnings():  # librosa warns while falling back to audioread; we raise instead
                 warnings.simplefilter("ignore")
                 # A little past the limit, to tell a clip of exactly the limit from a longer one.
-                wav, sr = librosa.load(str(path), sr=None, mono=True, duration=MAX_REFERENCE_SECONDS + 0.5)
+                # Not mono=True: librosa's mix-down refuses NaN first, in words of its own (check_samples says it).
+                wav, sr = librosa.load(str(path), sr=None, mono=False, duration=MAX_REFERENCE_SECONDS + 0.5)
+            wav = wav.mean(axis=0) if wav.ndim > 1 else wav  # (channels, n) -> (n,), as librosa.to_mono
         except Exception as exc:  # soundfile/audioread raise many types; the file is what matters
             why = f"{type(exc).__name__}: {exc}" if str(exc).strip() else "not a format soundfile or audioread decodes"
             raise AudioError(f"{path}: cannot read audio ({why})") from None
