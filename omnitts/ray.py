@@ -135,7 +135,7 @@ class Synthesizer:
         model, out = user_path(model), user_path(out)  # `~` is the home folder, as in every path omnitts takes
         self.settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes,
                                  format=format, retry_failed=retry_failed, force=force, retry_runaway=retry_runaway,
-                                 loudness=loudness, split_chars=split_chars)
+                                 loudness=loudness, split_chars=split_chars, official_tokenizer=official_tokenizer)
         self.columns = dict(columns or {})
         self.base = user_path(base or "/")
         taken = set(self.columns.values())  # a column mapped to a field is not read as another field

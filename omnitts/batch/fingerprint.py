@@ -9,6 +9,8 @@ it: everything the manifest line and the run's options ask for -
   - the sampling parameters after defaults, flags and the line's overrides (seed and frame budget
     included);
   - the output format, the loudness target and the long-text split limit;
+  - the tokenizer, where it is the official package's (`--official-tokenizer`: other token ids for some
+    texts, so other audio; left out otherwise, so the records made before it counted keep their prints);
   - the checkpoint's identity (voice.checkpoint_identity: its configs and encoders, not the talker's
     weights).
 Not in it: device, dtype, batch size, threads and the omnitts version. They may move the last bits of
@@ -28,7 +30,7 @@ VERSION = 1  # bump when what goes in changes: every record made before is redon
 
 
 def fingerprint(request, params, checkpoint: str, audio_format: str, loudness: float | None = None,
-                split_chars: int | None = None) -> str:
+                split_chars: int | None = None, official_tokenizer: bool = False) -> str:
     """The digest of what `request` sampled with `params` asks for (see the module docstring)."""
     fields = {
         "version": VERSION, "text": request.text, "language": request.language, "speaker": request.speaker,
@@ -38,6 +40,8 @@ def fingerprint(request, params, checkpoint: str, audio_format: str, loudness: f
         "sampling": asdict(params), "checkpoint": checkpoint, "format": audio_format, "loudness": loudness,
         "split_chars": split_chars,
     }
+    if official_tokenizer:  # only where on: every print made with the default tokenizer stays as it was
+        fields["tokenizer"] = "official"
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=repr)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 

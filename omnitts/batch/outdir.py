@@ -96,6 +96,7 @@ class Settings:
     retry_runaway: int = 0
     loudness: float | None = None  # target LUFS, None = leave levels alone
     split_chars: int | None = None  # long-text threshold (None: text_split's default; 0: never split)
+    official_tokenizer: bool = False  # what the engine tokenizes with (load's flag): in the fingerprint
 
     def splitter(self):
         """The pipeline's `split(text, language)` for these settings."""
@@ -347,7 +348,8 @@ class Batch:
 
     def _fingerprint(self, job: Job) -> str:
         s = self.settings
-        return fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars)
+        return fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars,
+                           s.official_tokenizer)
 
     def _done_as(self, item_id: str, current: str) -> bool:
         """The id's last record is good, made from fingerprint `current`, and its file is intact (with

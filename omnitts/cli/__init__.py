@@ -243,7 +243,7 @@ def synth(
         fail(str(exc))
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
                         retry_failed=retry_failed, force=force, retry_runaway=retry_runaway, loudness=loudness,
-                        split_chars=split_chars)
+                        split_chars=split_chars, official_tokenizer=official_tokenizer)
     # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
     # Both passes stream the manifest, so memory does not grow with its length.
     batch = None  # (an OSError before the Batch exists is reported with it unset)
