@@ -748,3 +748,41 @@ def test_synth_refuses_a_piped_manifest_and_validate_reads_it(ckpt_dir, tmp_path
     finally:
         done()
     assert result.exit_code == 0 and result.output == f"{path}: 1 good, 0 bad\n", result.output
+
+
+def test_a_binary_or_utf16_file_given_as_the_manifest_is_one_error_and_leaves_no_out(ckpt_dir, tmp_path):
+    """A reference clip given as the manifest (a slip of the shell's completion) was read as JSONL: hundreds of
+    bad lines, each recorded into OUT; a UTF-16 file (Notepad's "Unicode"), every line "not UTF-8". Now one line,
+    exit 2, and no OUT folder left behind, as for an empty manifest (which left an empty one)."""
+    model = str(ckpt_dir("custom_voice"))
+    sf.write(tmp_path / "clip.wav", np.zeros(4000, dtype=np.float32), 24000)
+    clip = (tmp_path / "clip.wav").read_bytes()
+    (tmp_path / "clip.jsonl").write_bytes(clip)
+    (tmp_path / "clip.csv").write_bytes(clip)
+    (tmp_path / "noise.jsonl").write_bytes(b'{"id": "a"}\n\x00\x01\x02\n')
+    (tmp_path / "utf16.jsonl").write_text('{"id": "a", "text": "Hi.", "speaker": "ryan"}\n', encoding="utf-16")
+    (tmp_path / "empty.jsonl").write_text("")
+    expected = {
+        "clip.wav": "not a text manifest: it holds binary data (it looks like a WAV file); give a .jsonl, .csv or "
+                    ".tsv file, a .parquet or .arrow file, or a Dataset.save_to_disk folder",
+        "clip.jsonl": "not a text manifest: it holds binary data (it looks like a WAV file);",
+        "clip.csv": "not a text manifest: it holds binary data (it looks like a WAV file);",
+        "noise.jsonl": "not a text manifest: it holds binary data; give a .jsonl",
+        "utf16.jsonl": "UTF-16 text; manifests are UTF-8: save it as UTF-8",
+        "empty.jsonl": "no items (the manifest is empty)",
+    }
+    for name, message in expected.items():
+        path, out = tmp_path / name, tmp_path / f"out-{name}"
+        for args in (["validate", str(path), "-m", model], ["synth", str(path), "-m", model, "-o", str(out)]):
+            result = runner.invoke(app, args)
+            assert result.exit_code == 2, (name, args[0], result.output)
+            (line,) = result.output.splitlines()
+            assert line.startswith(f"error: {path}: {message}"), line
+        assert not out.exists(), name
+    # A folder that was there stays; one holding a recorded bad line stays with it.
+    (tmp_path / "kept").mkdir()
+    assert runner.invoke(app, ["synth", str(tmp_path / "clip.wav"), "-m", model, "-o", str(tmp_path / "kept")]).exit_code == 2
+    assert (tmp_path / "kept").is_dir()
+    (tmp_path / "bad.jsonl").write_text('{"id": "a b", "text": "Hi."}\n')
+    assert runner.invoke(app, ["synth", str(tmp_path / "bad.jsonl"), "-m", model, "-o", str(tmp_path / "rec")]).exit_code == 2
+    assert (tmp_path / "rec" / "results.jsonl").is_file()

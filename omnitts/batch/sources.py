@@ -2,7 +2,7 @@
 
 `open_source(path)` picks a reader from the path: a folder saved with `Dataset.save_to_disk`
 (it holds dataset_info.json / state.json), `.csv` / `.tsv`, `.parquet` / `.pq`, `.arrow`; anything
-else is JSONL. Every reader streams: JSONL and CSV one line at a time, Parquet by record batches,
+else is JSONL. A file read as text that holds binary data or UTF-16 is refused whole (`_check_text`). Every reader streams: JSONL and CSV one line at a time, Parquet by record batches,
 Arrow and datasets from a memory map, so memory does not grow with the number of rows.
 
 A source yields `(number, row)` pairs in file order, where `row` is a dict of the non-empty cells
@@ -18,6 +18,7 @@ import csv
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Iterator
 
@@ -313,6 +314,32 @@ def _check_reachable(path: Path) -> None:
         raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
 
 
+TEXT_PROBE = 1 << 16  # bytes of a text manifest looked at for binary data
+# A binary file's opening bytes -> what it likely is (for the message)
+MAGIC = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an Ogg file", b"ID3": "an MP3 file",
+         b"PAR1": "a Parquet file; name it .parquet", b"ARROW1": "an Arrow file; name it .arrow",
+         b"PK\x03\x04": "a zip archive", b"\x1f\x8b": "a gzip file; unpack it first"}
+
+
+def _check_text(path: Path) -> None:
+    """OmniTTSError where a manifest read as text (JSONL, CSV/TSV) is not text: UTF-16, or binary data (an audio
+    file given by mistake). Read as lines, such a file is hundreds of bad lines, each recorded in OUT; JSON and
+    CSV text never hold a NUL byte. Only a regular file is looked at (a pipe that validate reads is read once)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        with open(path, "rb") as handle:
+            head = handle.read(TEXT_PROBE)
+    except OSError as exc:
+        raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise OmniTTSError(f"{path}: UTF-16 text; manifests are UTF-8: save it as UTF-8")
+    if b"\0" in head:
+        kind = next((f" (it looks like {what})" for magic, what in MAGIC.items() if head.startswith(magic)), "")
+        raise OmniTTSError(f"{path}: not a text manifest: it holds binary data{kind}; "
+                           "give a .jsonl, .csv or .tsv file, a .parquet or .arrow file, or a Dataset.save_to_disk folder")
+
+
 def check_rereadable(path) -> None:
     """OmniTTSError unless manifest `path` can be read more than once (synth checks it, counts it, runs it):
     a regular file or a folder. A pipe (`cat ... |` into /dev/stdin, `<(...)`, a FIFO) is empty the second
@@ -342,6 +369,8 @@ def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource |
                                "standard input: save it first (... > lines.jsonl)")
         raise OmniTTSError(f"{path}: cannot open manifest (No such file or directory)")
     suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".pq", ".arrow"):
+        _check_text(path)
     if suffix in (".csv", ".tsv"):
         return CsvSource(path, "\t" if suffix == ".tsv" else ",")
     if suffix in (".parquet", ".pq"):

@@ -7,6 +7,7 @@ synth once its manifest has been read (progress, signals, summary).
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -247,30 +248,31 @@ def synth(
     # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
     # Both passes stream the manifest, so memory does not grow with its length.
     batch = None  # (an OSError before the Batch exists is reported with it unset)
-    try:
-        check_rereadable(manifest)
-        cfg, columns = load_config(model), column_map(column, id_column, text_column)
-        identity = checkpoint_identity(model)  # in every record's fingerprint
-        batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
-        fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
-        good = bad = 0
-        for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
-            if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
-                                                   *shard):
-                continue  # another shard's line: its process reports it
-            if isinstance(entry, BadLine):
-                bad += 1
-                typer.echo(f"error: {entry.message}", err=True)
-                if entry.line == 0:  # the whole file is unusable (empty, a mapped column missing)
-                    raise typer.Exit(2)
-                if batch is not None:
-                    batch.record_bad(entry.id, entry.message)
-            else:
-                good += 1
-    except OmniTTSError as exc:
-        fail(str(exc))
-    except OSError as exc:
-        os_error(exc, out, batch)
+    with _unmade_unless_used(out, lambda: batch):  # an unusable manifest leaves no empty OUT behind
+        try:
+            check_rereadable(manifest)
+            cfg, columns = load_config(model), column_map(column, id_column, text_column)
+            identity = checkpoint_identity(model)  # in every record's fingerprint
+            batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
+            fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
+            good = bad = 0
+            for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
+                if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
+                                                       *shard):
+                    continue  # another shard's line: its process reports it
+                if isinstance(entry, BadLine):
+                    bad += 1
+                    typer.echo(f"error: {entry.message}", err=True)
+                    if entry.line == 0:  # the whole file is unusable (empty, a mapped column missing)
+                        raise typer.Exit(2)
+                    if batch is not None:
+                        batch.record_bad(entry.id, entry.message)
+                else:
+                    good += 1
+        except OmniTTSError as exc:
+            fail(str(exc))
+        except OSError as exc:
+            os_error(exc, out, batch)
     if bad and not good:
         fail(f"{manifest}: no good lines ({plural(bad, 'bad line')}); nothing to synthesize")
     if bad and strict:
@@ -284,6 +286,23 @@ def synth(
         ray = (ray_address, workers, recipe) if use_ray else None
         run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
                    export_dataset, quiet, workers_on, ray, verbose)
+
+
+@contextmanager
+def _unmade_unless_used(out: Path, batch_now):
+    """Where synth's first pass ends the run (an unusable manifest or checkpoint), the OUT folder it made for
+    the run is removed again, if nothing was written into it (a recorded bad line keeps it). `batch_now()`:
+    the Batch opened by then, if any, closed first (its writer's lock file is in OUT)."""
+    made = not out.exists()
+    try:
+        yield
+    except typer.Exit:
+        if (batch := batch_now()) is not None:
+            batch.close()
+        if made:
+            with suppress(OSError):  # not empty, or gone: left as it is
+                out.rmdir()
+        raise
 
 
 def _worker_devices(engine: dict, device: str | None, workers: int | None, devices: str | None):
