@@ -2,8 +2,9 @@
 
 `open_source(path)` picks a reader from the path: a folder saved with `Dataset.save_to_disk`
 (it holds dataset_info.json / state.json), `.csv` / `.tsv`, `.parquet` / `.pq`, `.arrow`; anything
-else is JSONL. A file read as text that holds binary data or UTF-16 is refused whole (`_check_text`). Every reader streams: JSONL and CSV one line at a time, Parquet by record batches,
-Arrow and datasets from a memory map, so memory does not grow with the number of rows.
+else is JSONL. A file read as text that holds binary data or UTF-16 is refused whole (`_check_text`).
+Every reader streams: JSONL and CSV one line at a time, Parquet by record batches, Arrow and datasets
+from a memory map, so memory does not grow with the number of rows.
 
 A source yields `(number, row)` pairs in file order, where `row` is a dict of the non-empty cells
 (column -> value; CSV empty cells and table nulls/NaNs are left out) or, for a row that cannot be
@@ -336,8 +337,8 @@ def _check_text(path: Path) -> None:
         raise OmniTTSError(f"{path}: UTF-16 text; manifests are UTF-8: save it as UTF-8")
     if b"\0" in head:
         kind = next((f" (it looks like {what})" for magic, what in MAGIC.items() if head.startswith(magic)), "")
-        raise OmniTTSError(f"{path}: not a text manifest: it holds binary data{kind}; "
-                           "give a .jsonl, .csv or .tsv file, a .parquet or .arrow file, or a Dataset.save_to_disk folder")
+        raise OmniTTSError(f"{path}: not a text manifest: it holds binary data{kind}; give a .jsonl, .csv or .tsv "
+                           "file, a .parquet or .arrow file, or a Dataset.save_to_disk folder")
 
 
 def check_rereadable(path) -> None:
