@@ -103,6 +103,12 @@ def test_too_many_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_pat
     wider = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "w"),
                                 "--greedy", "--max-frames", "4", "--split-chars", "1000", "-q"])
     assert wider.exit_code == 1 and "per item - split the line" not in wider.output
+    # validate takes the same --split-chars (it had none, so it could not say what synth would): 100 pieces pass,
+    # and 200-character pieces make more than the cap
+    wide = runner.invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice")), "--split-chars", "1000"])
+    assert wide.exit_code == 0, wide.output
+    narrow = runner.invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice")), "--split-chars", "200"])
+    assert narrow.exit_code == 1 and "per item - split the line" in narrow.output
     records = {r["id"]: r for r in map(json.loads, (tmp_path / "w" / "results.jsonl").read_text().splitlines())}
     assert records["blob"]["error"].startswith("max_frames: the item's budget of 4 frames cannot be shared")
 

@@ -361,13 +361,14 @@ def _check_ray(use_ray: bool, address: str | None, devices: str | None, workers:
 
 @app.command(cls=Command)
 def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_column: IdCol = None,
-             text_column: TextCol = None):
+             text_column: TextCol = None, split_chars: SplitChars = None):
     """Check every line of MANIFEST against the checkpoint's config, without loading weights.
 
     Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
     datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise; 2 when the manifest
     cannot be read (`-`, a folder that is not a dataset, a header naming a column twice, a mapped column
-    missing, no line at all...), or for a bad checkpoint or option, as synth.
+    missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars the
+    synth will run with: how many pieces a long text makes depends on it.
     """
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..config import load_config
@@ -375,7 +376,7 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     good = bad = 0
     try:
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
-        for entry in iter_manifest(manifest, cfg, columns):
+        for entry in iter_manifest(manifest, cfg, columns, split_chars):
             if isinstance(entry, BadLine) and entry.line == 0:  # the whole file (empty, a mapped column missing)
                 fail(entry.message)
             if isinstance(entry, BadLine):
