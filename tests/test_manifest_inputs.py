@@ -32,6 +32,8 @@ BAD = [
     ("{not json", "malformed JSON"),
     ("[1, 2]", "expected a JSON object"),
     ('{"id": "deep", "x": ' + "[" * 100000 + "]" * 100000 + "}", "JSON nested too deeply to read"),
+    ('{"id": "twice", "text": "Hi.", "speaker": "ryan", "speaker": "vivian"}',  # json.loads kept the last
+     "speaker: given twice in the line; which value counts is unclear, keep one"),
     ({"id": "notext", "speaker": "ryan"}, "text: missing"),
     ({"id": "blank", "text": "   ", "speaker": "ryan"}, "text: empty"),
     ({"id": "unseen", "text": "\u200b\ufeff \u200d", "speaker": "ryan"}, "text: empty (only invisible characters such as U+200B)"),

@@ -51,6 +51,19 @@ def _not_utf8(text: str) -> str | None:
     return f"not UTF-8 text ({what} at column {at + 1}; save the file as UTF-8)"
 
 
+class _TwiceGiven(Exception):
+    """A JSON object naming a key twice (json.loads would keep the last value without a word)."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's `object_pairs_hook`: the object, or _TwiceGiven naming the first key given twice."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        seen: set = set()
+        raise _TwiceGiven(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return obj
+
+
 class JsonlSource:
     """One JSON object per line; blank lines are skipped."""
 
@@ -72,9 +85,12 @@ class JsonlSource:
                     continue
                 try:
                     # A byte order mark opening a later line too: files saved with one, concatenated (`cat`).
-                    obj = json.loads(line.removeprefix("\ufeff"))
+                    obj = json.loads(line.removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError as exc:
                     yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
+                    continue
+                except _TwiceGiven as exc:
+                    yield number, f"{exc.args[0]}: given twice in the line; which value counts is unclear, keep one"
                     continue
                 except RecursionError:  # arrays or objects nested past Python's recursion limit: not a traceback
                     yield number, "JSON nested too deeply to read (no field takes arrays or objects)"
