@@ -145,7 +145,7 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     identity = identity or voice.checkpoint
     if not identity:
         raise VoiceError(f"{path}: the voice has no checkpoint identity; make it with TTS.clone_voice")
-    if path.suffix != ".safetensors":
+    if path.suffix.lower() != ".safetensors":  # V.SAFETENSORS too, as a manifest's `voice` and load_voice take it
         raise VoiceError(f"{path}: voice files end in .safetensors")
     check_parts(voice, str(path))
     tensors = {"x_vector": voice.x_vector.detach().float().cpu().contiguous()}

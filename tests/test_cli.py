@@ -287,7 +287,7 @@ def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path
     result = runner.invoke(app, args + ["--strict"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
-        f"error: --strict: 1 bad line in {manifest}; nothing was synthesized (fix them, or drop --strict to run "
+        f"error: --strict: 1 bad line in {manifest}; nothing was synthesized (fix it, or drop --strict to run "
         "the 1 good line)")
     _manifest(manifest, [{"id": "b", "text": "Hi.", "speaker": "bob"}])
     result = runner.invoke(app, args)

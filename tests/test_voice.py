@@ -290,6 +290,16 @@ def test_cli_saved_voice_in_a_manifest_matches_ref_audio(ckpt_dir, ref_wav, tmp_
     by_ref, _ = sf.read(tmp_path / "by_ref" / "a.wav")
     assert rate == 24000 and by_voice.shape == (5 * 1920,)
     np.testing.assert_array_equal(by_voice, by_ref)
+    # An upper-case suffix, which the manifest's voice field takes, is one --save takes too (it was refused)
+    result = runner.invoke(app, ["voice-clone", "-m", model, "--ref-audio", str(ref_wav), "--ref-text", REF_TEXT,
+                                 "--save", str(tmp_path / "voices" / "BOB.SAFETENSORS")])
+    assert result.exit_code == 0, result.output
+    (tmp_path / "upper.jsonl").write_text(json.dumps({"id": "a", "text": "Cloned line.",
+                                                      "voice": "voices/BOB.SAFETENSORS"}) + "\n")
+    result = runner.invoke(app, ["synth", str(tmp_path / "upper.jsonl"), "-m", model, "-o", str(tmp_path / "upper"),
+                                 "--greedy", "--max-frames", "5", "-q"])
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(sf.read(tmp_path / "upper" / "a.wav")[0], by_ref)
 
 
 def test_cli_voice_from_another_checkpoint_is_a_bad_line(ckpt_dir, other_base, ref_wav, tmp_path):

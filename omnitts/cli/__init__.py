@@ -276,7 +276,8 @@ def synth(
     if bad and not good:
         fail(f"{manifest}: no good lines ({plural(bad, 'bad line')}); nothing to synthesize")
     if bad and strict:
-        fail(f"--strict: {plural(bad, 'bad line')} in {manifest}; nothing was synthesized (fix them, or drop "
+        them = "it" if bad == 1 else "them"
+        fail(f"--strict: {plural(bad, 'bad line')} in {manifest}; nothing was synthesized (fix {them}, or drop "
               f"--strict to run the {plural(good, 'good line')})")
     try:
         batch = batch or Batch(out, settings, cfg, identity, shard=shard)
@@ -607,7 +608,7 @@ def voice_clone(
         _check_clone_out(out)
     if problem := id_problem(item_id):
         fail(f"--id: {problem}")
-    if save is not None and save.suffix != ".safetensors":
+    if save is not None and save.suffix.lower() != ".safetensors":  # as a manifest's voice field takes it
         fail(f"--save {save}: voice files end in .safetensors")
     try:
         if save is not None and save.is_dir():
