@@ -515,6 +515,14 @@ def test_json_lines_take_integer_ids_and_whole_floats_as_tables_do(ckpt_dir, tmp
     assert (good.request.id, good.seed, good.sampling) == ("7", 3, {"top_k": 20})
     assert type(good.seed) is int and type(good.sampling["top_k"]) is int
     assert bad.message == f"{path}:2: top_k: expected int, got float"
+    # An id column of integers with a gap, as pandas stores it (floats; the gap a NaN): 7.0 is the id "7" (it was
+    # "id: expected str, got float" on every row), the gap a missing id; a fraction is no id.
+    frame = pa.table({"id": [7.0, None, 9.5], "text": ["Hi."] * 3, "speaker": ["ryan"] * 3})
+    pq.write_table(frame, tmp_path / "gaps.parquet")
+    seven, gap, fraction = iter_manifest(tmp_path / "gaps.parquet", load_config(ckpt_dir("custom_voice")))
+    assert seven.request.id == "7"
+    assert gap.message.endswith("row 2: id: missing; every line needs an id (it names the output file)")
+    assert fraction.message.endswith("row 3: id: expected str, got float")
 
 
 def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):

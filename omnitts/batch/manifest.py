@@ -266,9 +266,12 @@ def _whole(text: str) -> int:
 
 
 def _typed_values(row: dict) -> dict:
-    """Typed values (JSON, Parquet, Arrow): integer ids become strings, whole floats in integer fields become
-    ints, as pandas writes them (an integer column with gaps is stored as floats, `to_json` writes 7.0)."""
+    """Typed values (JSON, Parquet, Arrow): integer ids become strings (a whole float too: an id column of
+    integers with gaps, as pandas stores it), whole floats in integer fields become ints, as pandas writes them
+    (an integer column with gaps is stored as floats, `to_json` writes 7.0)."""
     out = dict(row)
+    if isinstance(out.get("id"), float) and out["id"].is_integer():
+        out["id"] = int(out["id"])  # 7.0 is the id 7, "7", not "7.0"
     if isinstance(out.get("id"), int) and not isinstance(out["id"], bool):
         out["id"] = str(out["id"])
     for name, kind in FIELDS.items():
