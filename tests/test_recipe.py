@@ -83,6 +83,18 @@ def test_missing_file(tmp_path):
         load_recipe(tmp_path / "nope.toml")
 
 
+def test_python_3_10_gets_a_toml_reader():
+    """The README says Python 3.10+; tomllib is 3.11's, so on 3.10 load_recipe imports tomli, which the
+    package must then depend on (without it every --recipe was a ModuleNotFoundError traceback on 3.10)."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == ">=3.10"
+    assert any(re.fullmatch(r"tomli>=[\d.]+\s*;\s*python_version\s*<\s*['\"]3\.11['\"]", dep)
+               for dep in project["dependencies"]), project["dependencies"]
+
+
 def test_apply_env_keeps_what_the_user_exported():
     recipe = Recipe(env={"A_ALLOC": "recipe", "B_ALLOC": "recipe"})
     environ = {"B_ALLOC": "mine"}
