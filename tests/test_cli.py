@@ -374,6 +374,15 @@ def test_size_from_shapes_rule():
     assert size_from_shapes(shapes(64, 2, 128, text_hidden=32)) == "tiny"
 
 
+def test_demo_help_names_the_checkpoint_folders_it_builds():
+    """`demo --help` gave `.cache/demo-tiny-KIND` beside KIND's custom_voice spelling, a folder the demo never
+    makes: it builds .cache/demo-tiny-customvoice (no underscore), which the README's examples name."""
+    result = runner.invoke(app, ["demo", "--help"], env={"COLUMNS": "200"}, terminal_width=200)
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert ".cache/demo-tiny-customvoice" in text and "demo-tiny-KIND" not in text, text
+
+
 def test_demo_kinds_write_to_their_own_folders(tmp_path, monkeypatch):
     import omnitts.cli
     import omnitts.testing.checkpoint

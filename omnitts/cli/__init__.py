@@ -470,8 +470,9 @@ DEMO_LINES = {
 @app.command(cls=Command)
 def demo(
     model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, panel=INPUT, metavar="DIR",
-                                                 help="Where the checkpoint is built. "
-                                                      "[default: .cache/demo-tiny-KIND]")] = None,
+                                                 help="Where the checkpoint is built. [default: "
+                                                      ".cache/demo-tiny-customvoice, .cache/demo-tiny-voicedesign, "
+                                                      ".cache/demo-tiny-base]")] = None,
     kind: Annotated[str, option("--kind", panel=INPUT, metavar="KIND", show_default=True,
                                  help="custom_voice, voice_design or base.")] = "custom_voice",
     out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
