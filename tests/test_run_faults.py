@@ -421,6 +421,41 @@ def _failing_at_third(monkeypatch, out, kind: str, code: int):
     return out / "c.wav"
 
 
+def test_an_out_turned_read_only_mid_run_is_one_line_though_its_claims_cannot_be_deleted(ckpt_dir, tmp_path,
+                                                                                        monkeypatch):
+    """OUT turned read-only (or immutable, chattr +i) after two records: the next claim cannot be made, and
+    the claims held ahead cannot be deleted as the run leaves; still one line and exit 1 (it was that line,
+    then a traceback from Batch.close), and the same command resumes once OUT is writable."""
+    from omnitts.batch import claims, ledger
+
+    manifest, out = _manifest(tmp_path), tmp_path / "out"
+    write, unlink, open_locked = ledger.Ledger.write, Path.unlink, claims._open_locked
+    frozen = []
+
+    def record(self, rec):
+        write(self, rec)
+        if len(read_results(out)) == 2:
+            frozen.append(True)
+
+    def refused(path):
+        if frozen and Path(path).name.endswith(claims.CLAIM):  # (the sinks' temporaries: test_a_write_error_...)
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(ledger.Ledger, "write", record)
+    monkeypatch.setattr(claims, "_open_locked", lambda path, create: refused(path) or open_locked(path, create))
+    monkeypatch.setattr(Path, "unlink", lambda path, missing_ok=False: refused(path) or unlink(path, missing_ok))
+    result = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot write {out}/.") and last.endswith(
+        ".omnitts-claim: Read-only file system (EROFS): 2 items done "
+        f"({out}/results.jsonl); fix that and run the same command again to resume"), result.output
+    monkeypatch.undo()
+    assert _synth(ckpt_dir, manifest, out, "--max-batch", "1").exit_code == 0
+    assert sorted(read_results(out)) == sorted(TEXTS) and not list(out.glob(".*"))
+
+
 def test_a_write_error_on_a_damaged_file_does_not_count_it_as_done(ckpt_dir, tmp_path):
     """A damaged file being redone is not "done" in the write error's count, though its old record says ok."""
     manifest, out = _manifest(tmp_path, ["a", "b", "c"]), tmp_path / "out"

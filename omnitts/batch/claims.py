@@ -230,10 +230,16 @@ class Writer:
                 os.close(fd)
 
     def close(self) -> None:
-        """Release every claim (unrun) and this writer's lock (a killed process's are dropped by the kernel)."""
+        """Release every claim (unrun) and this writer's lock (a killed process's are dropped by the kernel).
+
+        Best effort on the files: in a directory turned read-only a claim or the lock file cannot be deleted.
+        Each is unlocked all the same (its descriptor closed), so the next writer's sweep deletes it."""
         with self._lock:
             for item_id in list(self.claims):
-                self.release(item_id, recorded=False)
+                try:
+                    self.release(item_id, recorded=False)
+                except OSError:
+                    pass  # the run is ending on that error already (the CLI says it in one line)
         if not self._open:
             return
         self._open = False
@@ -246,6 +252,8 @@ class Writer:
             try:
                 if _same_file(held[0], self.lock_path):
                     self.lock_path.unlink(missing_ok=True)
+            except OSError:
+                pass  # as a claim above: unlocked below, swept by the next writer
             finally:
                 os.close(held[0])
 
