@@ -429,7 +429,7 @@ def test_an_out_turned_read_only_mid_run_is_one_line_though_its_claims_cannot_be
     from omnitts.batch import claims, ledger
 
     manifest, out = _manifest(tmp_path), tmp_path / "out"
-    write, unlink, open_locked = ledger.Ledger.write, Path.unlink, claims._open_locked
+    write, unlink, open_locked = ledger.Ledger.write, Path.unlink, claims.open_locked
     frozen = []
 
     def record(self, rec):
@@ -442,7 +442,7 @@ def test_an_out_turned_read_only_mid_run_is_one_line_though_its_claims_cannot_be
             raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     monkeypatch.setattr(ledger.Ledger, "write", record)
-    monkeypatch.setattr(claims, "_open_locked", lambda path, create: refused(path) or open_locked(path, create))
+    monkeypatch.setattr(claims, "open_locked", lambda path, create: refused(path) or open_locked(path, create))
     monkeypatch.setattr(Path, "unlink", lambda path, missing_ok=False: refused(path) or unlink(path, missing_ok))
     result = _synth(ckpt_dir, manifest, out, "--max-batch", "1")
     assert result.exit_code == 1, result.output
@@ -575,6 +575,29 @@ def test_a_full_disk_during_the_export_leaves_no_export_and_the_items_stay_done(
     assert (out / "results.jsonl").read_bytes() == log  # nothing synthesized again
     assert datasets.load_from_disk(str(target))["id"] == ["a", "b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds", "m.jsonl", "out"]
+
+
+def test_an_export_deletes_what_a_killed_export_left_but_not_a_running_ones(ckpt_dir, tmp_path):
+    """A SIGKILL during the export left its temporary sibling (rows.arrow: a copy of the audio) for good; the
+    next export deletes it, and leaves alone the sibling of an export still running (its lock held)."""
+    import fcntl
+    import os
+
+    from omnitts.batch.export import WORK_LOCK
+
+    out, target = tmp_path / "out", tmp_path / "ds"
+    killed, running = tmp_path / ".ds.omnitts-k1ll3d00.tmp", tmp_path / ".ds.omnitts-runn1ng0.tmp"
+    for work in (killed, running):
+        work.mkdir()
+        (work / WORK_LOCK).touch()
+        (work / "rows.arrow").write_bytes(b"\0" * 1000)
+    held = os.open(running / WORK_LOCK, os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        assert _synth(ckpt_dir, _manifest(tmp_path, ["a"]), out, "--export-dataset", str(target)).exit_code == 0
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [running.name, "ds", "m.jsonl", "out"]
 
 
 def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_refused(ckpt_dir, tmp_path,

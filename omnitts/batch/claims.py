@@ -77,7 +77,7 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_ino, st.st_dev) == (mine.st_ino, mine.st_dev)
 
 
-def _open_locked(path: Path, create: bool) -> int | None:
+def open_locked(path: Path, create: bool) -> int | None:
     """Open and lock `path` (creating it if `create`), or None if a live holder has it (or it is gone)."""
     flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | (os.O_CREAT if create else 0)
     while True:
@@ -156,7 +156,7 @@ class Writer:
         self._open = False
         held = _held.get(self.lock_path)
         if held is None or not _same_file(held[0], self.lock_path):
-            fd = _open_locked(self.lock_path, create=True)
+            fd = open_locked(self.lock_path, create=True)
             if fd is None:
                 raise ClaimError(f"--out {self.out}: {self.lock_path.name} is locked by another process")
             _stamp(fd)
@@ -170,7 +170,7 @@ class Writer:
         with self._lock:
             if item_id in self.claims:
                 return True
-            fd = _open_locked(self._claim_path(item_id), create=True)
+            fd = open_locked(self._claim_path(item_id), create=True)
             if fd is None:
                 return False
             deaths = deaths_in(_read_stamp(fd))
@@ -275,7 +275,7 @@ def live_writers(out: Path) -> set[str]:
         if token == writer_token():
             live.add(token)
             continue
-        fd = _open_locked(path, create=False)
+        fd = open_locked(path, create=False)
         if fd is None:
             live.add(token)  # locked: its writer runs (or it vanished just now)
             continue
@@ -306,7 +306,7 @@ def sweep(out: Path, kept: set | None = None) -> int:
     for path in out.glob(f".*{CLAIM}"):
         if path.is_symlink() or not path.is_file():
             continue
-        fd = _open_locked(path, create=False)
+        fd = open_locked(path, create=False)
         if fd is None:
             continue  # a live writer's claim
         try:

@@ -3,11 +3,14 @@
 The dataset is built in a temporary sibling of the target (`.<name>.omnitts-<random>.tmp`) and
 renamed into place when complete, so a fault part-way (a full disk) leaves the target as it was:
 absent, or the previous export. An existing target is replaced only if it is a saved dataset (or
-empty): a folder of other files is never deleted.
+empty): a folder of other files is never deleted. The sibling holds a lock file, locked while its export
+runs: an export first deletes the siblings of its target whose lock is free (a killed export's, which
+held a copy of the audio), never a live one's.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import tempfile
@@ -16,9 +19,11 @@ from typing import Iterable
 
 from ..errors import OmniTTSError
 from ..io.atomic import TEMP_MARK
+from .claims import open_locked
 from .ledger import Ledger
 
 DATASET_FILES = ("dataset_info.json", "state.json")  # what save_to_disk writes beside the Arrow files
+WORK_LOCK = ".omnitts-export.lock"  # in the temporary sibling: locked while its export runs
 
 
 class ExportError(OmniTTSError):
@@ -82,8 +87,11 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
     check_target(target)
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_work(target)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}{TEMP_MARK}", suffix=".tmp", dir=target.parent))
+    lock = None
     try:
+        lock = open_locked(work / WORK_LOCK, create=True)  # held until the export ends, however it ends
         count, dataset = _write(out, items, work, datasets, ArrowWriter)
         dataset.save_to_disk(str(work / "dataset"))
         del dataset  # (its memory map of rows.arrow)
@@ -98,7 +106,27 @@ def export_dataset(out: Path, items: Iterable, target: Path) -> int:
             raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
     return count
+
+
+def _sweep_work(target: Path) -> None:
+    """Delete the temporary siblings of `target` that no running export holds (their lock file is there and
+    free: a killed export's); best effort."""
+    for work in target.parent.glob(f".{glob.escape(target.name)}{TEMP_MARK}*.tmp"):
+        if work.is_symlink() or not work.is_dir():
+            continue
+        try:  # no lock file yet: an export that starts now (or that died as it started, leaving an empty folder)
+            lock = open_locked(work / WORK_LOCK, create=False)
+        except OSError:
+            continue
+        if lock is None:
+            continue  # a live export's, or one that has not made its lock yet
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+        finally:
+            os.close(lock)
 
 
 def _write(out: Path, items: Iterable, work: Path, datasets, ArrowWriter):
