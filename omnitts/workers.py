@@ -203,9 +203,12 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         send("error", index, str(exc), "usage")
         code = 2
     except OSError as exc:
-        from .io.atomic import disk_full
+        from .io.atomic import cannot_write, disk_full
 
-        send("error", index, str(exc), "disk" if disk_full(exc) else "crash")
+        if disk_full(exc):
+            send("error", index, str(exc), "disk")
+        else:  # a write error (EACCES, EROFS, EIO...): the parent ends the run naming the file, as one process does
+            send("error", index, cannot_write(exc, plan.out), "write")
         code = 1
     except Exception as exc:  # reported by the parent, which names the worker
         send("error", index, f"{type(exc).__name__}: {exc}", "crash")

@@ -203,6 +203,45 @@ def test_a_worker_whose_device_breaks_stops_and_the_other_finishes_its_items(ckp
     _check_directory(out, ids)
 
 
+_REFUSE_ONE = """
+import errno, os
+
+if os.environ.get("TEST_REFUSE"):  # one item's file cannot be written (EACCES at its rename), in every worker
+    from omnitts.io import audio
+
+    commit = audio.AudioSink.commit
+
+    def refusing(sink):
+        if sink.path.stem == os.environ["TEST_REFUSE"]:
+            raise OSError(errno.EACCES, "Permission denied", sink.tmp)
+        return commit(sink)
+
+    audio.AudioSink.commit = refusing
+"""
+
+
+def test_a_write_error_in_a_worker_ends_the_run_with_one_line_naming_the_file(ckpt_dir, tmp_path, monkeypatch):
+    """EACCES, EROFS, EIO in a worker end the run as in one process: one line naming the file (not its temporary
+    name) and the error, exit 1. It said `[Errno 13] Permission denied: '.../.item-03.wav.omnitts-....tmp'` per
+    worker, then that the items had no audio because a worker died."""
+    manifest, ids = _manifest(tmp_path)
+    out, hooks = tmp_path / "out", tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_REFUSE_ONE)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TEST_REFUSE", "item-03")
+    code, err = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")
+    last = " ".join(err.split()).rsplit("error: ", 1)[-1]  # the console wraps long lines
+    assert code == 1 and re.fullmatch(
+        rf"cannot write {re.escape(str(out / 'item-03.wav'))}: Permission denied \(EACCES\): \d+ items? done in "
+        rf"this run \({re.escape(str(out))}/results.jsonl\); fix that and run the same command again to resume",
+        last), err
+    assert "item-03" not in {r["id"] for r in _records(out)}
+    monkeypatch.delenv("TEST_REFUSE")
+    assert _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")[0] == 0
+    _check_directory(out, ids)
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["term", "int"])
 def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code):
     manifest, ids = _manifest(tmp_path, count=24)

@@ -202,15 +202,13 @@ def os_error(exc: OSError, out: Path, batch) -> None:
     """A filesystem error (a full disk, EACCES, EIO, a filesystem turned read-only...) ends the run with
     one line naming the file and the error, exit 1. What is done stays done (nothing is half-written:
     see batch/outdir.py), so the same command resumes once the cause is fixed."""
-    from ..io.atomic import disk_full, shown_name
+    from ..io.atomic import cannot_write, disk_full
 
     done = done_count(batch) if batch is not None else 0
     resume = f"{plural(done, 'item')} done ({out}/results.jsonl); "
     if disk_full(exc):
         fail(f"no space left on {out}: {resume}free some space and run the same command again to resume", code=1)
-    where = shown_name(exc.filename) if exc.filename else out
-    fail(f"cannot write {where}: {_os_reason(exc)}: {resume}fix that and run the same command again to resume",
-          code=1)
+    fail(f"{cannot_write(exc, out)}: {resume}fix that and run the same command again to resume", code=1)
 
 
 def _os_reason(exc: OSError) -> str:
@@ -363,6 +361,10 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
     if "disk" in kinds:
         fail(f"no space left on {batch.out}: {plural(tally.done, 'item')} done in this run "
               f"({batch.out}/results.jsonl); free some space and run the same command again to resume", code=1)
+    writes = [message for message, kind in pool.errors.values() if kind == "write"]
+    if writes:  # EACCES, EROFS, EIO...: one line naming the file, as one process says it
+        fail(f"{writes[0]}: {plural(tally.done, 'item')} done in this run ({batch.out}/results.jsonl); fix that and "
+              "run the same command again to resume", code=1)
     if kinds == {"usage"} and len(pool.errors) == len(devices) and not tally.done:
         raise typer.Exit(2)  # every worker refused to start (each said why): nothing could run
     return stopped

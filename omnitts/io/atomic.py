@@ -46,6 +46,14 @@ def disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL
 
 
+def cannot_write(exc: OSError, out) -> str:
+    """"cannot write OUT/ID.wav: Permission denied (EACCES)": a write error as a run's closing line names it (a
+    temporary name shown as the file it stands for; `out` where the error names no file)."""
+    code = errno.errorcode.get(exc.errno)
+    where = shown_name(exc.filename) if exc.filename else out
+    return f"cannot write {where}: {exc.strerror or exc}" + (f" ({code})" if code else "")
+
+
 def is_temp_name(name: str) -> bool:
     """Whether file name `name` is one `temp_name` makes."""
     return _TEMP.match(name) is not None
