@@ -11,12 +11,12 @@ This module knows nothing about tensors; `models/loader.py` turns these into mod
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+from .io import unreachable
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
 CODEC_IDS = ("codec_eos_token_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
@@ -281,12 +281,8 @@ class ModelConfig:
 def load_config(ckpt: Path) -> ModelConfig:
     """Read and validate the config files of checkpoint directory `ckpt`."""
     ckpt = Path(ckpt)
-    try:  # a path that cannot be looked up (a name too long): pathlib's checks raise it before Python 3.12
-        os.stat(ckpt)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as exc:
-        raise CheckpointError(f"{ckpt}: cannot read checkpoint directory ({exc.strerror})") from None
+    if why := unreachable(ckpt):
+        raise CheckpointError(f"{ckpt}: cannot read checkpoint directory ({why})")
     if ckpt.exists() and not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: is a file; a checkpoint is a directory (the folder holding config.json)")
     if not ckpt.is_dir():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import OmniTTSError
+from ..io import unreachable
 from ..io.atomic import TEMP_MARK
 from .claims import open_locked
 from .ledger import Ledger
@@ -49,12 +50,8 @@ def check_target(target: Path, out: Path | None = None, manifest: Path | None = 
         if where == source or where in source.parents:
             raise ExportError(f"--export-dataset {target}: is the manifest or holds it; an export replaces its "
                               "target, so choose another folder")
-    try:  # a path that cannot be looked up (a name too long): pathlib's checks raise it before Python 3.12
-        os.lstat(target)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as exc:
-        raise ExportError(f"--export-dataset {target}: {exc.strerror or exc}") from None
+    if why := unreachable(target, follow=False):
+        raise ExportError(f"--export-dataset {target}: {why}")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
     if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):

@@ -20,7 +20,6 @@ list form, `count_rows` a cheap total for a progress bar.
 from __future__ import annotations
 
 import math
-import os
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError
-from ..io import user_path
+from ..io import unreachable, user_path
 from ..params import LARGEST, seed_problem
 from ..request import Request
 from ..text import empty_text
@@ -126,7 +125,7 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
         raise RequestError("voice: give either ref_audio or voice, not both")
     ref_audio, voice = _path(obj.get("ref_audio"), base), _path(obj.get("voice"), base)
     for name, path in (("ref_audio", ref_audio), ("voice", voice)):
-        if path is not None and (why := _unreachable(path)):
+        if path is not None and (why := unreachable(path)):
             raise RequestError(f"{name}: cannot read {path} ({why})")
     if ref_audio is not None:
         problem = _audio_problem(str(ref_audio), icl=not obj.get("x_vector_only"))
@@ -183,18 +182,6 @@ def _path(value: str | None, base: Path) -> Path | None:
         return None
     path = user_path(value)  # "~/v.safetensors" is in the home folder, as the API takes it
     return path if path.is_absolute() else base / path
-
-
-def _unreachable(path: Path) -> str | None:
-    """Why `path` cannot be looked up at all (a name too long; for a user, a folder above it without search
-    permission), or None: pathlib's checks raise that OSError before Python 3.12 (and call it "not found" after)."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
 
 
 def _audio_problem(path: str, icl: bool = True) -> str | None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import OmniTTSError
+from ..io import unreachable
 from ..text import lone_surrogate
 
 BATCH_ROWS = 1024  # rows per record batch for the columnar readers
@@ -323,12 +324,8 @@ def _check_reachable(path: Path) -> None:
     """OmniTTSError where `path` cannot even be looked up (a name too long for the filesystem; for a user, a
     folder above it without search permission): pathlib's checks raise that OSError before Python 3.12, and
     say "not found" after. A missing path is the caller's to report."""
-    try:
-        os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
-    except OSError as exc:
-        raise OmniTTSError(f"{path}: cannot open manifest ({exc.strerror})") from None
+    if why := unreachable(path):
+        raise OmniTTSError(f"{path}: cannot open manifest ({why})")
 
 
 TEXT_PROBE = 1 << 16  # bytes of a text manifest looked at for binary data

@@ -1,5 +1,7 @@
-"""Audio files: reading references, writing audio atomically, loudness normalization; and `user_path`."""
+"""Audio files: reading references, writing audio atomically, loudness normalization; and the paths users give
+(`user_path`, `unreachable`)."""
 
+import os
 from pathlib import Path
 
 
@@ -11,3 +13,16 @@ def user_path(value) -> Path:
         return path.expanduser()
     except RuntimeError:  # no such user, or no home folder
         return path
+
+
+def unreachable(path, follow: bool = True) -> str | None:
+    """Why `path` cannot be looked up at all (a name too long for the filesystem; for a user, a folder above it
+    without search permission), or None, also for a missing path (the caller's to report): pathlib's checks raise
+    that OSError before Python 3.12, and call it "not found" after. `follow=False`: `path` itself may be a link."""
+    try:
+        (os.stat if follow else os.lstat)(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None

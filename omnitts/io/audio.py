@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import AudioError
-from . import user_path
+from . import unreachable, user_path
 from .atomic import DISK_FULL, atomic_write, temp_name
 
 MIN_REFERENCE_SECONDS = 0.5
@@ -59,12 +59,8 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     else:
         path = user_path(source)
         name = str(path)
-        try:  # a path that cannot be looked up (a name too long): pathlib's checks raise it before Python 3.12
-            os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        except OSError as exc:
-            raise AudioError(f"{path}: cannot read audio ({exc.strerror or exc})") from None
+        if why := unreachable(path):
+            raise AudioError(f"{path}: cannot read audio ({why})")
         if not path.is_file():
             what = "is a directory, not an audio file" if path.is_dir() else "file not found"
             raise AudioError(f"{path}: reference audio {what}")
