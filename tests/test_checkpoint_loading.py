@@ -237,24 +237,7 @@ def test_ids_outside_the_codec_embedding_are_refused_at_load(cv_copy, change, me
 def test_a_size_or_count_that_is_not_a_positive_integer_is_refused_naming_file_and_field(cv_copy, file, where,
                                                                                           value):
     """A string "96" was a torch TypeError traceback at synthesis; a -1 was shown by `omnitts info` as is."""
-    from typer.testing import CliRunner
-
-    from omnitts.cli import app
-
-    path = cv_copy / file
-    config = json.loads(path.read_text())
-    *parents, field = where.split(".")
-    section = config
-    for key in parents:
-        section = section[key]
-    section[field] = value
-    path.write_text(json.dumps(config))
-    message = f"{path}: {where}: expected a positive integer, got {value!r}"
-    with pytest.raises(CheckpointError) as raised:
-        omnitts.load(cv_copy)
-    assert str(raised.value) == message
-    result = CliRunner().invoke(app, ["info", str(cv_copy)])
-    assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
+    _refused_after_setting(cv_copy, file, where, value, "a positive integer")
 
 
 @pytest.mark.parametrize("file, where, value, expected", [
@@ -271,11 +254,17 @@ def test_a_size_or_count_that_is_not_a_positive_integer_is_refused_naming_file_a
 def test_a_config_field_of_another_json_kind_is_refused_naming_file_and_field(cv_copy, file, where, value, expected):
     """An array where an object belongs (`"spk_id": [...]`) was an AttributeError traceback from `info` and load; a
     string where a number belongs passed `info` and failed inside torch at the first synthesis."""
+    _refused_after_setting(cv_copy, file, where, value, expected)
+
+
+def _refused_after_setting(ckpt, file: str, where: str, value, expected: str) -> None:
+    """Set field `where` (dotted) of `file` in checkpoint `ckpt` to `value`: `load` and `omnitts info` refuse it
+    with one message naming the file and field ("expected EXPECTED, got VALUE"), info with exit 2."""
     from typer.testing import CliRunner
 
     from omnitts.cli import app
 
-    path = cv_copy / file
+    path = ckpt / file
     config = json.loads(path.read_text())
     *parents, field = where.split(".")
     section = config
@@ -285,9 +274,9 @@ def test_a_config_field_of_another_json_kind_is_refused_naming_file_and_field(cv
     path.write_text(json.dumps(config))
     message = f"{path}: {where}: expected {expected}, got {value!r}"
     with pytest.raises(CheckpointError) as raised:
-        omnitts.load(cv_copy)
+        omnitts.load(ckpt)
     assert str(raised.value) == message
-    result = CliRunner().invoke(app, ["info", str(cv_copy)])
+    result = CliRunner().invoke(app, ["info", str(ckpt)])
     assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
 
 
