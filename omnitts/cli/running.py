@@ -211,23 +211,15 @@ def os_error(exc: OSError, out: Path, batch) -> None:
     fail(f"{cannot_write(exc, out)}: {resume}fix that and run the same command again to resume", code=1)
 
 
-def _os_reason(exc: OSError) -> str:
-    """An OSError's text with its errno's name, e.g. "Permission denied (EACCES)"."""
-    import errno
-
-    code = errno.errorcode.get(exc.errno)
-    return (exc.strerror or str(exc)) + (f" ({code})" if code else "")
-
-
 def _export_failed(exc: Exception, target: Path, out: Path, batch) -> None:
     """An export that failed (a full disk...) left nothing behind (batch/export.py); the synthesized items stay
     done, so the same command exports them without synthesizing again. One line, exit 1."""
-    from ..io.atomic import disk_full
+    from ..io.atomic import disk_full, os_reason
 
     if disk_full(exc):
         reason = "no space left on device"
     elif isinstance(exc, OSError):
-        reason = (f"cannot write {exc.filename}: " if exc.filename else "") + _os_reason(exc)
+        reason = (f"cannot write {exc.filename}: " if exc.filename else "") + os_reason(exc)
     else:
         reason = str(exc)
     done = done_count(batch)

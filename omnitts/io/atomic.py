@@ -49,9 +49,14 @@ def disk_full(exc: BaseException) -> bool:
 def cannot_write(exc: OSError, out) -> str:
     """"cannot write OUT/ID.wav: Permission denied (EACCES)": a write error as a run's closing line names it (a
     temporary name shown as the file it stands for; `out` where the error names no file)."""
-    code = errno.errorcode.get(exc.errno)
     where = shown_name(exc.filename) if exc.filename else out
-    return f"cannot write {where}: {exc.strerror or exc}" + (f" ({code})" if code else "")
+    return f"cannot write {where}: {os_reason(exc)}"
+
+
+def os_reason(exc: OSError) -> str:
+    """An OSError's text with its errno's name, e.g. "Permission denied (EACCES)"."""
+    code = errno.errorcode.get(exc.errno)
+    return (exc.strerror or str(exc)) + (f" ({code})" if code else "")
 
 
 def is_temp_name(name: str) -> bool:
