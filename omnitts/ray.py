@@ -40,6 +40,7 @@ from typing import Iterator
 
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
 from .batch.fingerprint import same_print
+from .batch.ledger import NAME as LEDGER_NAME
 from .errors import DeviceFailed, OmniTTSError, RequestError
 from .io import user_path
 from .params import check_flag
@@ -111,7 +112,8 @@ class Synthesizer:
         force: redo every row, done ones included (`--force`), once per run: pass `since` too.
         since: where this run began in OUT/results.jsonl (its size in bytes then): records after it are
             this run's, so a batch Ray retries after its actor died, or another actor, never redoes them
-            (with `force` too). `omnitts synth --ray` passes it; None: when this actor started.
+            (with `force` too). `omnitts synth --ray` and `synthesize_dataset` pass it (the log's size as they
+            are called); None: when this actor started.
 
     Batches may be pyarrow tables (what `synthesize_dataset` uses), pandas frames or dicts of columns; the
     result is a pyarrow table of metadata rows (`row_schema`), one per input row, in input order.
@@ -336,7 +338,9 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
 
     Lazy, as Ray datasets are: iterate it, `write_parquet` it or `materialize()` it to run. Each actor asks
     for `num_gpus` (default: 1 on cuda), `resources` (default: {"NPU": 1} on npu) or `num_cpus` (default:
-    1 on cpu). `kwargs` go to `Synthesizer` (model options, decoding, output, `columns`).
+    1 on cpu). `kwargs` go to `Synthesizer` (model options, decoding, output, `columns`); `since` defaults
+    to where OUT/results.jsonl ends now, so that every actor takes what the others record as this run's (a
+    `force` redoes each row once, a row whose id another row of the run took is refused).
     """
     import ray.data
 
@@ -358,6 +362,9 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
     kwargs.setdefault("base", os.getcwd())
     # the actors' working directory is not ours; `~` is the driver's home folder
     model, out = os.path.abspath(user_path(model)), os.path.abspath(user_path(out))
+    if kwargs.get("since") is None:  # the run begins now for every actor (each would take its own start for it)
+        log = Path(out) / LEDGER_NAME
+        kwargs["since"] = log.stat().st_size if log.is_file() else 0
     return ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model=model, out=out, **kwargs),
                           batch_size=batch_size, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(size=actors), **ask)

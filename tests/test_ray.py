@@ -273,6 +273,22 @@ def test_synthesize_dataset_checks_its_arguments_before_any_actor_starts():
         synthesize_dataset(None, "ckpt", "out", max_frame=5)
 
 
+def test_synthesize_dataset_gives_every_actor_the_runs_start(ckpt_dir, tmp_path):
+    """Every actor's `since` is where the log ended as `synthesize_dataset` was called: each took its own start,
+    so an actor started late took the others' records of this run for an earlier run's (a `force` redid them, a
+    different row with one of their ids replaced it). An explicit `since` is kept."""
+    class Stage:  # stands in for a Ray dataset: what the stage would be built with
+        def map_batches(self, fn, fn_constructor_kwargs, **options):
+            return fn_constructor_kwargs
+
+    out, ckpt = tmp_path / "out", ckpt_dir("custom_voice")
+    assert synthesize_dataset(Stage(), ckpt, out)["since"] == 0  # no log yet: all it will hold is this run's
+    out.mkdir()
+    (out / "results.jsonl").write_text('{"id": "a", "status": "error", "error": "x"}\n')
+    assert synthesize_dataset(Stage(), ckpt, out, force=True)["since"] == (out / "results.jsonl").stat().st_size
+    assert synthesize_dataset(Stage(), ckpt, out, since=3)["since"] == 3
+
+
 def _flags(rows: list[dict]) -> dict:
     return {r["id"]: (r["status"], r["skipped"], r["changed"], r["damaged"]) for r in rows}
 
