@@ -119,6 +119,9 @@ def test_frame_step_makes_no_host_sync_and_the_check_can_fail(cv):
     engine._admit()
     plan = FramePlan.of([seq.params for seq in engine.scheduler.running], *engine.vocabs)
     assert plan.talker.samples and plan.predictor.samples
+    # One eager frame first, as a capture's warm-up runs: it makes the constants (`sampling._c`). Without it the
+    # test passed only after some earlier test in its process had made them, and failed alone.
+    engine.runner.frame(1, 64, plan)
     with graph_rules():
         engine.runner.frame(1, 64, plan)  # the whole frame: noise, sampling, predictor loop, talker step
     with pytest.raises(GraphRuleError, match="host sync `item`"):
