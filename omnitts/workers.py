@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -155,9 +156,12 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     for signum in _STOP_SIGNALS:
         signal.signal(signum, stop.handle)
 
+    sending = threading.Lock()  # the main thread (warnings) and the saver thread (records) both send
+
     def send(*event) -> None:
         try:
-            conn.send(event)
+            with sending:
+                conn.send(event)
         except OSError:  # the parent is gone: stop as after a first signal
             stop.orphaned = True
 
@@ -189,7 +193,8 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
         from .batch.run import run_items
 
         stats = {}
-        run_items(batch, items, load, stop.requested, report, stats)
+        run_items(batch, items, load, stop.requested, report, stats,
+                  saving=lambda item_id: send("saving", index, item_id))
         send("tally", index, _snapshot(tally))
         if stats:
             send("graphs", index, stats)
@@ -289,15 +294,22 @@ class Pool:
     them); skipped and earlier failed as the largest any worker saw (every worker walks the whole
     manifest and sees the same earlier results). A worker counts its siblings' items as "others":
     the parent works out the command's own `others` at the end (cli).
+
+    A worker says ("saving", index, id) before it writes an item's record, and reports the record after.
+    One killed between the two (the out-of-memory killer does not wait) wrote a record nobody reported:
+    `ledger` (the parent batch's, opened where this command began) is read then, and a record of that
+    id written since is counted, and yielded, as that worker's.
     """
 
-    def __init__(self, plan: Plan, devices: list[str], tally):
-        self.plan, self.devices, self.tally = plan, devices, tally
+    def __init__(self, plan: Plan, devices: list[str], tally, ledger=None):
+        self.plan, self.devices, self.tally, self.ledger = plan, devices, tally, ledger
         self.procs: list = []
         self.conns: dict = {}  # reader -> worker index
         self.snapshots: dict[tuple, tuple] = {}  # (index, start) -> a worker process's counts
         self.starts = Counter()  # index -> times its worker was started
-        self.base = (tally.skipped, tally.earlier_failed, tally.changed, tally.damaged)
+        self.base = [tally.skipped, tally.earlier_failed, tally.changed, tally.damaged]
+        self.saving: dict[int, str] = {}  # index -> the id its worker is writing the record of
+        self.recovered: set[str] = set()  # ids counted from the ledger for a worker that died unreported
         self.errors: dict[int, tuple[str, str]] = {}  # index -> (message, kind)
         self.stopping = 0  # signal number we stopped with (0: none)
         self.graphs = Counter()  # the workers' graph capture costs added up (`Pipeline.graph_stats`)
@@ -349,6 +361,7 @@ class Pool:
                 except Exception:  # EOFError: it exited; anything else: killed mid-message
                     del self.conns[reader]
                     reader.close()
+                    yield from self._recover(index)
                     ended = self._reap(index)
                     if ended is not None:
                         ended.broke = self.errors.get(index, ("", ""))[1] == "device"
@@ -366,8 +379,15 @@ class Pool:
             self._count(index, event[-1])
             if kind == "loading":
                 yield ("loading", index)
+        elif kind == "saving":
+            self.saving[index] = event[2]
         elif kind == "record":
             _, _, item_id, status, error, seconds, snapshot = event
+            self.saving.pop(index, None)
+            if item_id in self.recovered:  # counted already: another worker's record of it was read first
+                self.recovered.discard(item_id)
+                self._count(index, snapshot)
+                return
             if status == "ok":
                 self.tally.done += 1
                 self.tally.seconds += seconds
@@ -382,6 +402,32 @@ class Pool:
             yield event
         elif kind == "graphs":
             self.graphs.update(event[2])
+
+    def _recover(self, index: int) -> Iterator[tuple]:
+        """Count the record that worker `index`, now gone, was writing when it ended, if it wrote it."""
+        item_id = self.saving.pop(index, None)
+        if item_id is None or self.ledger is None:
+            return
+        self.ledger.refresh()
+        if item_id not in self.ledger.arrived:
+            return  # not written: its claim is free, and it runs again
+        self.recovered.add(item_id)
+        done = self.ledger.done.get(item_id)
+        if done is not None:
+            self.tally.done += 1
+            self.tally.seconds += done.seconds
+            status, error, seconds = "ok", None, done.seconds
+        else:
+            status, error, seconds = "error", self.ledger.failed.get(item_id, ""), 0.0
+            self.tally.fail(item_id, error)
+        why = self.ledger.replaced.get(item_id)
+        if why is not None:  # its worker counted it in no snapshot it sent
+            self.base[2] += 1
+            self.base[3] += why
+            snapshot = self.snapshots.get((index, self.starts[index]))
+            if snapshot is not None:
+                self._count(index, snapshot)
+        yield ("record", index, item_id, status, error, seconds)
 
     def _restartable(self, ended: Ended) -> bool:
         """Killed by a signal not ours, or its device broke; not yet started again MAX_RESTARTS times."""

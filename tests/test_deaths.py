@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,6 +252,21 @@ def test_with_workers_one_command_pins_the_item_and_finishes_the_rest(ckpt_dir, 
     assert records["b"]["error"].startswith("the process running this item died twice while it ran, the last time "
                                             "alone")
     assert _claims(out) == {} and not list(out.glob(".*.tmp"))
+
+
+def test_a_worker_killed_between_a_record_and_its_report_has_that_record_counted(ckpt_dir, tmp_path):
+    """The out-of-memory killer can strike after a worker wrote an item's record and before it told the
+    parent: the record is in results.jsonl, so the parent counts it (done, run again) as that worker's,
+    not as another writer's."""
+    ckpt, out = ckpt_dir("custom_voice"), tmp_path / "out"
+    assert _synth(tmp_path, ckpt, out, "--max-frames", "5")[0] == 0
+    code, err = _synth(tmp_path, ckpt, out, "--workers", "2", kill_after_record="c")
+    assert code == 0, err
+    assert err.count("died: killed by SIGKILL; started again") == 1, err
+    assert f"{len(TEXTS)} items run again: their line or the options changed" in err, err
+    assert "other writers" not in err, err
+    assert re.search(rf"│ {len(TEXTS)} │ 0 │ 0 │", err), err  # done, failed, skipped
+    assert all(r["status"] == "ok" for r in read_results(out).values()) and len(read_results(out)) == len(TEXTS)
 
 
 @pytest.mark.slow

@@ -19,13 +19,16 @@ SAVE_QUEUE = 16  # finished items waiting to be saved at most (then the loop wai
 
 
 def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] = lambda: False,
-              report: Callable[[dict], None] = lambda record: None, stats: dict | None = None) -> bool:
+              report: Callable[[dict], None] = lambda record: None, stats: dict | None = None,
+              saving: Callable[[str], None] = lambda item_id: None) -> bool:
     """Synthesize the items of `items` that `batch` says are pending; returns whether the model was loaded.
 
     `load()` is called once, and only when some item is pending, and returns the loaded TTS (the
     caller may open its progress display or signal handlers there). `stop()` asks the pipeline to
     finish the running items and start no new ones. `report(record)` gets each results.jsonl record
-    as soon as it is written (on the saver's thread); `stats`, if given, gets the pipeline's `graph_stats()`
+    as soon as it is written (on the saver's thread), and `saving(id)` is called there just before its
+    record is written (a process killed between the two has its record in results.jsonl, unreported:
+    the workers' parent looks for it there, workers.py); `stats`, if given, gets the pipeline's `graph_stats()`
     at the end. An error raised while saving (a full disk) or by a signal closes the pipeline, which
     aborts the running items' temporary files, and propagates; items finished but not yet saved are
     saved first after a signal, and aborted after a saving error.
@@ -56,7 +59,7 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
 
     pipeline = Pipeline(tts, retry_runaway=batch.settings.retry_runaway, stop=stopping,
                         split=batch.settings.splitter(), sink=batch.sink, started=batch.started)
-    saver = _Saver(batch, report)  # started last: nothing that can raise stands between it and `close`
+    saver = _Saver(batch, report, saving)  # started last: nothing that can raise stands between it and `close`
     try:
         with closing(pipeline.run(_chain(first, pending))) as outcomes:
             for outcome in outcomes:
@@ -86,8 +89,8 @@ class _Saver:
     `check`. `close` waits for the queued items, so none is lost when the run ends or is interrupted.
     """
 
-    def __init__(self, batch, report: Callable[[dict], None]):
-        self.batch, self.report = batch, report
+    def __init__(self, batch, report: Callable[[dict], None], saving: Callable[[str], None] = lambda item_id: None):
+        self.batch, self.report, self.saving = batch, report, saving
         self.error: BaseException | None = None
         self.queue: queue.Queue = queue.Queue(SAVE_QUEUE)
         # Not a daemon: an interpreter that exits while items wait still saves them first.
@@ -124,6 +127,7 @@ class _Saver:
                     pass
                 continue
             try:
+                self.saving(outcome.job.request.id)
                 record = self.batch.save(outcome)  # on an error it has undone its own files and claim
             except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                 self.error = exc

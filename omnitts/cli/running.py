@@ -303,7 +303,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
 
     console = Console(stderr=True)
     tally = batch.tally
-    pool = Pool(plan, devices, tally)
+    pool = Pool(plan, devices, tally, batch.ledger)
     stopping = _ForwardingStop(console, pool)
     progress = _progress(console, quiet)
     with ExitStack() as stack:
