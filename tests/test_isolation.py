@@ -111,6 +111,20 @@ def test_a_torn_last_line_is_closed_before_the_next_record(tmp_path):
     assert log.read_text().endswith('"stat\n' + json.dumps({"id": "c", "status": "error", "error": "y"}) + "\n")
 
 
+def test_a_whole_last_record_without_its_newline_counts_for_every_reader(tmp_path):
+    """Saved by hand in an editor that adds no final newline: resume, export and read_results all take it."""
+    from omnitts.batch.ledger import Ledger, read_results
+
+    log = tmp_path / "results.jsonl"
+    log.write_text(json.dumps({"id": "a", "status": "error", "error": "x"}) + "\n"
+                   + json.dumps({"id": "b", "status": "error", "error": "y"}))
+    ledger = Ledger(tmp_path)
+    assert set(read_results(tmp_path)) == set(ledger.failed) == {"a", "b"}
+    ledger.write({"id": "c", "status": "error", "error": "z"})
+    assert set(read_results(tmp_path)) == set(Ledger(tmp_path).failed) == {"a", "b", "c"}
+    assert log.read_text().count("\n") == 3  # "c" went on a line of its own
+
+
 def test_nothing_is_written_through_a_linked_log_and_only_omnitts_temporaries_are_deleted(ckpt_dir, tmp_path):
     from typer.testing import CliRunner
 

@@ -155,7 +155,11 @@ class Ledger:
         self._note(record)
 
     def _read(self, upto: int | None = None) -> None:
-        """Note the whole lines from `offset` on (to byte `upto`); a line still being written is left."""
+        """Note the whole lines from `offset` on (to byte `upto`); a line still being written is left.
+
+        A last line without its newline that is a whole record counts, as `records` reads it (one saved by
+        hand in an editor that adds none): a line being written, or torn, is not yet a whole JSON object
+        (a JSON object's text ends with the brace that closes it, and no shorter part of it parses)."""
         try:
             handle = open(self.path, "rb")
         except FileNotFoundError:
@@ -163,7 +167,8 @@ class Ledger:
         with handle:
             handle.seek(self.offset)
             for line in handle:  # streamed: a log of millions of lines is never held whole
-                if not line.endswith(b"\n") or (upto is not None and self.offset + len(line) > upto):
+                if (upto is not None and self.offset + len(line) > upto) or (
+                        not line.endswith(b"\n") and _parse(line) is None):
                     break  # still being written by another writer, or torn by a kill: read it next time
                 self.offset += len(line)
                 record = _parse(line)
