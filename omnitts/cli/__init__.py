@@ -126,7 +126,8 @@ def _check_engine(engine: dict, devices: str | None = None) -> None:
         try:
             import_torch_npu()
         except OmniTTSError as exc:
-            fail(str(exc))
+            message = str(exc)
+            fail(message.replace("--device npu", f"--devices {devices}", 1) if devices else message)
 
 
 def _check_output(audio_format: str, loudness: float | None) -> str:
