@@ -745,7 +745,8 @@ def test_a_max_batch_too_large_for_memory_is_one_line_naming_it(ckpt_dir, tmp_pa
     result = _synth(ckpt_dir, manifest, out, "--max-batch", str(10**9))
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]  # rich 13 stops a quiet bar with "\n"
-    assert len(lines) == 1 and lines[0].endswith("free); lower --max-batch"), result.output
+    assert len(lines) == 1 and lines[0].endswith(
+        "free); lower --max-batch (max_batch in a recipe or in omnitts.load)"), result.output
     assert lines[0].startswith(f"error: max batch {10**9}: the codec's state for that many streams does not fit in "
                                "cpu memory ("), result.output
     assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text()
@@ -762,7 +763,7 @@ def test_a_max_batch_too_large_for_memory_is_one_line_naming_it(ckpt_dir, tmp_pa
     monkeypatch.setattr(pipeline_module.Engine, "__init__", no_room)
     with pytest.raises(OmniTTSError, match=r"^max batch 8: an engine of \d+ rows x \d+ positions does not fit in cpu "
                                            r"memory \(CUDA out of memory\. Tried to allocate 20\.00 GiB\); lower "
-                                           "--max-batch$"):
+                                           r"--max-batch \(max_batch in a recipe or in omnitts\.load\)$"):
         tts.synthesize("Hello.", speaker="ryan", max_frames=2)
 
 

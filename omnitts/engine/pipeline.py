@@ -767,7 +767,7 @@ def _fitting(tts, what: str):
         if not out_of_memory(exc):
             raise
         raise OmniTTSError(f"max batch {tts.max_batch}: {what} does not fit in {tts.ckpt.device.type} memory "
-                           f"({_one_line(exc)}); lower --max-batch") from None
+                           f"({_one_line(exc)}); lower --max-batch (max_batch in a recipe or in omnitts.load)") from None
 
 
 def _one_line(exc: BaseException) -> str:
