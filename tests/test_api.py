@@ -85,6 +85,16 @@ def test_save_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "x.wav"]  # no temporary file left
 
 
+def test_save_refuses_samples_that_are_not_numbers(tmp_path):
+    """soundfile would write NaN as full scale: the file would be noise that nothing names."""
+    for bad in (np.nan, np.inf):
+        samples = np.zeros(240, np.float32)
+        samples[7] = bad
+        with pytest.raises(ValueError, match=r"a\.wav: some samples are not numbers \(NaN or infinity\); nothing"):
+            omnitts.Audio(samples, 24000).save(tmp_path / "a.wav")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_result_is_the_old_name_of_audio(cv):
     assert omnitts.Result is omnitts.Audio
     audio = cv.synthesize("Old name.", speaker="ryan", greedy=True, max_frames=2)

@@ -232,6 +232,50 @@ def test_a_fault_decoding_one_item_fails_that_item_only(tts_factory, monkeypatch
     assert not pipeline.decoding and not pipeline.streams.streams and not pipeline.streams.broken
 
 
+NOT_NUMBERS = ("FloatingPointError while decoding: the codec gave samples that are not numbers (NaN or infinity): a "
+               "damaged checkpoint, or a --codec-dtype too narrow for it (float32 is the default)")
+
+
+class _NaNCopy:
+    """A codec call's host copy whose samples are all NaN (a codec that overflowed)."""
+
+    def __init__(self, copy):
+        self.copy = copy
+
+    def result(self):
+        return np.full_like(self.copy.result(), np.nan)
+
+
+@pytest.mark.parametrize("frames", [4, 20], ids=["at-the-end", "while-streaming"])
+def test_samples_that_are_not_numbers_fail_their_item_only(tts_factory, monkeypatch, frames):
+    """soundfile would write NaN as full scale: a file of noise that no error names. Streamed or not, the item
+    whose codec output is NaN fails, saying so, and the others are as in a clean run."""
+    from omnitts.engine import reference
+
+    tts = tts_factory("custom_voice", max_batch=4, codec_chunk_frames=4)
+    clean = _run(Pipeline(tts), _jobs(tts, frames))
+    pipeline = Pipeline(tts)
+    run = CodecStreams._run
+
+    def overflowing(self, jobs):
+        out = run(self, jobs)
+        owners = {state.sid: _item_of(seq) for seq, state in pipeline.decoding.items()}
+        for sid in out:
+            if owners.get(sid) == "b":
+                out[sid] = [(_NaNCopy(copy), row, lo, hi) for copy, row, lo, hi in out[sid]]
+        return out
+
+    monkeypatch.setattr(CodecStreams, "_run", overflowing)
+    outcomes = _run(pipeline, _jobs(tts, frames))
+    assert [k for k, o in outcomes.items() if not o.ok] == ["b"] and outcomes["b"].error == NOT_NUMBERS
+    for name in "acde":
+        _same_audio(outcomes[name], clean[name])
+    decode = reference.decode_codes
+    monkeypatch.setattr(reference, "decode_codes", lambda *args: np.full_like(decode(*args), np.inf))
+    outcomes = _run(Pipeline(tts, stream_decode=False), _jobs(tts, frames))
+    assert {o.error for o in outcomes.values()} == {NOT_NUMBERS}
+
+
 def test_a_fault_decoding_a_whole_utterance_fails_that_item_only(tts_factory, monkeypatch):
     from omnitts.engine import reference
 

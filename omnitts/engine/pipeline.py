@@ -641,7 +641,7 @@ class Pipeline:
                 continue
             started = time.perf_counter()
             try:
-                audio = samples.result()
+                audio = _finite(samples.result())
             except Exception as exc:  # noqa: BLE001 - a decode that fails when read fails its item only
                 self._decode_failed(seq, exc)
                 continue
@@ -663,12 +663,12 @@ class Pipeline:
             if self.streams is None:
                 from .reference import decode_codes
 
-                audio = decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes)
+                audio = _finite(decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes))
             elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
                 state = self.decoding[seq]
                 end = self.streams.close(state.sid)
                 del self.decoding[seq]
-                audio = np.concatenate([end.head, *state.held, end.tail])
+                audio = np.concatenate([_finite(end.head), *state.held, _finite(end.tail)])
             else:
                 return True
         except Exception as exc:  # noqa: BLE001 - one item's decode fails that item only
@@ -768,6 +768,15 @@ def _fitting(tts, what: str):
             raise
         raise OmniTTSError(f"max batch {tts.max_batch}: {what} does not fit in {tts.ckpt.device.type} memory "
                            f"({_one_line(exc)}); lower --max-batch (max_batch in a recipe or in omnitts.load)") from None
+
+
+def _finite(audio: np.ndarray) -> np.ndarray:
+    """`audio`, decoded, unless some sample is NaN or infinite: a file of those is noise or silence that no
+    error would name (soundfile writes NaN as full scale), so its item fails instead."""
+    if not np.isfinite(audio).all():
+        raise FloatingPointError("the codec gave samples that are not numbers (NaN or infinity): a damaged "
+                                 "checkpoint, or a --codec-dtype too narrow for it (float32 is the default)")
+    return audio
 
 
 def _one_line(exc: BaseException) -> str:

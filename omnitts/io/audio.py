@@ -166,6 +166,8 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(errno.ENOTDIR, "a folder on this path is a file", str(path)) from None
+    if not np.isfinite(samples).all():  # soundfile writes NaN as full scale: noise no error would name
+        raise ValueError(f"{path}: some samples are not numbers (NaN or infinity); nothing was written")
     with atomic_write(path) as tmp, os_errors(path):
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
 
