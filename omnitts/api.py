@@ -402,6 +402,11 @@ class TTS:
             item, params = item
         item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
         if isinstance(item, dict):
+            for name in ("ref_audio", "voice"):  # a manifest line names files; objects go in a Request
+                if item.get(name) is not None and not isinstance(item[name], (str, os.PathLike)):
+                    raise RequestError(f"requests[{i}]: {name}: a dict takes a file's path, as a manifest line "
+                                       f"does, got {type(item[name]).__name__}; give a Request(..., {name}=...) "
+                                       "for samples or a Voice")
             try:
                 parsed = parse_item({**item, "id": item.get("id") or str(i)}, i + 1, Path.cwd())
             except RequestError as exc:

@@ -129,6 +129,10 @@ def test_stream_errors_name_the_item(cv):
         list(cv.stream([{"text": "Hi.", "speaker": "bob"}]))
     with pytest.raises(RequestError, match=r"requests\[0\]: expected a Request"):
         list(cv.stream(["just a string"]))
+    for name, value in (("ref_audio", (np.zeros(2400, np.float32), 24000)), ("voice", omnitts.Voice)):
+        with pytest.raises(RequestError, match=rf"requests\[0\]: {name}: a dict takes a file's path, as a manifest "
+                                               rf"line does, got \w+; give a Request\(\.\.\., {name}=\.\.\.\)"):
+            list(cv.stream([{"text": "Hi.", name: value}]))
     with pytest.raises(RequestError, match=r"requests\[0\]: a pair must be"):
         list(cv.stream([({"text": "Hi.", "speaker": "ryan"}, {"top_k": 3})]))
     with pytest.raises(RequestError, match=r"text: a lone surrogate '\\ud800' at character 6 is not text"):
