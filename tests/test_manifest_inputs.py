@@ -486,6 +486,17 @@ def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp
     assert all(e.message.startswith(f"{path}:{e.line}: ") for e in entries if isinstance(e, BadLine))
 
 
+def test_csv_cells_lose_the_spaces_around_them_as_the_header_does(ckpt_dir, tmp_path):
+    """"a, Hello., ryan" is a common way to write CSV: the speaker is ryan, not ' ryan' (unknown); a cell of
+    spaces is empty, so absent."""
+    path = tmp_path / "m.csv"
+    path.write_text("id, text, speaker, seed\n a , Hello there. , ryan,  \n", encoding="utf-8")
+    (entry,) = iter_manifest(path, load_config(ckpt_dir("custom_voice")))
+    assert isinstance(entry, Item), entry
+    assert (entry.request.id, entry.request.text, entry.request.speaker, entry.seed) == ("a", "Hello there.", "ryan",
+                                                                                         None)
+
+
 def test_csv_and_tsv_integer_cells_take_whole_floats_as_pandas_writes_them(ckpt_dir, tmp_path):
     """pandas' `to_csv` writes an integer column with gaps as 1.0, , 3.0: read as JSON's 7.0 and Parquet's are
     (every integer field); a fraction is still refused."""
@@ -544,11 +555,11 @@ def test_a_csv_cell_past_the_csv_modules_limit_is_one_bad_line_and_the_lines_aft
     """csv refuses a cell over 128 Ki characters with an error it cannot read past, which ended the file there:
     the lines after a long text were never read. The text is judged as JSONL's is (the piece cap)."""
     path = tmp_path / "m.csv"
-    path.write_text(f"id,text,speaker\na,Hi.,ryan\nb,{'word ' * 30000},ryan\nc,Hi.,ryan\n", encoding="utf-8")
+    path.write_text(f"id,text,speaker\na,Hi.,ryan\nb,{'word ' * 30000}.,ryan\nc,Hi.,ryan\n", encoding="utf-8")
     entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
     assert [e.request.id for e in entries if isinstance(e, Item)] == ["a", "c"]
     (bad,) = [e for e in entries if isinstance(e, BadLine)]
-    assert bad.message.startswith(f"{path}:3: text: 150,000 characters make ") and bad.id == "b", bad.message
+    assert bad.message.startswith(f"{path}:3: text: 150,001 characters make ") and bad.id == "b", bad.message
     assert count_rows(path) == 3
 
 

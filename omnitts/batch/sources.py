@@ -187,8 +187,8 @@ class CsvSource:
                 elif len(cells) > width:
                     yield number, (f"{len(cells)} cells but the header names {width} columns "
                                    "(quote cells that contain the delimiter)")
-                else:
-                    yield number, {name: cell for name, cell in zip(self.columns, cells) if cell != ""}
+                else:  # "a, Hello., ryan": the spaces after the delimiters are not the values' (as for the header)
+                    yield number, {name: cell.strip() for name, cell in zip(self.columns, cells) if cell.strip()}
 
     def count(self) -> int:
         with self._open() as handle:
