@@ -577,3 +577,21 @@ def test_path_options_take_a_tilde_the_shell_left(ckpt_dir, tmp_path, monkeypatc
                                  "--export-dataset=~/ds"])
     assert result.exit_code == 0, result.output
     assert (home / "out" / "a.wav").is_file() and (home / "ds").is_dir() and list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["synth", "m.jsonl", "-m", "CKPT", "-o", ""], ["synth", "m.jsonl", "-m", "", "-o", "o"],
+    ["synth", "", "-m", "CKPT", "-o", "o"], ["synth", "m.jsonl", "-m", "CKPT", "-o", "o", "--export-dataset", ""],
+    ["validate", "m.jsonl", "-m", ""], ["info", ""], ["demo", "-o", ""], ["demo", "--model-dir", ""],
+    ["voice-clone", "-m", "CKPT", "--ref-audio", "", "--x-vector-only", "--save", "v.safetensors"],
+    ["voice-clone", "-m", "CKPT", "--ref-audio", "r.wav", "--x-vector-only", "--text", "Hi.", "-o", ""]])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(ckpt_dir, tmp_path, monkeypatch, args):
+    """`-o "$OUT"` with OUT unset: Path("") is ".", so synth wrote its audio and results.jsonl into the current
+    folder (and demo and voice-clone theirs). Every path argument and option refuses an empty one."""
+    _no_load(monkeypatch)
+    _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    monkeypatch.chdir(tmp_path)
+    ckpt = str(ckpt_dir("base" if args[0] == "voice-clone" else "custom_voice"))
+    result = runner.invoke(app, [ckpt if a == "CKPT" else a for a in args])
+    assert result.exit_code == 2 and "an empty path" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]

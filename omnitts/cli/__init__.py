@@ -57,6 +57,7 @@ from .options import (
     either,
     fail,
     option,
+    path,
     plural,
     user_path,
     warnings_as_lines,
@@ -394,7 +395,7 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
 
 
 @app.command(cls=Command)
-def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False, callback=user_path,
+def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False, callback=user_path, parser=path,
                                                help="Checkpoint directory.")]):
     """Describe a checkpoint: kind, size, voices, languages, defaults.
 
@@ -470,13 +471,13 @@ DEMO_LINES = {
 
 @app.command(cls=Command)
 def demo(
-    model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, panel=INPUT, metavar="DIR",
+    model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, parser=path, panel=INPUT, metavar="DIR",
                                                  help="Where the checkpoint is built. [default: "
                                                       ".cache/demo-tiny-customvoice, .cache/demo-tiny-voicedesign, "
                                                       ".cache/demo-tiny-base]")] = None,
     kind: Annotated[str, option("--kind", panel=INPUT, metavar="KIND", show_default=True,
                                  help="custom_voice, voice_design or base.")] = "custom_voice",
-    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
+    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
                                            help="Output directory. [default: out/demo-KIND]")] = None,
     force: Force = False,
 ):
@@ -557,7 +558,7 @@ def _write_demo_reference(path: Path) -> None:
 @app.command("voice-clone", cls=Command)
 def voice_clone(
     model: Model,
-    ref_audio: Annotated[Path, option("--ref-audio", callback=user_path, panel=INPUT, metavar="FILE",
+    ref_audio: Annotated[Path, option("--ref-audio", callback=user_path, parser=path, panel=INPUT, metavar="FILE",
                                        help="Reference clip, ideally 3-10 s of clean speech.")],
     ref_text: Annotated[Optional[str], option("--ref-text", panel=INPUT, metavar="TEXT",
                                                help="Its transcript (in-context cloning).")] = None,
@@ -574,9 +575,9 @@ def voice_clone(
     codec_dtype: CodecDtype = "float32",
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
-    save: Annotated[Optional[Path], option("--save", callback=user_path, panel=OUTPUT, metavar="FILE",
+    save: Annotated[Optional[Path], option("--save", callback=user_path, parser=path, panel=OUTPUT, metavar="FILE",
                                             help="Write the voice to this .safetensors file.")] = None,
-    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
+    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
                                            help="Output directory for --text: OUT/ID.wav.")] = None,
     item_id: Annotated[str, option("--id", panel=OUTPUT, metavar="ID", show_default=True,
                                     help="File name of the audio, as a manifest id.")] = "clone",

@@ -58,9 +58,18 @@ def user_path(value: Path | None) -> Path | None:
     return None if value is None else expand(value)
 
 
-Model = Annotated[Path, option("--model", "-m", callback=user_path, panel=INPUT, metavar="DIR",
+def path(value: str) -> Path:
+    """The parser of every path argument and option (with callback=user_path): an empty one is refused, as
+    Path("") is ".", so `-o "$OUT"` with OUT unset would write into the current folder. (Named `path`: help
+    shows a parser's name as the type.)"""
+    if not value:
+        raise typer.BadParameter("an empty path (an unset shell variable?); give one, or '.' for the current folder")
+    return Path(value)
+
+
+Model = Annotated[Path, option("--model", "-m", callback=user_path, parser=path, panel=INPUT, metavar="DIR",
                                 help="Checkpoint directory (Qwen3-TTS-12Hz-*).")]
-Out = Annotated[Path, option("--out", "-o", callback=user_path, panel=OUTPUT, metavar="DIR",
+Out = Annotated[Path, option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
                               help="Output directory: OUT/ID.wav, OUT/results.jsonl.")]
 Greedy = Annotated[bool, option("--greedy/--no-greedy", panel=DECODING, help="Argmax decoding instead of sampling.")]
 MaxFrames = Annotated[Optional[int], option("--max-frames", panel=DECODING, metavar="N", min=1,
@@ -94,7 +103,7 @@ Workers = Annotated[Optional[int], option("--workers", panel=ENGINE, metavar="N"
                                           help="Engine processes, one per device (cpu: up to one per core); with --ray: actors.")]
 Devices = Annotated[Optional[str], option("--devices", panel=ENGINE, metavar="LIST",
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
-RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", callback=user_path, panel=ENGINE, metavar="FILE",
+RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", callback=user_path, parser=path, panel=ENGINE, metavar="FILE",
                                               help="TOML settings; flags win.")]
 
 ENGINE_DEFAULTS = dict(device="cpu", dtype="auto", codec_dtype="float32", max_batch=8, eager=False,
@@ -117,7 +126,7 @@ IdCol = Annotated[Optional[str], option("--id-column", panel=INPUT, metavar="COL
                                          help="Column holding the id (--column id=COL).")]
 TextCol = Annotated[Optional[str], option("--text-column", panel=INPUT, metavar="COL",
                                            help="Column holding the text (--column text=COL).")]
-ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False, callback=user_path,
+ManifestArg = Annotated[Path, typer.Argument(metavar="MANIFEST", show_default=False, callback=user_path, parser=path,
                                              help="JSONL, CSV/TSV, Parquet, Arrow or a datasets folder.")]
 Loudness = Annotated[Optional[float], option("--loudness", panel=OUTPUT, metavar="LUFS",
                                               help="Normalize each output's loudness (e.g. -23).")]
@@ -139,7 +148,7 @@ RetryRunaway = Annotated[int, option("--retry-runaway", panel=DECODING, metavar=
 UseRay = Annotated[bool, option("--ray", panel=ENGINE, help="Run on a Ray cluster: one engine per actor.")]
 RayAddress = Annotated[Optional[str], option("--ray-address", panel=ENGINE, metavar="ADDR",
                                               help="Ray cluster to join (auto, ray://...). [default: local]")]
-ExportDataset = Annotated[Optional[Path], option("--export-dataset", callback=user_path, panel=OUTPUT, metavar="DIR",
+ExportDataset = Annotated[Optional[Path], option("--export-dataset", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
                                                   help="Also save the results as a datasets dataset.")]
 
 
