@@ -373,6 +373,23 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     assert not (tmp_path / "v.safetensors").exists()
 
 
+@pytest.mark.parametrize("given, problem", [
+    (["--text", " "], "--text: empty; give the words to speak"),
+    (["--text", "Hi.", "--language", "klingon"], "--language: 'klingon' is not known to this checkpoint"),
+    (["--text", "a\udced\udca0\udc80b"], r"--text: a lone surrogate '\udced' at character 2 is not text"),
+])
+def test_cli_text_errors_name_the_flag_not_the_manifest_field(ckpt_dir, ref_wav, tmp_path, monkeypatch, given,
+                                                              problem):
+    """voice-clone said "error: language: 'klingon' is not known...", the manifest field's name, for --language."""
+    import omnitts.api
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
+                                 "--x-vector-only", "-o", str(tmp_path / "o"), *given], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and result.output.startswith(f"error: {problem}"), result.output
+    assert result.output.count("\n") == 1, result.output
+
+
 @pytest.mark.parametrize("save, problem", [
     ("afile/v.safetensors", "--save {t}/afile/v.safetensors: {t}/afile is a file, not a directory"),
     ("afile/sub/v.safetensors", "--save {t}/afile/sub/v.safetensors: {t}/afile is a file, not a directory"),

@@ -593,6 +593,7 @@ def voice_clone(
     from ..api import load
     from ..batch.manifest import id_problem
     from ..config import load_config
+    from ..errors import RequestError
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
     from ..text.prompt import not_text, resolve
@@ -653,10 +654,22 @@ def voice_clone(
             seeded = "" if result.seed is None else f"; seed {result.seed}"  # None: greedy, nothing drawn
             typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
                        f"{mode} voice{seeded})")
+    except RequestError as exc:
+        fail(_flag_named(str(exc)))
     except OmniTTSError as exc:
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{exc.filename or out or save}: cannot write ({exc.strerror or exc})")
+
+
+_CLONE_FLAGS = {"text": "--text", "language": "--language", "ref_text": "--ref-text"}
+
+
+def _flag_named(message: str) -> str:
+    """A request's error names its manifest field ("language: 'x' is not known..."); voice-clone's user gave
+    the flag, which is named instead."""
+    field, sep, rest = message.partition(": ")
+    return f"{_CLONE_FLAGS[field]}: {rest}" if sep and field in _CLONE_FLAGS else message
 
 
 def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> None:
