@@ -279,6 +279,22 @@ def test_numbers_out_of_range_are_refused_before_the_checkpoint_loads(ckpt_dir, 
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--greedy"], "--retry-runaway 2 retries sampled items with new seeds; under --greedy a retry gives the same "
+                   "audio (drop one of them)"),
+    (["--max-frames", "25"], "--retry-runaway 2 retries items that ran out of the budget derived from their text; "
+                             "--max-frames gives every item its own budget, so none would be (drop one of them)"),
+])
+def test_retry_runaway_where_it_would_retry_nothing_is_refused(ckpt_dir, tmp_path, monkeypatch, flags, message):
+    """`--retry-runaway 2 --greedy` (or with --max-frames) ran without a word and retried nothing."""
+    _no_load(monkeypatch)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                 str(tmp_path / "o"), "--retry-runaway", "2", *flags], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and result.output.strip() == f"error: {message}", result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path, monkeypatch):
     _no_load(monkeypatch)
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},

@@ -233,6 +233,7 @@ def synth(
     if workers_on is not None:
         _check_device_indices(workers_on)
     audio_format = _check_output(audio_format, loudness)
+    _check_runaway(retry_runaway, greedy, max_frames)
     try:
         check_out(out)
         if manifest.resolve() == (out / LEDGER_NAME).resolve():  # each bad line recorded would be read again: no end
@@ -289,6 +290,17 @@ def synth(
         ray = (ray_address, workers, recipe) if use_ray else None
         run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
                    export_dataset, quiet, workers_on, ray, verbose)
+
+
+def _check_runaway(retries: int, greedy: bool, max_frames: int | None) -> None:
+    """--retry-runaway retries sampled items that ran out of the budget derived from their text: with --greedy or
+    --max-frames it could retry none, so the pair is refused rather than the retries silently not happening."""
+    if retries and greedy:
+        fail(f"--retry-runaway {retries} retries sampled items with new seeds; under --greedy a retry gives the "
+             "same audio (drop one of them)")
+    if retries and max_frames is not None:
+        fail(f"--retry-runaway {retries} retries items that ran out of the budget derived from their text; "
+             "--max-frames gives every item its own budget, so none would be (drop one of them)")
 
 
 @contextmanager
