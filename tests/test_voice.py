@@ -373,6 +373,25 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     assert not (tmp_path / "v.safetensors").exists()
 
 
+@pytest.mark.parametrize("given, flag", [
+    (["--seed", "3"], "--seed"), (["--greedy"], "--greedy"), (["--max-frames", "5"], "--max-frames"),
+    (["--language", "english"], "--language"), (["--id", "clone"], "--id"), (["--format", "wav"], "--format"),
+    (["--official-tokenizer"], "--official-tokenizer")])
+def test_cli_save_alone_refuses_the_options_of_text(ckpt_dir, ref_wav, tmp_path, monkeypatch, given, flag):
+    """`voice-clone --save v.safetensors --seed 3` (or --greedy, --id, ...) saved the voice and ignored them unsaid:
+    only --text's synthesis reads them, even given at their default."""
+    import omnitts.api
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
+                                 "--x-vector-only", "--save", str(tmp_path / "v.safetensors"), *given],
+                           env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert result.output == (f'error: {flag} goes with --text "..." -o DIR (it is for the spoken audio); --save alone '
+                             "speaks nothing\n"), result.output
+    assert not (tmp_path / "v.safetensors").exists()
+
+
 @pytest.mark.parametrize("given, problem", [
     (["--text", " "], "--text: empty; give the words to speak"),
     (["--text", "Hi.", "--language", "klingon"], "--language: 'klingon' is not known to this checkpoint"),

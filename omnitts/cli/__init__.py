@@ -569,6 +569,7 @@ def _write_demo_reference(path: Path) -> None:
 
 @app.command("voice-clone", cls=Command)
 def voice_clone(
+    ctx: typer.Context,
     model: Model,
     ref_audio: Annotated[Path, option("--ref-audio", callback=user_path, parser=path, panel=INPUT, metavar="FILE",
                                        help="Reference clip, ideally 3-10 s of clean speech.")],
@@ -599,8 +600,9 @@ def voice_clone(
 
     --save VOICE.safetensors encodes the reference once; manifests then use it with
     {"voice": "VOICE.safetensors", ...} (the voice is tied to this checkpoint's weights).
-    --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format); the line
-    it prints gives the seed it sampled with (pass it as --seed to get the same audio again).
+    --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format, --language and
+    the Decoding options are for --text alone); the line it prints gives the seed it sampled with (pass it
+    as --seed to get the same audio again).
     """
     from ..api import load
     from ..batch.manifest import id_problem
@@ -617,6 +619,8 @@ def voice_clone(
         fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
     if (text is None) != (out is None):
         fail("--text and -o go together: -o names the directory --text is spoken into (OUT/ID.wav)")
+    if text is None and (given := [flag for name, flag in _SPEAKING_FLAGS if _given(ctx, name)]):
+        fail(f"{given[0]} goes with --text \"...\" -o DIR (it is for the spoken audio); --save alone speaks nothing")
     if out is not None and out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():
         fail(f"-o {out}: -o is the output directory, as in synth; write -o {out.parent} --id {out.stem}"
               f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
@@ -672,6 +676,17 @@ def voice_clone(
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{exc.filename or out or save}: cannot write ({exc.strerror or exc})")
+
+
+# voice-clone's options that only --text's synthesis reads (given without it, they would do nothing unsaid)
+_SPEAKING_FLAGS = (("language", "--language"), ("greedy", "--greedy"), ("max_frames", "--max-frames"),
+                   ("seed", "--seed"), ("official_tokenizer", "--official-tokenizer"), ("item_id", "--id"),
+                   ("audio_format", "--format"))
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Option `name` was written on the command line (click's parameter source, compared by name: typer may
+    bring a click of its own)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 _CLONE_FLAGS = {"text": "--text", "language": "--language", "ref_text": "--ref-text"}
