@@ -295,6 +295,42 @@ def test_retry_runaway_where_it_would_retry_nothing_is_refused(ckpt_dir, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("case", ["ref_audio", "other_format", "manifest", "another_shard"])
+def test_an_item_named_like_a_file_it_reads_in_out_is_refused(ckpt_dir, ref_wav, tmp_path, monkeypatch, case):
+    """The manifest's folder as OUT, with id "alice" and "ref_audio": "alice.wav": the item's audio replaced the
+    reference clip (deleted it under --format flac, as an earlier format's file); a manifest named m.wav with an
+    id "m" was replaced by that item's audio. Refused before anything loads, every file as it was."""
+    import shutil
+
+    _no_load(monkeypatch)
+    out = tmp_path / "voices"
+    out.mkdir()
+    shutil.copy(ref_wav, out / "alice.wav")
+    line = {"id": "alice", "text": "Hi.", "ref_audio": "alice.wav", "x_vector_only": True}
+    lines, name, what = [line], "alice.wav", "line 1's ref_audio"
+    if case == "another_shard":  # the line reading it runs in another process: this one must not replace it
+        lines = [{"id": "bob", "text": "Hi.", "ref_audio": "alice.wav", "x_vector_only": True},
+                 {"id": "alice", "text": "Hi.", "ref_audio": str(ref_wav), "x_vector_only": True}]
+    manifest = _manifest(out / ("alice.wav" if case == "manifest" else "m.jsonl"),
+                         [{"id": "alice", "text": "Hi.", "ref_audio": str(ref_wav), "x_vector_only": True}]
+                         if case == "manifest" else lines)
+    if case == "manifest":
+        what = "the manifest"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(out), "--max-frames", "2"]
+    args += {"other_format": ["--format", "flac"], "another_shard": ["--shard", "1/2"]}.get(case, [])
+    if case == "another_shard":
+        from omnitts.batch.shard import in_shard
+
+        assert in_shard("alice", 1, 2) and not in_shard("bob", 1, 2)
+    result = runner.invoke(app, args, env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"error: --out {out}: {what}, {out / name}, is named as item 'alice''s output, which "
+                             "the run replaces (or deletes, under another --format); choose another --out (or rename "
+                             "the id or the file)\n"), result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path, monkeypatch):
     _no_load(monkeypatch)
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},

@@ -259,7 +259,9 @@ def synth(
             batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
             fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
             good = bad = 0
+            inputs = _Inputs(out, manifest, fold_case)
             for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
+                inputs.add(entry)  # every shard's: this shard's items may write over another's reference
                 if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
                                                        *shard):
                     continue  # another shard's line: its process reports it
@@ -272,6 +274,9 @@ def synth(
                         batch.record_bad(entry.id, entry.message)
                 else:
                     good += 1
+                    inputs.writes(entry)
+            if problem := inputs.clobbered():
+                fail(problem)
         except OmniTTSError as exc:
             fail(str(exc))
         except OSError as exc:
@@ -301,6 +306,46 @@ def _check_runaway(retries: int, greedy: bool, max_frames: int | None) -> None:
     if retries and max_frames is not None:
         fail(f"--retry-runaway {retries} retries items that ran out of the budget derived from their text; "
              "--max-frames gives every item its own budget, so none would be (drop one of them)")
+
+
+class _Inputs:
+    """The files synth reads that lie in OUT itself (the manifest, a line's ref_audio), and the ids it
+    writes: an item's audio (or codes) named like one of them would replace it, or delete it as the file of an
+    earlier --format (`Batch._drop_earlier`): id "alice" with "ref_audio": "alice.wav" and the manifest's folder
+    as OUT destroyed the reference clip. Refused before anything is written."""
+
+    def __init__(self, out: Path, manifest: Path, fold_case):
+        self.out, self.folder, self.fold = out, out.resolve(), fold_case is not None
+        self.read: dict[str, tuple[str, str]] = {}  # a file's name in OUT (as the ids are compared) -> (name, reader)
+        self.ids: set[str] = set()
+        self._note(manifest, "the manifest")
+
+    def _key(self, name: str) -> str:
+        return name.lower() if self.fold else name
+
+    def _note(self, path, what: str) -> None:
+        if isinstance(path, (str, Path)) and (path := Path(path).resolve()).parent == self.folder:
+            self.read.setdefault(self._key(path.name), (path.name, what))
+
+    def add(self, entry) -> None:
+        request = getattr(entry, "request", None)
+        if request is not None:
+            self._note(request.ref_audio, f"line {entry.line}'s ref_audio")  # (a voice is a .safetensors file)
+
+    def writes(self, entry) -> None:
+        self.ids.add(self._key(entry.request.id))
+
+    def clobbered(self) -> str | None:
+        from ..io.audio import FORMATS
+
+        for key, (name, what) in self.read.items():
+            stem = key.removesuffix(".codes.npy") if key.endswith(".codes.npy") else key.rpartition(".")[0]
+            if stem in self.ids and (key.endswith(".codes.npy") or key.rpartition(".")[2] in FORMATS):
+                stem = name[:len(stem)]  # as the file spells it
+                return (f"--out {self.out}: {what}, {self.out / name}, is named as item {stem!r}'s output, which "
+                        "the run replaces (or deletes, under another --format); choose another --out (or rename the "
+                        "id or the file)")
+        return None
 
 
 @contextmanager
