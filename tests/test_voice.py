@@ -373,6 +373,23 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     assert not (tmp_path / "v.safetensors").exists()
 
 
+def test_cli_text_refuses_to_write_over_its_reference_clip(ckpt_dir, ref_wav, tmp_path, monkeypatch):
+    """`--ref-audio clips/clone.wav --text ... -o clips` wrote the spoken audio over the reference clip (the default
+    --id is clone)."""
+    import shutil
+
+    import omnitts.api
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    shutil.copy(ref_wav, tmp_path / "clone.wav")
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(tmp_path / "clone.wav"),
+                                 "--x-vector-only", "--text", "Hi.", "-o", str(tmp_path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"error: -o {tmp_path} --id clone: {tmp_path / 'clone.wav'} is the reference clip "
+                             "(--ref-audio), which the spoken audio would replace; give another --id or -o\n")
+    assert (tmp_path / "clone.wav").read_bytes() == ref_wav.read_bytes()
+
+
 @pytest.mark.parametrize("given, flag", [
     (["--seed", "3"], "--seed"), (["--greedy"], "--greedy"), (["--max-frames", "5"], "--max-frames"),
     (["--language", "english"], "--language"), (["--id", "clone"], "--id"), (["--format", "wav"], "--format"),

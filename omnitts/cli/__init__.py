@@ -673,6 +673,9 @@ def voice_clone(
         _check_clone_out(out)
     if problem := id_problem(item_id):
         fail(f"--id: {problem}")
+    if out is not None and (target := out / f"{item_id}.{audio_format}").resolve() == ref_audio.resolve():
+        fail(f"-o {out} --id {item_id}: {target} is the reference clip (--ref-audio), which the spoken audio would "
+             "replace; give another --id or -o")
     if save is not None and save.suffix.lower() != ".safetensors":  # as a manifest's voice field takes it
         fail(f"--save {save}: voice files end in .safetensors")
     try:
