@@ -157,3 +157,28 @@ def test_bad_recipe_stops_the_command(ckpt_dir, tmp_path):
     result = runner.invoke(app, ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("custom_voice")),
                                  "-o", str(tmp_path / "o"), "--recipe", str(recipe)])
     assert result.exit_code == 2 and f"error: {recipe}: max_batch: must be > 0, got -1" in result.output
+
+
+@pytest.mark.parametrize("device", ["cuda", "npu"])
+def test_a_recipes_device_this_machine_lacks_is_named_as_the_recipes(ckpt_dir, tmp_path, monkeypatch, device):
+    """`--recipe recipes/cuda-h100.toml` on a machine without CUDA said "error: --device cuda: ...", a flag never
+    given; the error names the recipe's setting (a --device given wins, and is named as before)."""
+    import torch
+
+    import omnitts.device.npu
+    from omnitts.errors import OmniTTSError
+
+    def no_npu():
+        raise OmniTTSError("--device npu needs torch_npu (test)")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(omnitts.device.npu, "import_torch_npu", no_npu)
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    recipe = _recipe(tmp_path, f'device = "{device}"\n')
+    args = ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),
+            "--recipe", str(recipe)]
+    why = {"cuda": ": no CUDA device is visible to torch (use --device cpu)", "npu": " needs torch_npu (test)"}[device]
+    result = runner.invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and result.output == f'error: {recipe}: device = "{device}"{why}\n', result.output
+    flagged = runner.invoke(app, args + ["--device", device], env={"COLUMNS": "300"})
+    assert flagged.exit_code == 2 and flagged.output == f"error: --device {device}{why}\n", flagged.output

@@ -106,9 +106,10 @@ def _show_log(quiet: bool) -> None:
     logger.setLevel(logging.INFO)
 
 
-def _check_engine(engine: dict, devices: str | None = None) -> None:
+def _check_engine(engine: dict, devices: str | None = None, recipe: Path | None = None) -> None:
     """Reject a bad device, dtype or codec dtype (and a device this machine lacks) before anything loads;
-    `devices`: the --devices list the device kind came from, named in the error instead of --device."""
+    `devices`: the --devices list the device kind came from, named in the error instead of --device; `recipe`:
+    the recipe it came from (no --device given), named instead (`--device cuda` was never typed)."""
     from ..recipe import CODEC_DTYPES, DEVICES, DTYPES
 
     for flag, name, choices in (("--device", "device", DEVICES), ("--dtype", "dtype", DTYPES),
@@ -119,7 +120,7 @@ def _check_engine(engine: dict, devices: str | None = None) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            given = f"--devices {devices}" if devices else "--device cuda"
+            given = f"--devices {devices}" if devices else f'{recipe}: device = "cuda"' if recipe else "--device cuda"
             fail(f"{given}: no CUDA device is visible to torch (use --device cpu)")
     elif engine["device"] == "npu":
         from ..device.npu import import_torch_npu
@@ -127,8 +128,8 @@ def _check_engine(engine: dict, devices: str | None = None) -> None:
         try:
             import_torch_npu()
         except OmniTTSError as exc:
-            message = str(exc)
-            fail(message.replace("--device npu", f"--devices {devices}", 1) if devices else message)
+            given = f"--devices {devices}" if devices else f'{recipe}: device = "npu"' if recipe else None
+            fail(str(exc).replace("--device npu", given, 1) if given else str(exc))
 
 
 def _check_output(audio_format: str, loudness: float | None) -> str:
@@ -229,7 +230,7 @@ def synth(
     _check_ray(use_ray, ray_address, devices, workers)
     # None: this process synthesizes (or Ray's actors do, `workers` of them)
     workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
-    _check_engine(engine, devices)
+    _check_engine(engine, devices, recipe if device is None else None)  # (the device is the recipe's, or cpu)
     if workers_on is not None:
         _check_device_indices(workers_on)
     audio_format = _check_output(audio_format, loudness)
