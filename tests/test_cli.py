@@ -307,7 +307,7 @@ def test_an_item_named_like_a_file_it_reads_in_out_is_refused(ckpt_dir, ref_wav,
     out.mkdir()
     shutil.copy(ref_wav, out / "alice.wav")
     line = {"id": "alice", "text": "Hi.", "ref_audio": "alice.wav", "x_vector_only": True}
-    lines, name, what = [line], "alice.wav", "line 1's ref_audio"
+    lines, name, what = [line], "alice.wav", f"the ref_audio of {out / 'm.jsonl'}:1"
     if case == "another_shard":  # the line reading it runs in another process: this one must not replace it
         lines = [{"id": "bob", "text": "Hi.", "ref_audio": "alice.wav", "x_vector_only": True},
                  {"id": "alice", "text": "Hi.", "ref_audio": str(ref_wav), "x_vector_only": True}]

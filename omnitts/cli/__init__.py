@@ -316,7 +316,7 @@ class _Inputs:
     as OUT destroyed the reference clip. Refused before anything is written."""
 
     def __init__(self, out: Path, manifest: Path, fold_case):
-        self.out, self.folder, self.fold = out, out.resolve(), fold_case is not None
+        self.out, self.manifest, self.folder, self.fold = out, manifest, out.resolve(), fold_case is not None
         self.read: dict[str, tuple[str, str]] = {}  # a file's name in OUT (as the ids are compared) -> (name, reader)
         self.ids: set[str] = set()
         self._note(manifest, "the manifest")
@@ -331,9 +331,9 @@ class _Inputs:
     def add(self, entry) -> None:
         request = getattr(entry, "request", None)
         if request is not None:
-            self._note(request.ref_audio, f"line {entry.line}'s ref_audio")  # (a voice is a .safetensors file)
+            self._note(request.ref_audio, f"the ref_audio of {self.manifest}:{entry.line}")  # (a voice: .safetensors)
 
-    def writes(self, entry) -> None:
+    def writes(self, entry) -> None:  # (the manifest pass holds each id already: the set adds no strings)
         self.ids.add(self._key(entry.request.id))
 
     def clobbered(self) -> str | None:
@@ -731,6 +731,8 @@ def voice_clone(
 _SPEAKING_FLAGS = (("language", "--language"), ("greedy", "--greedy"), ("max_frames", "--max-frames"),
                    ("seed", "--seed"), ("official_tokenizer", "--official-tokenizer"), ("item_id", "--id"),
                    ("audio_format", "--format"))
+
+
 def _given(ctx: typer.Context, name: str) -> bool:
     """Option `name` was written on the command line (click's parameter source, compared by name: typer may
     bring a click of its own)."""
