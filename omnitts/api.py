@@ -299,6 +299,7 @@ class TTS:
         if not isinstance(text, (str, list, tuple)):
             raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
         check_seed(seed)
+        seed = _python_int(seed)  # item i's seed + i: a numpy int32's would wrap at 32 bits
         self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, for [] too
         texts = [text] if isinstance(text, str) else list(text)
         for i, item in enumerate(texts):
@@ -362,6 +363,7 @@ class TTS:
                 range, named, as `synthesize` raises them (before any item is read).
         """
         check_seed(seed)
+        seed = _python_int(seed)  # item i's seed + i: a numpy int32's would wrap at 32 bits
         self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, before any item
         errors: list[BaseException] = []  # the first error; once there is one, no more requests are read
 
@@ -432,6 +434,11 @@ class TTS:
             budget = None if request.max_seconds is not None else max_frames
             params = self.default_params(greedy, max_frames=budget, seed=item_seed, **sampling)
         return request, params
+
+
+def _python_int(value):
+    """A checked integer (numpy's too) as a Python int, whose arithmetic never wraps; None stays None."""
+    return None if value is None else int(value)
 
 
 def _check_request(request: Request) -> None:

@@ -102,6 +102,8 @@ class SamplingParams:
             if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
                 expected = {bool: "a bool", INT: "an int", NUMBER: "a number"}[kind]
                 raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
+            if kind is not bool and type(value) not in (int, float):  # numpy's: their arithmetic wraps (int32)
+                object.__setattr__(self, name, int(value) if kind is INT else float(value))
         for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

@@ -309,6 +309,19 @@ def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):
         list(cv.stream([{"text": "Hi.", "speaker": "ryan"}], greedy=1))
 
 
+def test_numpy_integers_are_taken_as_python_ints(cv):
+    """A numpy int32 was taken and its arithmetic wrapped: max_frames=np.int32(3) was "OverflowError: Python integer
+    4294967296 out of bounds for int32" (the cache budget's division), and a list's item 1 from seed=np.int32(2**31 - 1)
+    sampled with seed -2**31, not seed + 1."""
+    params = omnitts.SamplingParams(max_frames=np.int32(3), top_k=np.int16(5), temperature=np.float32(0.5))
+    assert [type(v) for v in (params.max_frames, params.top_k, params.temperature)] == [int, int, float]
+    assert cv.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=np.int32(3)).frames == 3
+    seed = np.int32(2**31 - 1)
+    assert [a.seed for a in cv.synthesize(["Hi.", "Ho."], speaker="ryan", max_frames=2, seed=seed)] == [seed, 2**31]
+    streamed = cv.stream([{"text": "Hi.", "speaker": "ryan"}, {"text": "Ho.", "speaker": "ryan"}], max_frames=2, seed=seed)
+    assert sorted(a.seed for a in streamed) == [seed, 2**31]
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
