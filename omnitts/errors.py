@@ -4,6 +4,17 @@ Each carries a message meant for a person: it names the file, line or field at f
 can, says how to fix it. The CLI prints the message alone (no traceback) and exits non-zero.
 """
 
+import builtins
+
+
+def type_label(kind: type) -> str:
+    """How type `kind` is named as the "got" of "expected X, got Y": its name, with its module where another
+    type shares the name with a builtin (numpy 2's bool is `numpy.bool`: "expected a bool, got bool" said nothing)."""
+    name = kind.__name__
+    if kind.__module__ != "builtins" and hasattr(builtins, name):
+        return f"{kind.__module__}.{name}"
+    return name
+
 
 class OmniTTSError(Exception):
     """Base class of every error omnitts raises on purpose."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from .errors import type_label
 from .sampling import seed_word
 
 FRAMES_PER_SECOND = 12.5
@@ -101,7 +102,7 @@ class SamplingParams:
                 continue
             if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
                 expected = {bool: "a bool", INT: "an int", NUMBER: "a number"}[kind]
-                raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
+                raise TypeError(f"{name}: expected {expected}, got {type_label(type(value))}")
             if kind is not bool and type(value) not in (int, float):  # numpy's: their arithmetic wraps (int32)
                 object.__setattr__(self, name, int(value) if kind is INT else float(value))
         for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
@@ -173,7 +174,7 @@ _KINDS = dict(do_sample=bool, temperature=NUMBER, top_k=INT, top_p=NUMBER, repet
 def check_seed(seed) -> None:
     """A seed is an int or None (TypeError otherwise, before any arithmetic on it), of 64 bits (ValueError)."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, INT)):
-        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+        raise TypeError(f"seed: expected an int, got {type_label(type(seed))}")
     if problem := seed_problem(seed):
         raise ValueError(f"seed: {problem}")
 
@@ -191,7 +192,7 @@ def seed_problem(seed) -> str | None:
 def check_flag(name: str, value) -> None:
     """A flag such as `greedy` is a bool (TypeError naming it otherwise: "yes" would count as true)."""
     if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+        raise TypeError(f"{name}: expected a bool, got {type_label(type(value))}")
 
 
 def frames_in(seconds: float) -> int:

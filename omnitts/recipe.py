@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import OmniTTSError
+from .errors import OmniTTSError, type_label
 
 DEVICES = ("cpu", "cuda", "npu")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -131,7 +131,7 @@ def type_name(kind, given: bool = False) -> str:
     """How a type is named in "expected X, got Y" (`given`: as Y, where bool is the value's kind)."""
     if kind is bool:
         return "a boolean" if given else "true or false"
-    return {str: "a string", int: "an integer", list: "a list", dict: "a table", float: "a number"}.get(kind, kind.__name__)
+    return {str: "a string", int: "an integer", list: "a list", dict: "a table", float: "a number"}.get(kind, type_label(kind))
 
 
 def load_recipe(path) -> Recipe:

@@ -322,6 +322,20 @@ def test_numpy_integers_are_taken_as_python_ints(cv):
     assert sorted(a.seed for a in streamed) == [seed, 2**31]
 
 
+def test_a_numpy_bool_is_named_as_numpy_s(cv):
+    """numpy 2 names its bool type `bool`: a flag given one said "greedy: expected a bool, got bool"."""
+    with pytest.raises(TypeError, match=r"^greedy: expected a bool, got numpy\.bool$"):
+        cv.synthesize("Hi.", speaker="ryan", greedy=np.bool_(True))
+    with pytest.raises(RequestError, match=r"^non_streaming: expected bool, got numpy\.bool$"):
+        cv.synthesize("Hi.", speaker="ryan", non_streaming=np.bool_(True))
+    with pytest.raises(TypeError, match=r"^do_sample: expected a bool, got numpy\.bool$"):
+        omnitts.SamplingParams(do_sample=np.bool_(False))
+    with pytest.raises(TypeError, match=r"^seed: expected an int, got numpy\.bool$"):
+        cv.synthesize("Hi.", speaker="ryan", seed=np.bool_(True))
+    with pytest.raises(TypeError, match=r"^eager: expected true or false, got numpy\.bool$"):
+        omnitts.load(".", eager=np.bool_(True))
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):

@@ -26,7 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import OmniTTSError, RequestError
+from ..errors import OmniTTSError, RequestError, type_label
 from ..io import unreachable, user_path
 from ..params import LARGEST, seed_problem
 from ..request import Request
@@ -152,7 +152,7 @@ def check_fields(obj: dict) -> None:
         numeric = kind is int or kind == NUMBER
         if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
             expected = "number" if kind == NUMBER else kind.__name__
-            raise RequestError(f"{name}: expected {expected}, got {type(value).__name__}")
+            raise RequestError(f"{name}: expected {expected}, got {type_label(type(value))}")
         if isinstance(value, str) and (problem := not_text(value)):
             raise RequestError(f"{name}: {problem}")
     _check_ranges(obj)
