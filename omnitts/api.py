@@ -343,7 +343,8 @@ class TTS:
                 - a `Request`;
                 - a dict of manifest fields (`id`, `text`, `language`, `speaker`, `instruct`,
                   `ref_audio`, `ref_text`, `x_vector_only`, `non_streaming`, `seed`, `max_seconds`;
-                  a relative `ref_audio` resolves against the current directory);
+                  a relative `ref_audio` resolves against the current directory; read as a JSON manifest
+                  line is: an integer `id` is its digits, a whole float such as 3.0 an integer);
                 - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given (its dict
                   may not set `seed`, `temperature`, `top_k`, `top_p` or `repetition_penalty` too).
                 An item without an id gets its position ("0", "1", ...); ids must be unique.
@@ -395,7 +396,7 @@ class TTS:
 
     def _stream_item(self, i: int, item, greedy, max_frames, seed, sampling) -> tuple[Request, SamplingParams]:
         """One `stream` item -> (Request with an id, SamplingParams)."""
-        from .batch.manifest import parse_item
+        from .batch.manifest import _typed_values, parse_item
 
         params = None
         if isinstance(item, tuple):
@@ -404,13 +405,18 @@ class TTS:
             item, params = item
         item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
         if isinstance(item, dict):
+            # Read as a manifest line is: an integer id is its digits, a whole float an integer (pandas' rows);
+            # only a missing id is the position (the id 0 was taken for none)
+            item = _typed_values(item)
+            if item.get("id") in (None, ""):
+                item = {**item, "id": str(i)}
             for name in ("ref_audio", "voice"):  # a manifest line names files; objects go in a Request
                 if item.get(name) is not None and not isinstance(item[name], (str, os.PathLike)):
                     raise RequestError(f"requests[{i}]: {name}: a dict takes a file's path, as a manifest line "
                                        f"does, got {type(item[name]).__name__}; give a Request(..., {name}=...) "
                                        "for samples or a Voice")
             try:
-                parsed = parse_item({**item, "id": item.get("id") or str(i)}, i + 1, Path.cwd())
+                parsed = parse_item(item, i + 1, Path.cwd())
             except RequestError as exc:
                 raise RequestError(f"requests[{i}]: {exc}") from None
             given = ["seed"] * (parsed.seed is not None) + list(parsed.sampling)

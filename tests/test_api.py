@@ -336,6 +336,14 @@ def test_a_numpy_bool_is_named_as_numpy_s(cv):
         omnitts.load(".", eager=np.bool_(True))
 
 
+def test_a_stream_dict_takes_integer_ids_and_whole_floats_as_a_manifest_line_does(cv):
+    """A dict is read as a JSON manifest line: {"id": 7} said "id: expected str, got int", {"seed": 3.0} (a pandas row
+    with gaps) "seed: expected int, got float", and {"id": 0} was silently given its position as its id."""
+    lines = [{"id": 7, "text": "Hi.", "speaker": "ryan"}, {"text": "Ho.", "speaker": "ryan", "seed": 3.0},
+             {"id": 0, "text": "Ha.", "speaker": "ryan"}]
+    assert sorted((a.id, a.seed) for a in cv.stream(lines, max_frames=2, seed=10)) == [("0", 12), ("1", 3), ("7", 10)]
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
