@@ -26,7 +26,7 @@ from .device import make_deterministic, out_of_memory
 from .engine import EngineConfig
 from .engine.pipeline import Job, Pipeline
 from .engine.reference import decode_codes, generate_codes
-from .errors import AudioError, OmniTTSError, RequestError, VoiceError
+from .errors import AudioError, OmniTTSError, RequestError, VoiceError, type_label
 from .info import checkpoint_info
 from .io import user_path
 from .io.audio import load_reference
@@ -225,9 +225,10 @@ class TTS:
         `(Request, SamplingParams)` pair, or a field of the wrong type or range, raises RequestError
         naming the job and the field (`jobs[2]: max_seconds: must be > 0, got -1`).
         A request that fails (bad reference audio, unknown speaker, too long for the cache...) raises;
-        `stream` finishes the others first.
+        `stream` finishes the others first. `jobs` that is not an iterable (None, one pair alone) is a
+        TypeError naming it.
         """
-        return self._finished(_numbered_job(i, job) for i, job in enumerate(jobs))
+        return self._finished(_numbered_job(i, job) for i, job in enumerate(_requests_iterator("jobs", jobs)))
 
     def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Audio]:
         """`generate` for requests already turned into prompts (see `prepare`)."""
@@ -361,17 +362,19 @@ class TTS:
             while generating, or an exception from `requests` itself) no more requests are read, the ones
             already under way finish and are yielded, and then the first error is raised.
             TypeError, ValueError: `greedy`, `max_frames`, `seed` or a sampling keyword of the wrong type or
-                range, named, as `synthesize` raises them (before any item is read).
+                range, named, as `synthesize` raises them (before any item is read); `requests` that is not
+                an iterable of them (None, or one dict or Request given alone: `[request]` is a list of one).
         """
         check_seed(seed)
         seed = _python_int(seed)  # item i's seed + i: a numpy int32's would wrap at 32 bits
         self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, before any item
+        source = _requests_iterator("requests", requests)
         errors: list[BaseException] = []  # the first error; once there is one, no more requests are read
 
         def jobs():
             seen = set()
             try:
-                source, i = iter(requests), 0
+                i = 0
                 while not errors:  # after an error, read nothing more
                     item = next(source, _END)
                     if item is _END:
@@ -440,6 +443,21 @@ class TTS:
             budget = None if request.max_seconds is not None else max_frames
             params = self.default_params(greedy, max_frames=budget, seed=item_seed, **sampling)
         return request, params
+
+
+def _requests_iterator(name: str, value) -> Iterator:
+    """An iterator over `value`, the requests of `stream` or `generate`: one request given alone (a dict, a
+    Request; a string) would be iterated over its keys or characters, and None said only "'NoneType' object is
+    not iterable"; TypeError naming the argument."""
+    if isinstance(value, (str, bytes, dict, Request)):
+        one = "[request]" if name == "requests" else "[(request, params)]"
+        raise TypeError(f"{name}: expected an iterable of requests (a list, a generator), got one "
+                        f"{type_label(type(value))}; give one request in a list: {one}")
+    try:
+        return iter(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an iterable of requests (a list, a generator), got "
+                        f"{type_label(type(value))}") from None
 
 
 def _python_int(value):

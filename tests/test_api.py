@@ -344,6 +344,18 @@ def test_a_stream_dict_takes_integer_ids_and_whole_floats_as_a_manifest_line_doe
     assert sorted((a.id, a.seed) for a in cv.stream(lines, max_frames=2, seed=10)) == [("0", 12), ("1", 3), ("7", 10)]
 
 
+@pytest.mark.parametrize("given,named", [(None, "NoneType"), (5, "int"), ({"text": "Hi.", "speaker": "ryan"}, "one dict"),
+                                         (omnitts.Request("Hi.", speaker="ryan"), "one Request"), ("Hi.", "one str")])
+def test_requests_that_are_not_an_iterable_of_them_are_named(cv, given, named):
+    """stream(None) said only "'NoneType' object is not iterable", stream(a_dict) "requests[0]: expected a Request, a
+    dict or a (request, SamplingParams) pair, got str" (its first key) and stream(a_request) "'Request' object is
+    not iterable"."""
+    with pytest.raises(TypeError, match=rf"^requests: expected an iterable of requests \(a list, a generator\), got {named}"):
+        next(cv.stream(given, max_frames=2))
+    with pytest.raises(TypeError, match=rf"^jobs: expected an iterable of requests \(a list, a generator\), got {named}"):
+        next(cv.generate(given))
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
