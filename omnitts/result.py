@@ -70,17 +70,27 @@ class Audio:
         return path
 
     def to_wav_bytes(self) -> bytes:
-        """The audio as an in-memory 16-bit PCM WAV file."""
+        """The audio as an in-memory 16-bit PCM WAV file.
+
+        Raises:
+            ValueError: some samples are NaN or infinite, as `save` refuses them (soundfile writes them as
+                full-scale noise)."""
         import soundfile as sf
 
+        if not np.isfinite(self.samples).all():
+            raise ValueError("samples: some are not numbers (NaN or infinity); no WAV was made")
         buffer = io.BytesIO()
         sf.write(buffer, self.samples, self.sample_rate, format="WAV", subtype="PCM_16")
         return buffer.getvalue()
 
     def _repr_html_(self) -> str:
-        """Jupyter's rich display: a caption and an <audio> player with the WAV inline (base64)."""
-        data = base64.b64encode(self.to_wav_bytes()).decode("ascii")
+        """Jupyter's rich display: a caption and an <audio> player with the WAV inline (base64); no player for
+        samples that are not numbers (it would play full-scale noise)."""
         caption = html.escape(repr(self))
+        try:
+            data = base64.b64encode(self.to_wav_bytes()).decode("ascii")
+        except ValueError as exc:
+            return f"<div><code>{caption}</code><br>{html.escape(str(exc))}</div>"
         return (f"<div><code>{caption}</code><br>"
                 f'<audio controls preload="none" src="data:audio/wav;base64,{data}"></audio></div>')
 

@@ -356,6 +356,15 @@ def test_requests_that_are_not_an_iterable_of_them_are_named(cv, given, named):
         next(cv.generate(given))
 
 
+def test_samples_that_are_not_numbers_make_no_wav_bytes_nor_player():
+    """`save` refused NaN samples, but `to_wav_bytes` (and the notebook's player) wrote them as full-scale noise."""
+    audio = omnitts.Audio(np.array([0.0, np.nan, np.inf], np.float32), 24000)
+    with pytest.raises(ValueError, match=r"^samples: some are not numbers \(NaN or infinity\); no WAV was made$"):
+        audio.to_wav_bytes()
+    page = audio._repr_html_()
+    assert "<audio" not in page and "no WAV was made" in page
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
