@@ -151,6 +151,15 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     tensors = {"x_vector": voice.x_vector.detach().float().cpu().contiguous()}
     if voice.icl:
         tensors["ref_codes"] = voice.ref_codes.detach().long().cpu().contiguous()
+    # What load_voice refuses, refused before writing (a file it cannot read back), float codes before `long`
+    # would cut them
+    x_vector, codes = tensors["x_vector"], voice.ref_codes
+    if x_vector.dim() != 1 or not torch.isfinite(x_vector).all():
+        raise VoiceError(f"{path}: x_vector must be a vector of finite float32 values; got {voice.x_vector.dtype} "
+                         f"{tuple(voice.x_vector.shape)}")
+    if codes is not None and (codes.dim() != 2 or codes.shape[0] == 0 or codes.is_floating_point() or codes.is_complex()):
+        raise VoiceError(f"{path}: ref_codes must be integer (frames, groups), one frame at least; got {codes.dtype} "
+                         f"{tuple(codes.shape)}")
     info = {"ref_audio": "", "ref_seconds": "", "checkpoint_name": "", **voice.meta, **(meta or {})}
     info.update(format=FORMAT, format_version=str(FORMAT_VERSION), mode="icl" if voice.icl else "x_vector_only",
                 ref_text=(voice.ref_text or "") if voice.icl else "", checkpoint=identity,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -539,6 +540,28 @@ def test_a_voice_that_its_file_could_not_hold_is_refused_at_save_and_use(tts_fac
         tts.synthesize("Hi.", voice=numpy_voice, max_frames=2)
     with pytest.raises(VoiceError, match=r"v.safetensors: x_vector must be a torch.Tensor, got ndarray"):
         numpy_voice.save(tmp_path / "v.safetensors")
+
+
+def test_a_voice_that_load_voice_would_refuse_is_not_saved(tts_factory, ref_wav, tmp_path):
+    """save wrote voices load_voice then refused ("ref_codes must be int64 (frames, groups); got torch.int64 (0, 16)",
+    a NaN or 2-D x_vector), and cut float codes to integers without a word."""
+    from dataclasses import replace
+
+    voice = tts_factory("base").clone_voice(ref_wav, REF_TEXT)
+    path = tmp_path / "v.safetensors"
+    for name, value, problem in (
+            ("ref_codes", voice.ref_codes[:0], r"ref_codes must be integer \(frames, groups\), one frame at least; "
+                                               r"got torch.int64 \(0, 16\)"),
+            ("ref_codes", voice.ref_codes.double() + 0.5, r"ref_codes must be integer .* got torch.float64"),
+            ("ref_codes", voice.ref_codes.flatten(), r"ref_codes must be integer"),
+            ("x_vector", torch.full_like(voice.x_vector, float("nan")), r"x_vector must be a vector of finite float32"),
+            ("x_vector", voice.x_vector.double() * 1e300, r"x_vector must be a vector of finite float32 values; got "
+                                                          r"torch.float64"),
+            ("x_vector", voice.x_vector[None], r"x_vector must be a vector .* got torch.float32 \(1, \d+\)$")):
+        with pytest.raises(VoiceError, match=rf"^{re.escape(str(path))}: {problem}"):
+            replace(voice, **{name: value}).save(path)
+    assert not path.exists()
+    assert load_voice(voice.save(path))[0].ref_codes.shape == voice.ref_codes.shape
 
 
 def test_voice_and_checkpoint_files_follow_the_umask(tts_factory, ckpt_dir, ref_wav, tmp_path):
