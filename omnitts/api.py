@@ -418,6 +418,8 @@ class TTS:
                     raise RequestError(f"requests[{i}]: {name}: a dict takes a file's path, as a manifest line "
                                        f"does, got {type(item[name]).__name__}; give a Request(..., {name}=...) "
                                        "for samples or a Voice")
+                if isinstance(item.get(name), os.PathLike):  # a Path is a path: the manifest check takes a string
+                    item = {**item, name: os.fspath(item[name])}
             try:
                 parsed = parse_item(item, i + 1, Path.cwd())
             except RequestError as exc:

@@ -564,6 +564,18 @@ def test_a_voice_that_load_voice_would_refuse_is_not_saved(tts_factory, ref_wav,
     assert load_voice(voice.save(path))[0].ref_codes.shape == voice.ref_codes.shape
 
 
+def test_a_stream_dict_takes_paths_as_path_objects(tts_factory, ref_wav, tmp_path):
+    """A dict's ref_audio or voice given as a Path (which the dict's own check lets through as a file's path) was
+    "requests[0]: voice: expected str, got PosixPath"."""
+    tts = tts_factory("base")
+    voice = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "v.safetensors")
+    lines = [{"id": "a", "text": "Hi.", "voice": voice}, {"id": "b", "text": "Hi.", "voice": str(voice)},
+             {"id": "c", "text": "Hi.", "ref_audio": ref_wav, "ref_text": REF_TEXT},
+             {"id": "d", "text": "Hi.", "ref_audio": str(ref_wav), "ref_text": REF_TEXT}]
+    codes = {a.id: a.codes for a in tts.stream(lines, greedy=True, max_frames=2)}
+    assert np.array_equal(codes["a"], codes["b"]) and np.array_equal(codes["c"], codes["d"])
+
+
 def test_voice_and_checkpoint_files_follow_the_umask(tts_factory, ckpt_dir, ref_wav, tmp_path):
     """safetensors writes a new file of mode 0600: voice files (and the test and demo checkpoints' weights) were
     private while audio files got 0666 less the umask."""
