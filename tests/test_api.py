@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 import soundfile as sf
+import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
@@ -363,6 +364,17 @@ def test_samples_that_are_not_numbers_make_no_wav_bytes_nor_player():
         audio.to_wav_bytes()
     page = audio._repr_html_()
     assert "<audio" not in page and "no WAV was made" in page
+
+
+def test_a_path_argument_that_is_no_path_is_named(cv, tmp_path):
+    """Audio.save(3), TTS.load_voice(3) and read_results(None) raised pathlib's "expected str, bytes or os.PathLike
+    object, not int", naming no argument (and saying bytes, which it refuses)."""
+    audio = omnitts.Audio(np.zeros(24, np.float32), 24000)
+    for call, name, kind in ((lambda: audio.save(3), "path", "int"), (lambda: audio.save(b"a.wav"), "path", "bytes"),
+                             (lambda: cv.load_voice(3), "path", "int"), (lambda: omnitts.read_results(None), "out", "NoneType"),
+                             (lambda: omnitts.Voice(torch.zeros(4), None, None, "x").save(1.5), "path", "float")):
+        with pytest.raises(TypeError, match=rf"^{name}: expected a path \(a string or os.PathLike\), got {kind}$"):
+            call()
 
 
 def test_a_frame_cap_below_one_is_refused_naming_it():

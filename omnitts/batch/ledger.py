@@ -62,7 +62,7 @@ def read_results(out) -> dict[str, dict]:
 
     Raises:
         FileNotFoundError: `out` is not a directory (a mistyped path is not an empty run)."""
-    out = user_path(out)
+    out = user_path(out, "out")
     if not out.is_dir():
         raise FileNotFoundError(f"{out}: no such output directory")
     return {record["id"]: record for record in records(out)}
