@@ -14,6 +14,7 @@ tested against. The library never prints.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -345,7 +346,8 @@ class TTS:
                 - a dict of manifest fields (`id`, `text`, `language`, `speaker`, `instruct`,
                   `ref_audio`, `ref_text`, `x_vector_only`, `non_streaming`, `seed`, `max_seconds`;
                   a relative `ref_audio` resolves against the current directory; read as a JSON manifest
-                  line is: an integer `id` is its digits, a whole float such as 3.0 an integer);
+                  line is: an integer `id` is its digits, a whole float such as 3.0 an integer; a NaN, a
+                  DataFrame's empty cell, is absent: `df.to_dict("records")` gives a DataFrame's rows);
                 - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given (its dict
                   may not set `seed`, `temperature`, `top_k`, `top_p` or `repetition_penalty` too).
                 An item without an id gets its position ("0", "1", ...); ids must be unique.
@@ -410,7 +412,9 @@ class TTS:
         if isinstance(item, dict):
             # Read as a manifest line is: an integer id is its digits, a whole float an integer (pandas' rows);
             # only a missing id is the position (the id 0 was taken for none)
-            item = _typed_values(item)
+            # A DataFrame's row (df.to_dict("records")) holds NaN for an empty cell, which a table manifest read
+            # from that DataFrame holds as null: absent
+            item = _typed_values({k: v for k, v in item.items() if not (isinstance(v, float) and math.isnan(v))})
             if item.get("id") in (None, ""):
                 item = {**item, "id": str(i)}
             for name in ("ref_audio", "voice"):  # a manifest line names files; objects go in a Request
@@ -451,6 +455,9 @@ def _requests_iterator(name: str, value) -> Iterator:
     """An iterator over `value`, the requests of `stream` or `generate`: one request given alone (a dict, a
     Request; a string) would be iterated over its keys or characters, and None said only "'NoneType' object is
     not iterable"; TypeError naming the argument."""
+    if hasattr(value, "columns") and hasattr(value, "to_dict"):  # a DataFrame iterates over its column names
+        raise TypeError(f"{name}: a {type_label(type(value))} iterates over its column names; give its rows: "
+                        "df.to_dict('records')")
     if isinstance(value, (str, bytes, dict, Request)):
         one = "[request]" if name == "requests" else "[(request, params)]"
         raise TypeError(f"{name}: expected an iterable of requests (a list, a generator), got one "

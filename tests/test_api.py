@@ -377,6 +377,19 @@ def test_a_path_argument_that_is_no_path_is_named(cv, tmp_path):
             call()
 
 
+def test_stream_takes_a_dataframes_rows(cv):
+    """pandas gives an empty cell as NaN: df.to_dict("records") of lines with and without a seed was "requests[1]: seed:
+    expected int, got float" (a Parquet file of that DataFrame holds null, absent); stream(df) iterated over the column
+    names ("requests[0]: expected a Request, a dict or a (request, SamplingParams) pair, got str")."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame([{"id": "a", "text": "Hi.", "speaker": "ryan", "seed": 3},
+                          {"id": "b", "text": "Ho.", "speaker": "ryan", "language": "english"}])
+    assert sorted((a.id, a.seed) for a in cv.stream(frame.to_dict("records"), max_frames=2, seed=10)) == [("a", 3), ("b", 11)]
+    with pytest.raises(TypeError, match=r"^requests: a DataFrame iterates over its column names; give "
+                                        r"its rows: df.to_dict\('records'\)$"):
+        next(cv.stream(frame))
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
