@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator, Union
 
+import numpy as np
 import torch
 
 from .checkpoint import Checkpoint, load_checkpoint
@@ -410,10 +411,11 @@ class TTS:
             item, params = item
         item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
         if isinstance(item, dict):
-            # Read as a manifest line is: an integer id is its digits, a whole float an integer (pandas' rows);
-            # only a missing id is the position (the id 0 was taken for none)
-            # A DataFrame's row (df.to_dict("records")) holds NaN for an empty cell, which a table manifest read
-            # from that DataFrame holds as null: absent
+            # Read as a manifest line is: numpy's numbers (a seed from np.arange) as Python's, as the keyword
+            # arguments take them; NaN, a DataFrame row's empty cell (df.to_dict("records")), absent, as the null
+            # of a table manifest made from that DataFrame; an integer id its digits, a whole float an integer.
+            # Only a missing id is the position (the id 0 was taken for none)
+            item = {k: v.item() if isinstance(v, (np.integer, np.floating)) else v for k, v in item.items()}
             item = _typed_values({k: v for k, v in item.items() if not (isinstance(v, float) and math.isnan(v))})
             if item.get("id") in (None, ""):
                 item = {**item, "id": str(i)}

@@ -390,6 +390,13 @@ def test_stream_takes_a_dataframes_rows(cv):
         next(cv.stream(frame))
 
 
+def test_a_stream_dict_takes_numpy_numbers(cv):
+    """A seed from np.arange in a dict was "requests[0]: seed: expected int, got int64" (keywords took numpy's), a
+    np.float32 max_seconds "max_seconds: expected number, got float32"."""
+    lines = [{"text": "Hi.", "speaker": "ryan", "seed": seed, "max_seconds": np.float32(0.16)} for seed in np.arange(2)]
+    assert sorted((a.id, a.seed, a.frames, type(a.seed)) for a in cv.stream(lines)) == [("0", 0, 2, int), ("1", 1, 2, int)]
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
