@@ -36,3 +36,7 @@ class Request:
     non_streaming: bool | None = None
     id: str | None = None
     max_seconds: float | None = None  # frame budget in seconds (when max_frames is not set)
+
+    def __post_init__(self):
+        if isinstance(self.max_seconds, (np.integer, np.floating)):  # numpy's, as the API's numbers are taken
+            self.max_seconds = self.max_seconds.item()
