@@ -417,7 +417,7 @@ class TTS:
             # Only a missing id is the position (the id 0 was taken for none)
             item = {k: v.item() if isinstance(v, (np.integer, np.floating)) else v for k, v in item.items()}
             item = _typed_values({k: v for k, v in item.items() if not (isinstance(v, float) and math.isnan(v))})
-            if item.get("id") in (None, ""):
+            if item.get("id") is None or (isinstance(item["id"], str) and not item["id"]):  # (an array's == is one)
                 item = {**item, "id": str(i)}
             for name in ("ref_audio", "voice"):  # a manifest line names files; objects go in a Request
                 if item.get(name) is not None and not isinstance(item[name], (str, os.PathLike)):

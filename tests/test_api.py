@@ -395,6 +395,8 @@ def test_a_stream_dict_takes_numpy_numbers(cv):
     np.float32 max_seconds "max_seconds: expected number, got float32"."""
     lines = [{"text": "Hi.", "speaker": "ryan", "seed": seed, "max_seconds": np.float32(0.16)} for seed in np.arange(2)]
     assert sorted((a.id, a.seed, a.frames, type(a.seed)) for a in cv.stream(lines)) == [("0", 0, 2, int), ("1", 1, 2, int)]
+    with pytest.raises(RequestError, match=r"^requests\[0\]: id: expected str, got ndarray$"):  # not "truth value of an
+        list(cv.stream([{"id": np.array([1, 2]), "text": "Hi.", "speaker": "ryan"}]))  # array ... is ambiguous"
     request = omnitts.Request("Hi.", speaker="ryan", max_seconds=np.float32(0.16))  # a Request's too
     assert cv.run(request, cv.default_params()).frames == 2 and type(request.max_seconds) is float
 
