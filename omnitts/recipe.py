@@ -131,7 +131,8 @@ def type_name(kind, given: bool = False) -> str:
     """How a type is named in "expected X, got Y" (`given`: as Y, where bool is the value's kind)."""
     if kind is bool:
         return "a boolean" if given else "true or false"
-    return {str: "a string", int: "an integer", list: "a list", dict: "a table", float: "a number"}.get(kind, type_label(kind))
+    names = {str: "a string", int: "an integer", list: "a list", dict: "a table", float: "a number"}
+    return names.get(kind, type_label(kind))
 
 
 def load_recipe(path) -> Recipe:

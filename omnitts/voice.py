@@ -157,7 +157,8 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     if x_vector.dim() != 1 or not torch.isfinite(x_vector).all():
         raise VoiceError(f"{path}: x_vector must be a vector of finite float32 values; got {voice.x_vector.dtype} "
                          f"{tuple(voice.x_vector.shape)}")
-    if codes is not None and (codes.dim() != 2 or codes.shape[0] == 0 or codes.is_floating_point() or codes.is_complex()):
+    if codes is not None and (codes.dim() != 2 or codes.shape[0] == 0 or codes.is_floating_point()
+                              or codes.is_complex()):
         raise VoiceError(f"{path}: ref_codes must be integer (frames, groups), one frame at least; got {codes.dtype} "
                          f"{tuple(codes.shape)}")
     info = {"ref_audio": "", "ref_seconds": "", "checkpoint_name": "", **voice.meta, **(meta or {})}
