@@ -168,8 +168,8 @@ def test_a_recipes_device_this_machine_lacks_is_named_as_the_recipes(ckpt_dir, t
     import omnitts.device.npu
     from omnitts.errors import OmniTTSError
 
-    def no_npu():
-        raise OmniTTSError("--device npu needs torch_npu (test)")
+    def no_npu(given="--device npu"):  # as the real one: the flag (or recipe setting) the NPU was asked with
+        raise OmniTTSError(f"{given} needs torch_npu (test)")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(omnitts.device.npu, "import_torch_npu", no_npu)

@@ -116,20 +116,20 @@ def _check_engine(engine: dict, devices: str | None = None, recipe: Path | None 
                                 ("--codec-dtype", "codec_dtype", CODEC_DTYPES)):
         if engine[name] not in choices:
             fail(f"{flag} {engine[name]!r}: choose {either(choices)}")
-    if engine["device"] == "cuda":
+    kind = engine["device"]
+    given = f"--devices {devices}" if devices else f'{recipe}: device = "{kind}"' if recipe else f"--device {kind}"
+    if kind == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            given = f"--devices {devices}" if devices else f'{recipe}: device = "cuda"' if recipe else "--device cuda"
             fail(f"{given}: no CUDA device is visible to torch (use --device cpu)")
-    elif engine["device"] == "npu":
+    elif kind == "npu":
         from ..device.npu import import_torch_npu
 
         try:
-            import_torch_npu()
+            import_torch_npu(given)
         except OmniTTSError as exc:
-            given = f"--devices {devices}" if devices else f'{recipe}: device = "npu"' if recipe else None
-            fail(str(exc).replace("--device npu", given, 1) if given else str(exc))
+            fail(str(exc))
 
 
 def _check_output(audio_format: str, loudness: float | None) -> str:

@@ -30,7 +30,9 @@ def torch_npu_mismatch(torch_version: str, npu_version: str) -> str | None:
             f"torch_npu) or pip install \"torch_npu=={line}.*\"")
 
 
-def import_torch_npu():
+def import_torch_npu(given: str = "--device npu"):
+    """Import torch_npu (it registers torch.npu), or raise OmniTTSError naming `given` (the flag the NPU was
+    asked with)."""
     from importlib import metadata
 
     try:
@@ -38,16 +40,16 @@ def import_torch_npu():
     except metadata.PackageNotFoundError:
         mismatch = None  # not installed (or vendored without metadata): the import below says so
     if mismatch:
-        raise OmniTTSError(f"--device npu: {mismatch}")
+        raise OmniTTSError(f"{given}: {mismatch}")
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
     except Exception as exc:  # ImportError, or the CANN toolkit's own errors
         raise OmniTTSError(
-            f"--device npu needs torch_npu and the Ascend CANN toolkit ({type(exc).__name__}: {exc}); "
+            f"{given} needs torch_npu and the Ascend CANN toolkit ({type(exc).__name__}: {exc}); "
             "install them (pip install 'omnitts[npu]', then source CANN's set_env.sh) or use --device cpu"
         ) from None
     if not torch.npu.is_available():
-        raise OmniTTSError("--device npu: torch_npu is installed but no NPU is visible")
+        raise OmniTTSError(f"{given}: torch_npu is installed but no NPU is visible")
 
 
 # SoCs whose documentation lists `npu_fusion_attention` and bfloat16 matrix products: the Atlas A2 training
