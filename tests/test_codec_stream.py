@@ -225,13 +225,13 @@ def test_channels_last_units_stream_like_their_whole_decode(ckpt_dir):
     bfloat16 model's float32 codec) keeps their causal state channels-last: streams at different rates,
     batched together, decode what the whole decode of the same codec gives, within Winograd's rounding
     (the tile grid follows the call)."""
-    from omnitts.device import cpu_weights, native
+    from omnitts.device import cpu_convs, native
     from omnitts.models.codec import ResidualUnit
 
     if not native.available(torch.float32) or not torch.ops.omnitts.vectorised_float32():
         pytest.skip("the native kernels do not build here with AVX-512")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu_weights, "WINOGRAD_MIN_CHANNELS", 1)
+        patch.setattr(cpu_convs, "WINOGRAD_MIN_CHANNELS", 1)
         ckpt = load_checkpoint(ckpt_dir("base"), dtype="bfloat16")
     units = [m for m in ckpt.codec.modules() if isinstance(m, ResidualUnit)]
     assert units and all(m.channels_last is not None for m in units)

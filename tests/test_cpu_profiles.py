@@ -237,7 +237,7 @@ def test_ci_runs_the_kernel_tests_under_every_profile_that_computes_differently(
                              *script.KERNEL_TESTS], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     files = {line.split("::")[0] for line in listed.splitlines() if "::" in line}
     for must in ("test_parity", "test_invariance", "test_native", "test_engine", "test_codec_stream",
-                 "test_cpu_weights", "test_layers"):
+                 "test_cpu_weights", "test_cpu_convs", "test_layers"):
         assert f"tests/{must}.py" in files, f"{must} lost its `kernels` mark"
     assert "tests/test_writers.py" not in files  # a selection, not the whole tier
     assert "test_greedy_parity_with_official_package[rest]" not in listed  # slow tests stay out

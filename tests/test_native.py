@@ -492,7 +492,7 @@ def test_native_snakes_reach_the_codecs_of_runs_that_are_not_parity_runs(ckpt_di
 @pytest.mark.parametrize("m", [2, 3, 4, 5, 6])
 def test_winograd_matrices_compute_the_correlation_exactly(m):
     """A^T ((G w) * (B^T x)) is y_i = sum_k w_k x_(i+k) in exact (float64) arithmetic."""
-    from omnitts.device.cpu_weights import winograd_matrices, winograd_points
+    from omnitts.device.cpu_convs import winograd_matrices, winograd_points
 
     at, g, bt = winograd_matrices(m, 7, winograd_points(m))
     assert at.shape == (m, m + 6) and g.shape == (m + 6, 7) and bt.shape == (m + 6, m + 6)
@@ -518,7 +518,7 @@ def test_winograd_conv_matches_a_float64_convolution(cin, cout, T, d, B, bias, m
     """F(3, 7) to F(6, 7) (the default) within Winograd's rounding (its transforms scale values by up
     to ~20 and products by up to 32) of the exact result; the direct float32 convolution is ~20-40x
     closer, so this bounds, not mirrors, the direct one."""
-    from omnitts.device.cpu_weights import WinogradConv1d
+    from omnitts.device.cpu_convs import WinogradConv1d
 
     torch.manual_seed(cin * T + d)
     conv = nn.Conv1d(cin, cout, 7, dilation=d, bias=bias)
@@ -543,7 +543,7 @@ def test_winograd_transposed_conv_matches_a_float64_one(cin, cout, s, T, B, bias
     """F(3, 2) over the polyphase form: full output length (T + 1) * s, block counts that fill the tiles
     and that do not, one input position; its transforms only add and subtract, so it lands as close to
     the exact result as the direct transposed conv (~1e-6 of the peak)."""
-    from omnitts.device.cpu_weights import WinogradConvTranspose1d
+    from omnitts.device.cpu_convs import WinogradConvTranspose1d
 
     torch.manual_seed(cin * T + s)
     conv = nn.ConvTranspose1d(cin, cout, 2 * s, stride=s, bias=bias)
@@ -615,7 +615,8 @@ def test_the_kernels_build_and_compute_without_avx512():
             raise AssertionError("a float32 snake without AVX-512")
         except RuntimeError as e:
             assert "bfloat16, or float32" in str(e)
-        from omnitts.device.cpu_weights import PackedLinear, WinogradConv1d, WinogradConvTranspose1d
+        from omnitts.device.cpu_convs import WinogradConv1d, WinogradConvTranspose1d
+        from omnitts.device.cpu_weights import PackedLinear
         torch.manual_seed(0)
         linear = nn.Linear(40, 50)
         x = torch.randn(3, 40)

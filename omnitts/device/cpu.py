@@ -2,7 +2,7 @@
 
 Runs once after loading (vLLM's `process_weights_after_loading`): the models arrive as published
 (`models.loader.load_models`) and leave laid out for this CPU. What each step does and why is in
-cpu_weights.py; this module only decides which steps run, in which order.
+cpu_weights.py (the LMs) and cpu_convs.py (the codec); this module only decides which steps run, in which order.
 """
 
 from __future__ import annotations
@@ -11,21 +11,17 @@ import torch
 
 from ..models.layers import fuse_projections
 from ..models.loader import Models
+from .cpu_convs import channels_last_units, narrow_convs, pack_convs, pack_transposed_convs, winograd_convs
 from .cpu_weights import (
     PackedLinear,
     Widener,
     can_pack,
-    channels_last_units,
-    narrow_convs,
-    pack_convs,
     pack_linears,
-    pack_transposed_convs,
     use_cpu_attention,
     use_native_norms,
     use_native_rope,
     use_native_snakes,
     use_native_swiglu,
-    winograd_convs,
 )
 from .hugepages import HugePageArena
 
@@ -59,7 +55,7 @@ def prepare_weights(models: Models, dtype: torch.dtype, codec_dtype: torch.dtype
     codec = models.codec
     fuse_projections(codec)
     # float32 runs are the parity runs: their codec keeps the direct convolutions and torch's sine
-    # (Winograd's rounding moves the waveform by ~1e-4 of its peak; see cpu_weights.WinogradConv1d).
+    # (Winograd's rounding moves the waveform by ~1e-4 of its peak; see cpu_convs.WinogradConv1d).
     parity = dtype == torch.float32
     winograd_convs(codec, parity=parity)
     narrow_convs(codec, parity=parity)

@@ -717,7 +717,7 @@ at::Tensor snake(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor&
 
 // SnakeBeta over channels-last rows (..., C), float32 (AVX-512): the same arithmetic per value as
 // `snake`'s float32 kernel, alpha and inv_beta varying along the row. For the codec's channels-last
-// residual units (device/cpu_weights.ChannelsLastResidualUnit).
+// residual units (device/cpu_convs.ChannelsLastResidualUnit).
 at::Tensor snake_channels_last(const at::Tensor& x, const at::Tensor& alpha, const at::Tensor& inv_beta) {
   const int64_t C = x.size(-1);
   TORCH_CHECK(x.scalar_type() == at::kFloat && alpha.scalar_type() == at::kFloat && inv_beta.scalar_type() == at::kFloat,
@@ -1016,7 +1016,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-// Winograd F(m, r) for a dilated kernel-7 convolution (r = 7, cpu_weights.WinogradConv1d) or the
+// Winograd F(m, r) for a dilated kernel-7 convolution (r = 7, cpu_convs.WinogradConv1d) or the
 // two-tap polyphase form of a transposed one (r = 2, WinogradConvTranspose1d): the input and output
 // transforms around the products (one matrix product per transform point, oneDNN's). Tile
 // n = (b * Q + q) * d + r covers outputs p + i * d (i < m) and reads inputs p + j * d (j < alpha =

@@ -109,7 +109,7 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConv(dim, dim, 1)
         # The same unit over channels-last activations, where a device layer provides one
-        # (device/cpu_weights.channels_last_units): `channels_last(x, state) -> (y, state)` for x (B, T, C)
+        # (device/cpu_convs.channels_last_units): `channels_last(x, state) -> (y, state)` for x (B, T, C)
         # and the causal state (B, span - 1, C), the last inputs of conv1; `enter` / `leave` change layouts.
         self.channels_last = None
 
