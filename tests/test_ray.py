@@ -402,14 +402,16 @@ def test_cli_ray_end_to_end(ckpt_dir, tmp_path):
     assert proc.returncode == 1, proc.stderr  # the bad line has no audio
     assert "speaker: 'nobody'" in proc.stderr and "omnitts synth ->" in proc.stderr
     assert "Starting execution" not in proc.stderr  # Ray's own logging stays quiet
+    assert "ray: 2 actors" in proc.stderr, proc.stderr
     _same_codes(one, out, [r["id"] for r in SEEDED])
     assert Counter(r["id"] for r in _records(out)) == Counter([r["id"] for r in SEEDED] + ["bad"])
     _assert_clean(out)
 
-    # The same command again: every item already done, only the bad line still failing.
+    # The same command again: every item already done, only the bad line still failing; Ray is not started.
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert f"{len(SEEDED)} items already done" in proc.stderr, proc.stderr
+    assert "ray: 2 actors" not in proc.stderr, proc.stderr
     assert len(_records(out)) == len(SEEDED) + 1
 
     # --force: every item redone exactly once by the actors together (each a writer that started after

@@ -90,12 +90,20 @@ def test_two_workers_finish_the_manifest_once_with_the_codes_of_one_process(ckpt
     seeds = {r["id"]: r["seed"] for r in _records(tmp_path / "two")}
     assert seeds == {r["id"]: r["seed"] for r in _records(tmp_path / "one")}
 
-    # The same command again: every item is done, so no worker loads the model; one summary says so.
+    # The same command again: every item is done, so no worker starts, nor loads the model; one summary says so.
     code, err = _synth(manifest, ckpt, tmp_path / "two", *decoding, "--devices", "cpu,cpu")
     assert code == 0, err
     assert f"{ITEMS} items already done" in err and "loading checkpoint" not in err, err
+    assert "started" not in err, err
     assert len(_records(tmp_path / "two")) == ITEMS
-
+    # One new line: one worker is enough, and only one starts.
+    with manifest.open("a") as f:
+        f.write(json.dumps({"id": "new", "text": "A line added later.", "speaker": "ryan"}) + "\n")
+    code, err = _synth(manifest, ckpt, tmp_path / "two", *decoding, "--devices", "cpu,cpu")
+    assert code == 0, err
+    assert "1 item to run: starting 1 of the 2 workers" in err and "started 1 worker: cpu" in err, err
+    assert f"{ITEMS} items already done" in err, err
+    _check_directory(tmp_path / "two", ids + ["new"])
 
 
 def test_workers_count_a_damaged_file_as_the_one_process_run_does(ckpt_dir, tmp_path):

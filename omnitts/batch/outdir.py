@@ -287,22 +287,41 @@ class Batch:
 
     def _skip(self, item_id: str, current: str) -> bool:
         """Whether `item_id` (fingerprint `current`) is not to run; counts why in the tally."""
+        why = self._settled(item_id, current)
+        if why == "others":
+            self.tally.others += 1  # another writer ran it during this run, as this writer would have
+        elif why is not None:
+            self.tally.skipped += 1
+            self.tally.earlier_failed += why == "failed"
+        return why is not None
+
+    def _settled(self, item_id: str, current: str) -> str | None:
+        """Why `item_id` (fingerprint `current`) is not to run: "others" (another writer recorded it during
+        this run), "done", "failed" (an earlier run failed it as it is now, without --retry-failed); None:
+        it is to run."""
         ledger, s = self.ledger, self.settings
         if item_id in ledger.arrived and (self._done_as(item_id, current)
                                           or same_print(ledger.failed_prints.get(item_id, ""), current, old=False)):
-            self.tally.others += 1  # another writer ran it during this run, as this writer would have
-            return True
+            return "others"
         if s.force:
-            return False
+            return None
         if self._done_as(item_id, current):
-            self.tally.skipped += 1
-            return True
+            return "done"
         if item_id in ledger.failed and same_print(ledger.failed_prints[item_id], current, old=False) \
                 and not s.retry_failed:
-            self.tally.skipped += 1
-            self.tally.earlier_failed += 1
-            return True
-        return False
+            return "failed"
+        return None
+
+    def count_to_run(self, items: Iterable, most: int) -> int:
+        """How many of `items` this writer would run now (`pending`'s rule), counted up to `most`: a look
+        that claims, records and tallies nothing. An item another writer is running counts as to run."""
+        count = 0
+        for item in items:
+            if count >= most:
+                break
+            item_id = item.request.id
+            count += self.mine(item_id) and self._settled(item_id, self._fingerprint(self.job(item))) is None
+        return count
 
     def _start(self, job: Job, current: str) -> Job:
         """A claimed item's job. One whose process died while it ran (its claim says so, `Writer.deaths`)

@@ -30,6 +30,7 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
     shown: set[str] = set()  # warnings said already (workers' too)
     try:
         with warnings_as_lines(shown):  # a reference clip over 30 s: one `warning:` line per clip
+            workers_on, ray = _engines_to_start(batch, items, workers_on, ray, quiet)
             if ray is not None:
                 stopped = _run_ray(batch, items, good + bad, model, load_kwargs, quiet, *ray)
             elif workers_on is None:
@@ -74,6 +75,22 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
         _check_all_have_audio(batch, items(), bad)
     if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
         raise typer.Exit(1)
+
+
+def _engines_to_start(batch, items, workers_on, ray, quiet: bool):
+    """(workers_on, ray) cut to what the items left to run need: with none left (a re-run of a finished
+    manifest), neither, so that the one-process loop skips them all without loading a model anywhere;
+    with fewer than --workers / --devices asked for, one worker each (the first devices)."""
+    if workers_on is None and ray is None:
+        return workers_on, ray
+    to_run = batch.count_to_run(items(), len(workers_on or [None]))
+    if not to_run:
+        return None, None
+    if workers_on is not None and to_run < len(workers_on):
+        if not quiet:
+            typer.echo(f"{plural(to_run, 'item')} to run: starting {to_run} of the {len(workers_on)} workers", err=True)
+        workers_on = workers_on[:to_run]
+    return workers_on, ray
 
 
 def _check_all_have_audio(batch, items, bad: int) -> None:
