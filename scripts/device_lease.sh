@@ -23,39 +23,48 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 started=$(date +%s)
 step() { echo "=== [$(( $(date +%s) - started )) s] $*"; }
+exec 3>&1  # the terminal's stdout: a step's note reaches it past the filters its output goes through
+boxed() {  # boxed SECONDS COMMAND...: the command, time-boxed; one that runs out of time says so
+    local limit=$1 rc
+    shift
+    timeout "$limit" "$@"
+    rc=$?
+    if [ $rc -eq 124 ]; then echo "!!! timed out after $limit s: ${*:1:4} ..." >&3; fi
+    return $rc
+}
 if [ -n "${QUICK:-}" ]; then
     BIG=tiny-0.6b; SMALL=tiny-0.6b; LINES=12; PLINES=12; FRAMES=8; CONC=1,4
 else
     BIG=1.7b; SMALL=0.6b; LINES=384; PLINES=192; FRAMES=128; CONC=1,8,64
 fi
 step "1. graphs vs eager, tiny float32"
-timeout 120 python3 scripts/bench_device.py --device "$DEVICE" --preset tiny-0.6b --dtype float32 --frames 40 \
+boxed 120 python3 scripts/bench_device.py --device "$DEVICE" --preset tiny-0.6b --dtype float32 --frames 40 \
     --concurrency 1,8 --json "$OUT/tiny.json" 2>&1 | grep -E "graph vs|host syncs|concurrency"
 step "2. host syncs in the pipeline (warn)"
-timeout 90 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets tiny-0.6b --lines 16 \
+boxed 90 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets tiny-0.6b --lines 16 \
     --seconds 1,2 --max-batch 8 --sync-debug warn --json "$OUT/sync.json" 2>&1 | tail -n +3
 step "3. kernels per frame"
-timeout 90 python3 scripts/bench_device.py --count-ops --preset "$SMALL" --device "$DEVICE" 2>&1 \
+boxed 90 python3 scripts/bench_device.py --count-ops --preset "$SMALL" --device "$DEVICE" 2>&1 \
     | grep -E "kernels|aten ops|warn" | cut -c1-300
 step "4. whole pipeline, $BIG, prefill graphs on and off"
 for graphs in 1 0; do
-    OMNITTS_PREFILL_GRAPHS=$graphs timeout 120 python3 scripts/bench_device.py --pipeline --device "$DEVICE" \
+    OMNITTS_PREFILL_GRAPHS=$graphs boxed 120 python3 scripts/bench_device.py --pipeline --device "$DEVICE" \
         --presets "$BIG" --lines "$LINES" --max-batch 64 --json "$OUT/pipeline-prefill$graphs.json" 2>&1 \
         | tail -n +3 | sed "s/^/OMNITTS_PREFILL_GRAPHS=$graphs  /"
 done
 step "5. the same, profiled"
-timeout 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
+boxed 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
     --max-batch 64 --profile "$OUT/profile" --json "$OUT/profiled.json" 2>&1 | tail -n +3
 head -30 "$OUT"/profile/kernels-*.txt 2>/dev/null | cut -c1-160
 step "6. engine alone, fused ops on and off"
 for fused in 1 0; do
-    OMNITTS_FUSED=$fused timeout 150 python3 scripts/bench_device.py --device "$DEVICE" --preset "$SMALL" \
+    OMNITTS_FUSED=$fused boxed 150 python3 scripts/bench_device.py --device "$DEVICE" --preset "$SMALL" \
         --frames "$FRAMES" --concurrency "$CONC" --json "$OUT/engine-fused$fused.json" 2>&1 \
         | grep -E "graph vs|concurrency" | sed "s/^/OMNITTS_FUSED=$fused  /"
 done
 step "7. deterministic mode: same line, same codes; its cost"
-timeout 150 python3 scripts/check_deterministic.py --device "$DEVICE" --preset "$SMALL" \
+boxed 150 python3 scripts/check_deterministic.py --device "$DEVICE" --preset "$SMALL" \
     $( [ -n "${QUICK:-}" ] && echo --dtype float32 --lines 4 ) 2>&1 | tail -4
-timeout 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
+boxed 150 python3 scripts/bench_device.py --pipeline --device "$DEVICE" --presets "$BIG" --lines "$PLINES" \
     --max-batch 64 --deterministic --json "$OUT/deterministic.json" 2>&1 | tail -n +3
 step done
