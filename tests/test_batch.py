@@ -162,6 +162,30 @@ def test_an_item_run_again_leaves_no_file_of_its_earlier_version(ckpt_dir, tmp_p
     assert files() == ["a.codes.npy", "a.flac", "b.codes.npy", "b.flac", "results.jsonl"]  # a new option: run again
 
 
+def test_only_files_an_earlier_record_named_are_dropped(ckpt_dir, tmp_path, monkeypatch):
+    """A user's own a.wav and a.codes.npy in OUT are not an earlier version of item a (no record named them):
+    writing a as flac keeps them. b's flac, named by its record, goes when b is written as ogg, even with a
+    failed attempt between; a's flac goes, a.wav stays."""
+    rows = [{"id": "a", "text": "Hi.", "speaker": "ryan"}, {"id": "b", "text": "Hello.", "speaker": "ryan"}]
+    manifest, out = _manifest(tmp_path / "m.jsonl", rows), tmp_path / "out"
+    out.mkdir()
+    sf.write(out / "a.wav", np.zeros(100, dtype=np.float32), 24000)
+    np.save(out / "a.codes.npy", np.zeros((1, 16), dtype=np.int64))
+    mine = {name: (out / name).read_bytes() for name in ("a.wav", "a.codes.npy")}
+    files = lambda: sorted(p.name for p in out.iterdir())  # noqa: E731
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    assert runner.invoke(app, args + ["--format", "flac"]).exit_code == 0
+    assert files() == ["a.codes.npy", "a.flac", "a.wav", "b.flac", "results.jsonl"]
+    assert {name: (out / name).read_bytes() for name in mine} == mine
+    _fail_prepare_of(monkeypatch, "b")
+    assert runner.invoke(app, args + ["--format", "ogg"]).exit_code == 1  # b fails: its flac stays
+    monkeypatch.undo()
+    assert "b.flac" in files()
+    assert runner.invoke(app, args + ["--format", "ogg", "--retry-failed"]).exit_code == 0
+    assert [name for name in files() if name != "a.codes.npy"] == ["a.ogg", "a.wav", "b.ogg", "results.jsonl"]
+    assert (out / "a.wav").read_bytes() == mine["a.wav"]
+
+
 def test_read_results_of_a_missing_directory_is_an_error_and_of_an_empty_one_nothing(tmp_path):
     import omnitts
 

@@ -89,6 +89,10 @@ class Ledger:
         # id -> for an arrived id that replaced an earlier run's record: `rerun_of` then (a damaged file or a
         # change), as `Batch.rerun` says for the items a writer runs itself
         self.replaced: dict[str, bool] = {}
+        # id -> the suffixes of the files `ID.SUFFIX` its ok records named ("wav", "flac"), in any run: the files
+        # of its earlier versions, which `Batch._drop_earlier` may delete (a file no record named is not
+        # omnitts'). Shared frozensets: memory per id stays one dict slot.
+        self.named: dict[str, frozenset[str]] = {}
         self.offset = 0  # bytes of the log read so far (whole lines only)
         self._lock = threading.RLock()  # reads and writes of this object's state, between threads
         self._track = False  # what is there at the start is the earlier runs' work, not `arrived`
@@ -206,10 +210,17 @@ class Ledger:
                                       record.get("samples"), record.get("fingerprint"), record.get("finish_reason"))
             self.failed.pop(item_id, None)
             self.failed_prints.pop(item_id, None)
+            stem, _, suffix = record["path"].rpartition(".")
+            if stem == item_id and suffix not in self.named.get(item_id, ()):
+                names = self.named.get(item_id, frozenset()) | {suffix}
+                self.named[item_id] = _SHARED.setdefault(names, names)
         else:
             self.failed[item_id] = record.get("error") or ""
             self.failed_prints[item_id] = record.get("fingerprint")
             self.done.pop(item_id, None)
+
+
+_SHARED: dict[frozenset, frozenset] = {}  # the few distinct sets of suffixes, each kept once (Ledger.named)
 
 
 def _parse(line: bytes) -> dict | None:

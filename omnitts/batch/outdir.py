@@ -414,6 +414,7 @@ class Batch:
 
                     result.samples = normalize_loudness(result.samples, result.sample_rate, s.loudness)
                 placed.append(result.save(self.out / name))
+            named = self.ledger.named.get(item_id, frozenset())  # before this record joins them
             rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), samples=outcome.samples,
                          frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
                          seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
@@ -432,22 +433,25 @@ class Batch:
             return self.save(replace(outcome, result=None, sink=None, error=error))
         finally:
             self.writer.release(item_id, recorded=written)
-        self._drop_earlier(item_id, keep=placed)
+        self._drop_earlier(item_id, keep=placed, named=named)
         self.tally.done += 1
         self.tally.seconds += outcome.seconds
         self._count_rerun(item_id)
         return rec
 
-    def _drop_earlier(self, item_id: str, keep: list) -> None:
+    def _drop_earlier(self, item_id: str, keep: list, named: frozenset) -> None:
         """Delete the item's files that an earlier run wrote and this one did not: audio in another format
         (`--format` changed) and codes (`--save-codes` dropped), which would otherwise stay beside the new
-        audio, the codes no longer its codes. Only after the new record is written: the last record never
-        names a file that is gone. Best effort: a file that cannot be deleted stays (it is named by no record
-        that counts)."""
+        audio, the codes no longer its codes. `named`: the suffixes of the files the id's earlier ok records
+        named (`Ledger.named`): only those are omnitts' (a user's `x.wav` beside item `x`, written as flac, is
+        not), and codes only where such a record exists (codes are written only before one). Only after the
+        new record is written: the last record never names a file that is gone. Best effort: a file that
+        cannot be deleted stays (it is named by no record that counts)."""
         from ..io.audio import FORMATS
 
         kept = {Path(path).name for path in keep}
-        for name in [f"{item_id}.{kind}" for kind in FORMATS] + [f"{item_id}.codes.npy"]:
+        names = [f"{item_id}.{suffix}" for suffix in sorted(named) if suffix in FORMATS]
+        for name in names + ([f"{item_id}.codes.npy"] if named else []):
             if name not in kept:
                 try:
                     (self.out / name).unlink(missing_ok=True)
