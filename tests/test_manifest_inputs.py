@@ -587,6 +587,34 @@ def test_a_table_damaged_past_its_header_is_one_error_naming_it(ckpt_dir, tmp_pa
         assert line.startswith(f"error: {path}: cannot read {'Parquet' if kind == 'parquet' else 'Arrow'} file ("), line
 
 
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_table_naming_a_column_twice_is_one_error_unless_the_column_is_ignored(ckpt_dir, tmp_path, kind):
+    """Parquet and Arrow let two columns share a name: pyarrow read the last 'text' without a word (Parquet) or
+    raised a KeyError traceback (Arrow). Refused as a CSV header naming a column twice is; an ignored column
+    named twice is harmless."""
+    def write(path, names):
+        table = pa.Table.from_arrays([pa.array(["a"]), pa.array(["First."]), pa.array(["ryan"]), pa.array(["Other."])],
+                                     names=names)
+        if kind == "parquet":
+            pq.write_table(table, path)
+        else:
+            with pa.ipc.new_file(path, table.schema) as writer:
+                writer.write_table(table)
+        return path
+
+    model = str(ckpt_dir("custom_voice"))
+    path = write(tmp_path / f"m.{kind}", ["id", "text", "speaker", "text"])
+    for args in (["validate", str(path), "-m", model], ["synth", str(path), "-m", model, "-o", str(tmp_path / "out")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args[0], result.output)
+        assert result.output.strip() == (f"error: {path}: column 'text' is in the table 2 times; which one to read is "
+                                         "unclear"), result.output
+    assert not (tmp_path / "out").exists()
+    path = write(tmp_path / f"n.{kind}", ["id", "text", "notes", "notes"])
+    (item,) = iter_manifest(path)
+    assert (item.request.id, item.request.text) == ("a", "First.")
+
+
 @pytest.mark.parametrize("name,header,message", [
     ("m.csv", "id,text,speaker,speaker", "the header names column 'speaker' twice; which one to read is unclear"),
     ("m.tsv", "id,text,speaker", ("the header is one column, 'id,text,speaker', holding commas: a .tsv file is read "

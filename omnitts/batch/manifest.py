@@ -293,6 +293,11 @@ def _table_plan(available: list[str], columns: dict) -> tuple[dict[str, str], st
     taken = set(columns.values())
     plan = {name: columns.get(name, name) for name in FIELDS if name in columns or name not in taken}
     plan = {name: column for name, column in plan.items() if column in available}
+    # Parquet and Arrow allow one name on two columns (a CSV header too is refused so, sources.py): pyarrow read
+    # the last of them without a word, or raised a KeyError while the rows were read.
+    twice = next((column for column in plan.values() if available.count(column) > 1), None)
+    if twice is not None:
+        return {}, f"column {twice!r} is in the table {available.count(twice)} times; which one to read is unclear"
     for name in ("id", "text"):
         if name not in plan and name in available:  # its own column is read as another field
             other = next(field for field, column in columns.items() if column == name)
