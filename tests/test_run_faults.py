@@ -644,6 +644,31 @@ def test_an_export_deletes_what_a_killed_export_left_but_not_a_running_ones(ckpt
     assert sorted(p.name for p in tmp_path.iterdir()) == [running.name, "ds", "m.jsonl", "out"]
 
 
+def test_an_export_onto_a_saved_dataset_that_is_no_export_is_refused(ckpt_dir, tmp_path, monkeypatch):
+    """Any saved dataset was taken for an earlier export and replaced: a user's corpus given as --export-dataset
+    by mistake was deleted. Only a dataset with an export's columns is replaced; another is refused before the
+    model loads, and kept."""
+    import datasets
+
+    import omnitts.api
+
+    corpus = tmp_path / "corpus"
+    datasets.Dataset.from_dict({"path": ["x.wav"], "transcript": ["Mine."]}).save_to_disk(str(corpus))
+    before = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    with monkeypatch.context() as patch:
+        patch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+        refused = _synth(ckpt_dir, _manifest(tmp_path, ["a"]), tmp_path / "out", "--export-dataset", str(corpus))
+    assert refused.exit_code == 2 and refused.output.strip() == (
+        f"error: --export-dataset {corpus}: is a saved dataset that is not an omnitts export (its columns: path, "
+        "transcript); an export replaces its target, so choose an empty or new folder"), refused.output
+    assert {p.name: p.read_bytes() for p in corpus.iterdir()} == before
+    target = tmp_path / "ds"  # an earlier export is replaced, as before
+    for ids in (["a"], ["a", "b"]):
+        result = _synth(ckpt_dir, _manifest(tmp_path, ids), tmp_path / "out", "--export-dataset", str(target))
+        assert result.exit_code == 0, result.output
+        assert datasets.load_from_disk(str(target))["id"] == ids
+
+
 def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_refused(ckpt_dir, tmp_path,
                                                                                       monkeypatch):
     import datasets

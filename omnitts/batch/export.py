@@ -24,6 +24,8 @@ from .claims import open_locked
 from .ledger import Ledger
 
 DATASET_FILES = ("dataset_info.json", "state.json")  # what save_to_disk writes beside the Arrow files
+# An export's columns: the only saved dataset an export replaces is one with these (an earlier export)
+COLUMNS = ("id", "text", "language", "speaker", "instruct", "audio", "seconds", "frames", "seed")
 WORK_LOCK = ".omnitts-export.lock"  # in the temporary sibling: locked while its export runs
 
 
@@ -57,6 +59,21 @@ def check_target(target: Path, out: Path | None = None, manifest: Path | None = 
     if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):
         raise ExportError(f"--export-dataset {target}: is a folder that holds something else than a saved dataset; "
                           "an export replaces its target, so choose an empty or new folder")
+    if target.is_dir() and any(target.iterdir()) and (columns := _columns(target)) != set(COLUMNS):
+        shown = ", ".join(sorted(columns)) if columns else "unreadable dataset_info.json"
+        raise ExportError(f"--export-dataset {target}: is a saved dataset that is not an omnitts export (its columns: "
+                          f"{shown}); an export replaces its target, so choose an empty or new folder")
+
+
+def _columns(folder: Path) -> set[str] | None:
+    """The column names of the saved dataset `folder` (its dataset_info.json's features), None if unreadable."""
+    import json
+
+    try:
+        features = json.loads((folder / "dataset_info.json").read_text(encoding="utf-8")).get("features")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(features) if isinstance(features, dict) else None
 
 
 def sf_rate(path: Path) -> int:
