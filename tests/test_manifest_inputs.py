@@ -285,6 +285,23 @@ def test_an_id_belongs_to_the_first_line_even_a_bad_one(ckpt_dir, tmp_path):
     assert records == {"x": "error", "line:2": "error", "y": "ok"}
 
 
+def test_a_bad_line_takes_the_id_a_good_line_would_read(tmp_path):
+    """A bad line's id is read as a good line's: 7.0 (pandas' integer with gaps) is the id '7', which a later
+    line cannot take (it ran beside the bad line, recorded as line:1); under --id-column key, the id is key's,
+    not the key "id" that the mapping ignores (that one took 'zzz' from the line whose key is zzz)."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line(r) + "\n" for r in [
+        {"id": 7.0, "text": " ", "speaker": "ryan"}, {"id": 7, "text": "Hi."}]), encoding="utf-8")
+    first, second = iter_manifest(path)
+    assert isinstance(first, BadLine) and first.id == "7"
+    assert isinstance(second, BadLine) and second.message.startswith(f"{path}:2: id: '7' already used on line 1 ")
+    path.write_text("".join(_line(r) + "\n" for r in [
+        {"key": "a", "id": "zzz", "text": "Hi."}, {"key": "zzz", "text": "Hi."}]), encoding="utf-8")
+    first, second = iter_manifest(path, None, column_map(id_column="key"))
+    assert isinstance(first, BadLine) and first.id == "a", first
+    assert isinstance(second, Item) and second.request.id == "zzz"
+
+
 # ---------------------------------------------------------------- tables and column mapping
 
 ROWS = [  # canonical field names; None = absent

@@ -410,8 +410,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
             if isinstance(row, str):
                 raise RequestError(row)
             if source.columns is None:
-                row = _rename(row, columns)
-                obj = _typed_values(row)
+                obj = _typed_values(_rename(row, columns))
             else:
                 obj = _typed_values(row) if source.typed else _from_text(row)
             item = parse_item(obj, number, path.parent, columns)
@@ -427,8 +426,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
             if cfg is not None:
                 check_item(cfg, item, voices, split_chars)
         except RequestError as exc:
-            raw_id = row.get("id") if isinstance(row, dict) else None
-            raw_id = str(raw_id) if isinstance(raw_id, int) and not isinstance(raw_id, bool) else raw_id
+            raw_id = _id_of(row, columns if source.columns is None else {})
             usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and key(raw_id) not in seen
             if usable:  # the id is taken: a later line with it must not run in its place
                 _take(seen, spelled, key, raw_id, number)
@@ -439,6 +437,15 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
         yield item
     if empty:
         yield BadLine(0, placeholder(unit, 0), f"{path}: no items (the manifest is empty)")
+
+
+def _id_of(row, columns: dict) -> str | None:
+    """The id a bad line names, as a good line's is read: from the column mapped to id (`columns`: a JSON line's
+    mapping; a table's rows are keyed by field already), an integer or a whole float as its digits. Not the key
+    "id" that a mapping ignores, and 7.0 is the id "7" here too: the id is taken by this line."""
+    if not isinstance(row, dict):
+        return None
+    return _typed_values({"id": row.get(columns.get("id", "id"))})["id"]
 
 
 def _take(seen: dict, spelled: dict, key, item_id: str, number: int) -> None:
