@@ -75,6 +75,30 @@ def test_retry_runaway_reruns_with_derived_seeds(tts_factory, ckpt_dir, tmp_path
     assert recs["run"]["frames"] == expected.frames
 
 
+def test_retry_runaway_on_a_rerun_retries_the_runaways_recorded_without_it(ckpt_dir, tmp_path):
+    """A run without --retry-runaway leaves runaways (finish "length" on a derived budget); the same command with
+    --retry-runaway 2 skipped them all as done. Now it retries exactly those, as with the flag from the start; an
+    item with its own budget, and one retried as far as the flag allows, are skipped."""
+    manifest = _manifest(tmp_path / "m.jsonl", [
+        {"id": "run", "text": "Hi.", "speaker": "ryan", "seed": 7},
+        {"id": "capped", "text": "Hi.", "speaker": "ryan", "seed": 7, "max_seconds": 0.4},
+    ])
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert {r["id"]: (r["attempts"], r["finish_reason"]) for r in _records(out)} == {
+        "run": (1, "length"), "capped": (1, "length")}
+    result = runner.invoke(app, args + ["--retry-runaway", "2"])
+    assert result.exit_code == 0, result.output
+    last = _records(out)[-1]
+    assert len(_records(out)) == 3 and (last["id"], last["attempts"]) == ("run", 3)
+    assert last["seeds"] == [derive_seed(7, "retry", 2)]
+    assert "1 item run again: its line or the options changed" in result.output
+    for retries in ("2", "1"):  # retried as far as asked: done
+        assert runner.invoke(app, args + ["--retry-runaway", retries]).exit_code == 0
+    assert len(_records(out)) == 3
+
+
 def test_export_dataset_has_an_audio_column_in_manifest_order(ckpt_dir, tmp_path):
     import io
 

@@ -42,6 +42,7 @@ class Done(NamedTuple):
     samples: int | None  # None in records written before omnitts recorded it
     fingerprint: str | None = None  # what made the audio (batch/fingerprint.py); None in older records
     finish_reason: str | None = None  # "eos" or "length"
+    attempts: int | None = None  # 1 + runaway retries of the piece retried most (None in older records)
 
 
 def records(out: Path) -> Iterator[dict]:
@@ -207,7 +208,8 @@ class Ledger:
         item_id = record["id"]
         if record.get("status") == "ok":
             self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"),
-                                      record.get("samples"), record.get("fingerprint"), record.get("finish_reason"))
+                                      record.get("samples"), record.get("fingerprint"), record.get("finish_reason"),
+                                      record.get("attempts"))
             self.failed.pop(item_id, None)
             self.failed_prints.pop(item_id, None)
             stem, _, suffix = record["path"].rpartition(".")

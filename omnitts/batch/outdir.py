@@ -244,7 +244,7 @@ class Batch:
                 continue
             job = self.job(item)
             current = self._fingerprint(job)
-            if self._skip(item_id, current):
+            if self._skip(job, current):
                 if item_id in self.dead:  # recorded after all (its writer died after the record, say)
                     self.dead.discard(item_id)
                     if self.writer.claim(item_id):
@@ -255,7 +255,7 @@ class Batch:
                 if len(held) >= DEFERRED_LOOK:  # bounded: those writers have mostly recorded them by now
                     yield from self._look(held, wait=False)
                 continue
-            if self._still_to_run(item_id, current):
+            if self._still_to_run(job, current):
                 yield self._start(job, current)
         while held:
             yield from self._look(held, wait=True)
@@ -269,25 +269,25 @@ class Batch:
         self._looked = time.monotonic()
         self.ledger.refresh()
         for item_id, (job, current) in list(held.items()):
-            if self._skip(item_id, current):
+            if self._skip(job, current):
                 del held[item_id]
             elif self.writer.claim(item_id):
                 del held[item_id]
-                if self._still_to_run(item_id, current):
+                if self._still_to_run(job, current):
                     yield self._start(job, current)
 
-    def _still_to_run(self, item_id: str, current: str) -> bool:
+    def _still_to_run(self, job: Job, current: str) -> bool:
         """After claiming: read the log again (another writer may have recorded it and let it go just
         now); if it has, count it and release the claim."""
         self.ledger.refresh()
-        if self._skip(item_id, current):
-            self.writer.release(item_id)
+        if self._skip(job, current):
+            self.writer.release(job.request.id)
             return False
         return True
 
-    def _skip(self, item_id: str, current: str) -> bool:
-        """Whether `item_id` (fingerprint `current`) is not to run; counts why in the tally."""
-        why = self._settled(item_id, current)
+    def _skip(self, job: Job, current: str) -> bool:
+        """Whether `job`'s item (fingerprint `current`) is not to run; counts why in the tally."""
+        why = self._settled(job, current)
         if why == "others":
             self.tally.others += 1  # another writer ran it during this run, as this writer would have
         elif why is not None:
@@ -295,17 +295,17 @@ class Batch:
             self.tally.earlier_failed += why == "failed"
         return why is not None
 
-    def _settled(self, item_id: str, current: str) -> str | None:
-        """Why `item_id` (fingerprint `current`) is not to run: "others" (another writer recorded it during
+    def _settled(self, job: Job, current: str) -> str | None:
+        """Why `job`'s item (fingerprint `current`) is not to run: "others" (another writer recorded it during
         this run), "done", "failed" (an earlier run failed it as it is now, without --retry-failed); None:
         it is to run."""
-        ledger, s = self.ledger, self.settings
-        if item_id in ledger.arrived and (self._done_as(item_id, current)
+        ledger, s, item_id = self.ledger, self.settings, job.request.id
+        if item_id in ledger.arrived and (self._done_as(item_id, current, job)
                                           or same_print(ledger.failed_prints.get(item_id, ""), current, old=False)):
             return "others"
         if s.force:
             return None
-        if self._done_as(item_id, current):
+        if self._done_as(item_id, current, job):
             return "done"
         if item_id in ledger.failed and same_print(ledger.failed_prints[item_id], current, old=False) \
                 and not s.retry_failed:
@@ -319,15 +319,16 @@ class Batch:
         for item in items:
             if count >= most:
                 break
-            item_id = item.request.id
-            count += self.mine(item_id) and self._settled(item_id, self._fingerprint(self.job(item))) is None
+            if self.mine(item.request.id):
+                job = self.job(item)
+                count += self._settled(job, self._fingerprint(job)) is None
         return count
 
     def _start(self, job: Job, current: str) -> Job:
         """A claimed item's job. One whose process died while it ran (its claim says so, `Writer.deaths`)
         runs alone; one whose process died while it ran alone fails without running."""
         item_id, ledger = job.request.id, self.ledger
-        why = None if self.settings.force else ledger.rerun_of(item_id, current)
+        why = None if self.settings.force else False if self._retries(job) else ledger.rerun_of(item_id, current)
         if why is not None:  # not skipped: a changed line or options, or a file damaged or missing
             self.rerun[item_id] = why
         self._prints[item_id] = current
@@ -370,12 +371,23 @@ class Batch:
         return fingerprint(job.request, job.params, self.identity, s.format, s.loudness, s.split_chars,
                            s.official_tokenizer)
 
-    def _done_as(self, item_id: str, current: str) -> bool:
+    def _done_as(self, item_id: str, current: str, job: Job | None = None) -> bool:
         """The id's last record is good, made from fingerprint `current`, and its file is intact (with
-        `--save-codes`, its codes file is there too: a run that adds the flag writes the codes it lacks)."""
+        `--save-codes`, its codes file is there too: a run that adds the flag writes the codes it lacks; given
+        the `job` to run, it is no runaway that `--retry-runaway` now retries further, `_retries`)."""
         done = self.ledger.done.get(item_id)
         return (done is not None and same_print(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
-                and (not self.settings.save_codes or (self.out / f"{item_id}.codes.npy").is_file()))
+                and (not self.settings.save_codes or (self.out / f"{item_id}.codes.npy").is_file())
+                and not (job is not None and self._retries(job)))
+
+    def _retries(self, job: Job) -> bool:
+        """Whether the item's good record is a runaway (sampled, it ran out of the budget derived from its text)
+        retried fewer times than `--retry-runaway` allows now: it runs again, as after a change of the options
+        (--retry-runaway is not in the fingerprint: an item that ended by itself is not redone for it)."""
+        done, params = self.ledger.done.get(job.request.id), job.params
+        return (done is not None and done.finish_reason == "length" and isinstance(done.attempts, int)
+                and done.attempts < 1 + self.settings.retry_runaway and params.samples
+                and params.max_frames is None and job.request.max_seconds is None)
 
     # -- writing ----------------------------------------------------------------------------------
     def save(self, outcome: Outcome) -> dict:
