@@ -553,6 +553,24 @@ def test_json_lines_take_integer_ids_and_whole_floats_as_tables_do(ckpt_dir, tmp
     assert fraction.message.endswith("row 3: id: expected str, got float")
 
 
+@pytest.mark.parametrize("name,sep", [("m.csv", ","), ("m.tsv", "\t")])
+def test_a_cell_going_on_after_its_closing_quote_is_a_bad_line_not_silently_unquoted(ckpt_dir, tmp_path, name, sep):
+    """`"Hi," he said.` was read as `Hi, he said.`: the quotes of the text dropped without a word (Common Voice's
+    TSV sentences are written so). It is a bad line naming the fix, and the lines after it are read."""
+    path = tmp_path / name
+    rows = [["id", "text", "speaker"], ["a", '"Hi," he said.', "ryan"], ["b", 'She said "no".', "ryan"],
+            ["c", '"""Hi,"" he said."', "ryan"], ["d", "Next.", "ryan"]]
+    path.write_text("".join(sep.join(row) + "\n" for row in rows), encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert [(e.request.id, e.request.text) for e in entries if isinstance(e, Item)] == [
+        ("b", 'She said "no".'), ("c", '"Hi," he said.'), ("d", "Next.")]
+    (bad,) = [e for e in entries if isinstance(e, BadLine)]
+    assert bad.message == (f"{path}:2: malformed {name[-3:].upper()}: a cell opens with a quote and goes on after the "
+                           'quote that closes it; quote the whole cell and double the quotes inside it ("""Hi,"" he '
+                           'said.")')
+    assert count_rows(path) == 4
+
+
 def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):
     """The reader takes every line after an unclosed quote as part of that cell: the line is the bad one
     (not "speaker: required", which the swallowed record used to say), and no later line runs unseen."""

@@ -106,6 +106,15 @@ class JsonlSource:
 _SEPARATORS = {",": ("commas", ".csv"), "\t": ("tabs", ".tsv")}  # delimiter -> (what it is, its suffix)
 
 
+def _malformed(exc: csv.Error, delimiter: str) -> str:
+    """What is wrong with a record csv's strict reader refused."""
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    if "expected after" in str(exc):
+        return (f"malformed {kind}: a cell opens with a quote and goes on after the quote that closes it; quote the "
+                'whole cell and double the quotes inside it ("""Hi,"" he said.")')
+    return f"malformed {kind} ({exc})"
+
+
 class _Lines:
     """The lines of an open text file, for `csv.reader`, noting whether it asked for one past the last."""
 
@@ -154,9 +163,13 @@ class CsvSource:
 
     def _records(self, handle) -> Iterator[tuple[int, list[str] | str]]:
         """(first line of the record, cells) for every non-blank record after the header; (line, problem)
-        for one that cannot be read, which ends the file (the reader cannot resynchronise after it)."""
+        for one that cannot be read: the reader goes on at the line after it, except after a quote never
+        closed, which takes the rest of the file.
+
+        Strict: a cell that opens with a quote and goes on after its closing quote (`"Hi," he said.`) is a bad
+        line; the lenient reader dropped the quotes without a word (`Hi, he said.`)."""
         lines = _Lines(handle)
-        reader = csv.reader(lines, delimiter=self.delimiter)
+        reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
         next(reader, None)
         end = reader.line_num
         while True:
@@ -166,8 +179,11 @@ class CsvSource:
             except StopIteration:
                 return
             except csv.Error as exc:
-                yield start, f"malformed CSV ({exc})"
-                return
+                end = reader.line_num
+                if not lines.ended:
+                    yield start, _malformed(exc, self.delimiter)
+                    continue
+                cells = None  # strict: "unexpected end of data", inside quotes
             end = reader.line_num
             if lines.ended:  # a record ends past the last line only inside quotes
                 yield start, (f"a quoted cell opened on this line is never closed: lines {start}-{end}, the rest "
