@@ -331,6 +331,29 @@ def test_an_item_named_like_a_file_it_reads_in_out_is_refused(ckpt_dir, ref_wav,
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_a_refused_out_records_no_bad_line_in_it(ckpt_dir, ref_wav, tmp_path, monkeypatch):
+    """A bad line before the clash was recorded as pass 1 met it: the refused run left a results.jsonl in the
+    user's folder (and made OUT, when it was new). Bad lines are recorded once OUT passed its checks."""
+    import shutil
+
+    _no_load(monkeypatch)
+    out = tmp_path / "voices"
+    out.mkdir()
+    shutil.copy(ref_wav, out / "alice.wav")
+    manifest = _manifest(out / "m.jsonl", [{"id": "bad", "text": " "},
+                                           {"id": "alice", "text": "Hi.", "ref_audio": "alice.wav",
+                                            "x_vector_only": True}])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(out)])
+    assert result.exit_code == 2 and "is named as item 'alice''s output" in result.output, result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    _manifest(manifest, [{"id": "bad", "text": " "}, {"id": "alice", "text": "Hi.", "ref_audio": str(ref_wav),
+                                                       "x_vector_only": True}])
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(tmp_path / "o")])
+    assert [json.loads(line)["id"] for line in (tmp_path / "o" / "results.jsonl").read_text().splitlines()] == [
+        "bad"], result.output  # a usable OUT: the bad line recorded before the model loads
+
+
 def test_strict_and_all_bad_manifests_end_with_a_closing_line(ckpt_dir, tmp_path, monkeypatch):
     _no_load(monkeypatch)
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"},

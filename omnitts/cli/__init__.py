@@ -249,8 +249,8 @@ def synth(
     settings = Settings(greedy=greedy, max_frames=max_frames, seed=seed, save_codes=save_codes, format=audio_format,
                         retry_failed=retry_failed, force=force, retry_runaway=retry_runaway, loudness=loudness,
                         split_chars=split_chars, official_tokenizer=official_tokenizer)
-    # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded).
-    # Both passes stream the manifest, so memory does not grow with its length.
+    # Pass 1, before the model loads: every bad line is reported (and, unless --strict, recorded once OUT passed
+    # its checks, by a pass over the bad lines). The passes stream the manifest: memory does not grow with it.
     batch = None  # (an OSError before the Batch exists is reported with it unset)
     with _unmade_unless_used(out, lambda: batch):  # an unusable manifest leaves no empty OUT behind
         try:
@@ -271,13 +271,15 @@ def synth(
                     typer.echo(f"error: {entry.message}", err=True)
                     if entry.line == 0:  # the whole file is unusable (empty, a mapped column missing)
                         raise typer.Exit(2)
-                    if batch is not None:
-                        batch.record_bad(entry.id, entry.message)
                 else:
                     good += 1
                     inputs.writes(entry)
             if problem := inputs.clobbered():
                 fail(problem)
+            if bad and batch is not None:  # recorded once OUT is known to be usable: a refused run writes nothing
+                for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
+                    if isinstance(entry, BadLine):
+                        batch.record_bad(entry.id, entry.message)  # (another shard's: not recorded here)
         except OmniTTSError as exc:
             fail(str(exc))
         except OSError as exc:
