@@ -200,6 +200,42 @@ def test_an_item_another_writer_holds_is_left_to_it_or_taken_over_when_it_lets_g
     assert sorted(p.name for p in out.iterdir()) == ["results.jsonl"]
 
 
+def test_bad_lines_are_recorded_once_by_two_writers_a_few_hundred_to_a_write(ckpt_dir, tmp_path, monkeypatch):
+    """Two writers record the same bad lines, interleaved: each line once in the log (the log's lock decides,
+    without a claim per line), a re-run adds nothing, and a chunk of lines costs one fsync, not one each."""
+    from omnitts.batch import outdir
+    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.config import load_config
+
+    cfg = load_config(ckpt_dir("custom_voice"))
+    out = tmp_path / "out"
+    lines = [(f"bad-{i:04d}", f"speaker: 'nobody{i}' is not known") for i in range(700)]
+    syncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append(fd), real_fsync(fd)))
+    first, second = Batch(out, Settings(), cfg, "ckpt"), Batch(out, Settings(), cfg, "ckpt")
+    try:
+        first.record_bad_lines(lines[:300])
+        second.record_bad_lines(lines)  # its first 300 are the first writer's already
+        first.record_bad_lines(lines[300:])  # all the second writer's by now
+        assert not first.writer.claims and not second.writer.claims
+    finally:
+        first.close()
+        second.close()
+    logged = list(records(out))
+    assert Counter(r["id"] for r in logged) == Counter(i for i, _ in lines)
+    assert all(r["status"] == "error" and r["error"] == dict(lines)[r["id"]] for r in logged)
+    per = outdir.BAD_LINES_PER_WRITE
+    assert len(syncs) <= -(-300 // per) + -(-400 // per), len(syncs)  # the first's 300, then the second's 400
+    assert first.tally.failed == second.tally.failed == 700  # each counts them as its failures, as before
+    again = Batch(out, Settings(), cfg, "ckpt")
+    try:
+        again.record_bad_lines(lines)
+    finally:
+        again.close()
+    assert len(list(records(out))) == 700
+
+
 # -- whole processes ----------------------------------------------------------------------------
 def _synth(manifest, ckpt, out, *extra):
     cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out),

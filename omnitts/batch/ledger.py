@@ -115,11 +115,19 @@ class Ledger:
     def write(self, record: dict) -> None:
         """Append `record` as one line, fsynced, under the log's lock (other writers wait for one line).
         Thread-safe: a run's saver thread writes while its main thread refreshes (batch/run.py)."""
-        with self._lock:
-            self._write(record)
+        self.write_all([record])
 
-    def _write(self, record: dict) -> None:
-        """`write`, with this Ledger's thread lock held.
+    def write_all(self, records: list[dict], unless=None) -> None:
+        """Append `records`, a line each, with one fsync: all of them or, if the write fails, none. `unless`
+        (a record -> bool) drops those it is true of, asked under the log's lock once the other writers'
+        lines are read: what no other writer appended first is written exactly once."""
+        if not records:
+            return
+        with self._lock:
+            self._write(records, unless)
+
+    def _write(self, records: list[dict], unless=None) -> None:
+        """`write_all`, with this Ledger's thread lock held.
 
         The log is never followed through a symbolic link (it would write outside the output directory),
         and a last line torn by a killed writer is closed first, so the new record is never glued to it.
@@ -142,22 +150,28 @@ class Ledger:
             size = os.lseek(fd, 0, os.SEEK_END)
             if size > self.offset:
                 self._read(upto=size)  # the others' lines first: ours comes after them
+            if unless is not None:
+                records = [record for record in records if not unless(record)]
+                if not records:
+                    return
             # A lone surrogate (a file name that is not UTF-8, inside an error message) is written as its
             # JSON escape: inside a JSON string, backslashreplace's "\udcff" is one.
-            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+            data = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records).encode(
+                "utf-8", "backslashreplace")
             if size and not _ends_with_newline(self.path):
-                line = b"\n" + line
+                data = b"\n" + data
             try:
-                _write_all(fd, line)
+                _write_all(fd, data)
                 os.fsync(fd)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)
                 raise
-            self.offset = size + len(line)  # a torn fragment before our line is skipped with it
+            self.offset = size + len(data)  # a torn fragment before our lines is skipped with them
         finally:
             os.close(fd)
-        self._note(record)
+        for record in records:
+            self._note(record)
 
     def _read(self, upto: int | None = None) -> None:
         """Note the whole lines from `offset` on (to byte `upto`); a line still being written is left.

@@ -277,9 +277,9 @@ def synth(
             if problem := inputs.clobbered():
                 fail(problem)
             if bad and batch is not None:  # recorded once OUT is known to be usable: a refused run writes nothing
-                for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
-                    if isinstance(entry, BadLine):
-                        batch.record_bad(entry.id, entry.message)  # (another shard's: not recorded here)
+                batch.record_bad_lines((entry.id, entry.message)  # (another shard's: not recorded here)
+                                       for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case)
+                                       if isinstance(entry, BadLine))
         except OmniTTSError as exc:
             fail(str(exc))
         except OSError as exc:
