@@ -64,6 +64,22 @@ def test_demo_refuses_an_unusable_out_or_model_dir_in_one_line(tmp_path, option,
     assert (tmp_path / "mine" / "config.json").read_text() == '{"mine": true}'
 
 
+@pytest.mark.parametrize("kind, name", [("custom_voice", "demo.jsonl"), ("base", "ref.wav")])
+def test_demo_keeps_the_users_own_files_in_an_existing_out(tmp_path, kind, name):
+    """`demo -o DIR` wrote its demo.jsonl (and ref.wav) over the user's files of those names in DIR."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_bytes(b"the user's own file")
+    result = CliRunner().invoke(app, ["demo", "--kind", kind, "-o", str(out), "--model-dir", str(tmp_path / "ckpt")],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert result.output == (f"error: --out {out}: holds a {name} that the demo did not write, and the demo writes its "
+                             "own there; choose another -o (or move the file)\n")
+    assert (out / name).read_bytes() == b"the user's own file"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # nothing built
+    assert sorted(p.name for p in out.iterdir()) == [name]  # nothing written
+
+
 def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatch):
     """`omnitts demo` with no options, as the README's quick start runs it: a tiny CustomVoice checkpoint
     built under .cache/, its 3-line manifest synthesized into the output folder the run names."""

@@ -550,14 +550,24 @@ def demo(
 
     from ..batch.outdir import check_out
     from ..config import load_config
+    from ..io.atomic import atomic_write
 
     if kind not in DEMO_LINES:
         fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
     model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
     out = out or Path(f"out/demo-{kind}")
     built = all((model_dir / name).is_file() for name in ("model.safetensors", "speech_tokenizer/model.safetensors"))
+    # The demo's own files in OUT: written where absent, kept where a demo run wrote them, and never written over
+    # a file of the user's (an existing -o holding a demo.jsonl or ref.wav of its own)
+    own = {out / "demo.jsonl": "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]).encode()}
+    if kind == "base":
+        own[out / "ref.wav"] = _demo_reference_wav()
     try:  # both checked before anything is built or written
         check_out(out)
+        for path, data in own.items():
+            if path.exists() and not (path.is_file() and path.read_bytes() == data):
+                fail(f"--out {out}: holds a {path.name} that the demo did not write, and the demo writes its own "
+                     "there; choose another -o (or move the file)")
         if not built:
             check_out(model_dir, "--model-dir")
         elif (built_kind := load_config(model_dir).model_type) != kind:  # its lines would fail on another kind
@@ -572,11 +582,11 @@ def demo(
         typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
         _build_demo_checkpoint(model_dir, kind)
     out.mkdir(parents=True, exist_ok=True)
-    if kind == "base":
-        _write_demo_reference(out / "ref.wav")
-    manifest = out / "demo.jsonl"
-    manifest.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]), encoding="utf-8")
-    synth(manifest=manifest, model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
+    for path, data in own.items():
+        if not path.exists():
+            with atomic_write(path) as tmp:
+                Path(tmp).write_bytes(data)
+    synth(manifest=out / "demo.jsonl", model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
           codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
           eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force,
           audio_format="wav",
@@ -600,11 +610,15 @@ def _build_demo_checkpoint(model_dir: Path, kind: str) -> None:
     building.rename(model_dir)
 
 
-def _write_demo_reference(path: Path) -> None:
-    """A 1.5 s voice-like reference clip (a gliding harmonic tone with a syllable rhythm), 16 kHz."""
-    import numpy as np
+def _demo_reference_wav() -> bytes:
+    """The bytes of a wav file: a 1.5 s voice-like reference clip (a gliding harmonic tone with a syllable rhythm),
+    16 kHz."""
+    import io
 
-    from ..io.audio import write_audio
+    import numpy as np
+    import soundfile as sf
+
+    from ..io.audio import FORMATS
 
     rate = 16000
     t = np.arange(int(rate * 1.5)) / rate
@@ -612,7 +626,9 @@ def _write_demo_reference(path: Path) -> None:
     phase = 2 * np.pi * np.cumsum(pitch) / rate
     voice = sum(np.sin(k * phase) / k for k in range(1, 6))
     envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t)) * np.minimum(1, 10 * t) * np.minimum(1, 10 * (1.5 - t))
-    write_audio(path, (0.25 * voice * envelope).astype(np.float32), rate)
+    wav = io.BytesIO()
+    sf.write(wav, (0.25 * voice * envelope).astype(np.float32), rate, format="WAV", subtype=FORMATS["wav"])
+    return wav.getvalue()
 
 
 @app.command("voice-clone", cls=Command)
