@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import type_label
 from .io import user_path
 from .io.audio import write_audio
 
@@ -33,6 +34,9 @@ class Audio:
             the one drawn for it (pass it back as `seed` to reproduce the audio). A greedy request keeps
             the seed it was given (unused: greedy decoding draws nothing), else None.
         talker_margin, predictor_margin: smallest greedy top-1/top-2 logit gaps (reference path only).
+
+    Raises:
+        TypeError, ValueError: a `sample_rate` that is not a positive integer (one built by hand), named.
     """
 
     samples: np.ndarray
@@ -43,6 +47,15 @@ class Audio:
     seed: int | None = None
     talker_margin: float | None = None
     predictor_margin: float | None = None
+
+    def __post_init__(self):
+        # Checked once here: a rate of 0 made `duration` (and so repr, and a notebook's display) a ZeroDivisionError
+        rate = self.sample_rate
+        if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, np.integer)):
+            raise TypeError(f"sample_rate: expected an int (samples per second), got {type_label(type(rate))}")
+        if rate <= 0:
+            raise ValueError(f"sample_rate: must be > 0 (samples per second), got {rate}")
+        self.sample_rate = int(rate)
 
     @property
     def audio(self) -> np.ndarray:

@@ -624,3 +624,18 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("rate, kind, message", [
+    (0, ValueError, r"sample_rate: must be > 0 \(samples per second\), got 0"),
+    (-24000, ValueError, r"sample_rate: must be > 0 \(samples per second\), got -24000"),
+    (24000.0, TypeError, r"sample_rate: expected an int \(samples per second\), got float"),
+    (True, TypeError, r"sample_rate: expected an int \(samples per second\), got bool"),
+    (None, TypeError, r"sample_rate: expected an int \(samples per second\), got NoneType"),
+])
+def test_an_audio_built_by_hand_with_a_bad_rate_is_refused_naming_it(rate, kind, message):
+    """Audio(samples, 0) was built, and its repr (what a notebook shows) raised ZeroDivisionError."""
+    with pytest.raises(kind, match=rf"^{message}$"):
+        omnitts.Audio(np.zeros(240, np.float32), rate)
+    audio = omnitts.Audio(np.zeros(240, np.float32), np.int64(24000))  # numpy's int, as from a file's header
+    assert type(audio.sample_rate) is int and repr(audio) == "Audio(0.01 s @ 24000 Hz)"
