@@ -585,7 +585,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
 
     Raises:
         CheckpointError: a file is missing or does not match (the message names it).
-        TypeError, ValueError: an engine option (max_batch, graph_buckets, ...) of the wrong type or range,
+        TypeError, ValueError: an engine option (dtype, max_batch, graph_buckets, ...) of the wrong type or range,
             named, before anything loads; the rule a recipe's keys follow. `path` and `official_tokenizer`
             are type-checked alike.
     """
@@ -593,7 +593,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise TypeError(f"path: expected the checkpoint directory (a string or path), got {type(path).__name__}")
     if not isinstance(official_tokenizer, bool):  # not a recipe key, but a flag like eager
         raise TypeError(f"official_tokenizer: expected true or false, got {type_name(type(official_tokenizer), True)}")
-    for name, value in (("max_batch", max_batch), ("eager", eager), ("deterministic", deterministic),
+    for name, value in (("dtype", dtype), ("codec_dtype", codec_dtype), ("max_batch", max_batch), ("eager", eager),
+                        ("deterministic", deterministic),
                         ("graph_buckets", graph_buckets), ("span_buckets", span_buckets),
                         ("max_prefill_tokens", max_prefill_tokens), ("codec_chunk_frames", codec_chunk_frames)):
         if problem := option_problem(name, value):

@@ -544,6 +544,9 @@ def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
 
 
 @pytest.mark.parametrize("options,error,message", [
+    ({"dtype": "bf16"}, ValueError, "dtype: 'bf16' is not one of auto, float32, bfloat16, float16"),
+    ({"dtype": torch.float32}, TypeError, "dtype: expected a string, got dtype"),
+    ({"codec_dtype": "float16"}, ValueError, "codec_dtype: 'float16' is not one of float32, bfloat16"),
     ({"max_batch": 0}, ValueError, "max_batch: must be > 0, got 0"),
     ({"max_batch": "8"}, TypeError, "max_batch: expected an integer, got a string"),
     ({"max_batch": 2.5}, TypeError, "max_batch: expected an integer, got a number"),
@@ -557,7 +560,8 @@ def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
 ])
 def test_load_refuses_engine_options_as_a_recipe_does(ckpt_dir, options, error, message):
     """Before the checkpoint loads, with the recipe's rule: `max_batch=0` used to fail in the first
-    synthesize with a talker-cache message, `-3` with a negative tensor dimension."""
+    synthesize with a talker-cache message, `-3` with a negative tensor dimension; `dtype="bf16"` was a
+    CheckpointError, not the ValueError the docstring promises."""
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         omnitts.load(ckpt_dir("custom_voice"), **options)
 

@@ -129,7 +129,7 @@ def test_codec_dtype_is_asked_for_and_checked(ckpt_dir):
     assert {p.dtype for p in tts.ckpt.codec.parameters()} == {torch.bfloat16}
     result = tts.synthesize("A lighter codec.", speaker="ryan", greedy=True, max_frames=6)
     assert result.frames == 6 and result.audio.dtype.name == "float32" and result.audio.std() > 0
-    with pytest.raises(CheckpointError, match="codec dtype 'float16' is not one of float32, bfloat16"):
+    with pytest.raises(ValueError, match="codec_dtype: 'float16' is not one of float32, bfloat16"):
         omnitts.load(ckpt_dir("custom_voice"), codec_dtype="float16")
 
 
