@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import omnitts
 from omnitts.cli import app
-from omnitts.errors import VoiceError
+from omnitts.errors import CheckpointError, VoiceError
 from omnitts.testing.checkpoint import build_checkpoint
 from omnitts.voice import checkpoint_identity, load_voice
 
@@ -389,6 +389,23 @@ def test_cli_text_refuses_to_write_over_its_reference_clip(ckpt_dir, ref_wav, tm
     assert result.output == (f"error: -o {tmp_path} --id clone: {tmp_path / 'clone.wav'} is the reference clip "
                              "(--ref-audio), which the spoken audio would replace; give another --id or -o\n")
     assert (tmp_path / "clone.wav").read_bytes() == ref_wav.read_bytes()
+
+
+def test_cli_text_leaves_no_empty_out_when_the_checkpoint_fails_to_load(ckpt_dir, ref_wav, tmp_path, monkeypatch):
+    """-o is made before the model loads (to refuse one that cannot be made first); a checkpoint that then failed
+    to load left the new, empty folder behind. A folder that was there is kept."""
+    import omnitts.api
+
+    def broken(*args, **kwargs):
+        raise CheckpointError("model.safetensors: tensor talker.x is unreadable")
+
+    monkeypatch.setattr(omnitts.api, "load", broken)
+    (tmp_path / "there").mkdir()
+    for out in (tmp_path / "new" / "deeper", tmp_path / "there"):
+        result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
+                                     "--x-vector-only", "--text", "Hi.", "-o", str(out)])
+        assert result.exit_code == 2 and result.output == "error: model.safetensors: tensor talker.x is unreadable\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["there"]
 
 
 @pytest.mark.parametrize("given, flag", [

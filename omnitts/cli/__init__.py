@@ -711,6 +711,7 @@ def voice_clone(
               "or use --x-vector-only")
     if ref_text and (problem := not_text(ref_text)):  # bytes that are not UTF-8 arrive as lone surrogates
         fail(f"--ref-text: {problem}")
+    made: list[Path] = []  # the folders of -o made here: removed again, where still empty, if the command fails
     try:
         cfg = load_config(model)
         if cfg.model_type != "base":
@@ -721,7 +722,7 @@ def voice_clone(
         with warnings_as_lines():  # a clip over 30 s is said once, though clone_voice reads it again
             load_reference(ref_audio, cfg.codec.input_sample_rate, truncate=x_vector_only)  # fails before the load
             if out is not None:
-                _make_clone_out(out)
+                made = _make_clone_out(out)
             tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1,
                        codec_dtype=codec_dtype)
             voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)
@@ -737,12 +738,17 @@ def voice_clone(
             seeded = "" if result.seed is None else f"; seed {result.seed}"  # None: greedy, nothing drawn
             typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
                        f"{mode} voice{seeded})")
+        made = []
     except RequestError as exc:
         fail(_flag_named(str(exc)))
     except OmniTTSError as exc:
         fail(str(exc))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{exc.filename or out or save}: cannot write ({exc.strerror or exc})")
+    finally:  # a failed command (a checkpoint that does not load, Ctrl-C) leaves no empty -o behind
+        for folder in reversed(made):
+            with suppress(OSError):
+                folder.rmdir()
 
 
 # voice-clone's options that only --text's synthesis reads (given without it, they would do nothing unsaid)
@@ -779,13 +785,15 @@ def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> 
         fail(str(exc))
 
 
-def _make_clone_out(out: Path) -> None:
+def _make_clone_out(out: Path) -> list[Path]:
     """Make voice-clone's -o before the model loads: `check_out` cannot see every refusal (/proc, where root
-    passes the permission check)."""
+    passes the permission check). Returns the folders it made, outermost first."""
+    missing = [folder for folder in (out, *out.parents) if not folder.exists()][::-1]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"-o {out}: cannot make the directory ({exc.strerror or exc}); -o is the output directory")
+    return missing
 
 
 def main():
