@@ -139,7 +139,8 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     `identity` (default `voice.checkpoint`) is the checkpoint the voice belongs to; `meta` adds or
     overrides string metadata (default `voice.meta`: ref_audio, ref_seconds, checkpoint_name). `path` may
     start with `~`; the file gets the mode other outputs get (0666 less the umask). A voice `load_voice`
-    would refuse (an in-context voice without its ref_text, tensors that are not tensors) is refused here.
+    would refuse (an in-context voice without its ref_text, tensors that are not tensors) is refused here, as is
+    a `path` that holds something else than a voice file (`check_replaceable`).
     """
     path = user_path(path)
     identity = identity or voice.checkpoint
@@ -148,6 +149,7 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     if path.suffix.lower() != ".safetensors":  # V.SAFETENSORS too, as a manifest's `voice` and load_voice take it
         raise VoiceError(f"{path}: voice files end in .safetensors")
     check_parts(voice, str(path))
+    check_replaceable(path)
     tensors = {"x_vector": voice.x_vector.detach().float().cpu().contiguous()}
     if voice.icl:
         tensors["ref_codes"] = voice.ref_codes.detach().long().cpu().contiguous()
@@ -175,6 +177,22 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     except OSError as exc:
         raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror or exc})") from None
     return path
+
+
+def check_replaceable(path: Path) -> None:
+    """Raise VoiceError unless `path` is free or holds a voice file, which a voice may replace: a voice saved by
+    mistake as a checkpoint's model.safetensors (or onto any other file) would destroy it."""
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            meta = json.loads(f.read(length)).get("__metadata__") if length <= MAX_HEADER else None
+    except (OSError, ValueError, AttributeError, struct.error):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise VoiceError(f"{path}: holds something other than a saved voice (a checkpoint's weights?), which a voice "
+                         "is not written over; give another file name, or remove that one first")
 
 
 def load_voice(path) -> tuple[Voice, dict]:

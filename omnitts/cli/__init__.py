@@ -675,6 +675,7 @@ def voice_clone(
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
     from ..text.prompt import not_text, resolve
+    from ..voice import check_replaceable
 
     _show_log(False)
     _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
@@ -704,6 +705,10 @@ def voice_clone(
         fail(f"--save {save}: {exc.strerror or exc}")
     if save is not None:  # its folder: as -o is checked (a file in the way, read-only, not writable)
         _check_clone_out(save.parent, "--save", save)
+        try:  # a voice replaces a voice file, never another (a checkpoint's model.safetensors)
+            check_replaceable(save)
+        except OmniTTSError as exc:
+            fail(f"--save {exc}")
     if x_vector_only and ref_text:
         fail("--ref-text and --x-vector-only exclude each other (x-vector-only cloning uses no transcript)")
     if not x_vector_only and not (ref_text or "").strip():
