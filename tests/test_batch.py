@@ -216,6 +216,10 @@ def test_read_results_of_a_missing_directory_is_an_error_and_of_an_empty_one_not
     assert omnitts.read_results(tmp_path) == {}  # nothing recorded yet
     with pytest.raises(FileNotFoundError, match="no such output directory"):
         omnitts.read_results(tmp_path / "ot")  # a mistyped path is not an empty run
+    (tmp_path / "results.jsonl").write_text("")  # the log given for its folder: it was "no such output directory"
+    with pytest.raises(FileNotFoundError, match=rf"^{tmp_path}/results.jsonl: a file, not an output directory; give "
+                                                rf"the directory it is in \('{tmp_path}'\)$"):
+        omnitts.read_results(tmp_path / "results.jsonl")
 
 
 def test_the_last_record_wins_in_ledger_and_export(tmp_path):

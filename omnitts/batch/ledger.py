@@ -64,6 +64,9 @@ def read_results(out) -> dict[str, dict]:
     Raises:
         FileNotFoundError: `out` is not a directory (a mistyped path is not an empty run)."""
     out = user_path(out, "out")
+    if out.is_file():  # the log itself, or another file: "no such output directory" sent one looking for a typo
+        raise FileNotFoundError(f"{out}: a file, not an output directory; give the directory it is in "
+                                f"({str(out.parent)!r})")
     if not out.is_dir():
         raise FileNotFoundError(f"{out}: no such output directory")
     return {record["id"]: record for record in records(out)}
