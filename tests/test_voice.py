@@ -639,6 +639,19 @@ def test_cli_long_clip_warns_once_in_a_warning_line(ckpt_dir, long_clip, tmp_pat
     assert "UserWarning" not in result.output
 
 
+def test_cli_long_clip_in_context_is_refused_in_the_commands_flags(ckpt_dir, long_clip, tmp_path, monkeypatch):
+    """voice-clone said "trim the clip (and its ref_text) ..., or set x_vector_only", the manifest's fields."""
+    import omnitts.api
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(long_clip),
+                                 "--ref-text", REF_TEXT, "--save", str(tmp_path / "v.safetensors")],
+                           env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and result.output == (
+        f"error: {long_clip}: reference audio is longer than 30 s; in-context cloning needs the transcript of exactly "
+        "the audio used: trim the clip (and its --ref-text) to at most 30 s, or use --x-vector-only\n"), result.output
+
+
 @pytest.mark.parametrize("workers", [pytest.param([], id="one-process"),
                                      pytest.param(["--workers", "2"], id="workers", marks=pytest.mark.slow)])
 def test_synth_says_a_long_clip_once_in_a_warning_line(ckpt_dir, long_clip, tmp_path, workers):

@@ -747,7 +747,7 @@ def voice_clone(
     except RequestError as exc:
         fail(_flag_named(str(exc)))
     except OmniTTSError as exc:
-        fail(str(exc))
+        fail(_flag_advice(str(exc)))
     except OSError as exc:  # e.g. -o in a folder that cannot be written
         fail(f"{exc.filename or out or save}: cannot write ({exc.strerror or exc})")
     finally:  # a failed command (a checkpoint that does not load, Ctrl-C) leaves no empty -o behind
@@ -777,6 +777,19 @@ def _flag_named(message: str) -> str:
     the flag, which is named instead."""
     field, sep, rest = message.partition(": ")
     return f"{_CLONE_FLAGS[field]}: {rest}" if sep and field in _CLONE_FLAGS else message
+
+
+# A reference's advice names the manifest's fields (io/audio.py: "trim the clip (and its ref_text) ..., or set
+# x_vector_only"); voice-clone's user gives flags
+_CLONE_ADVICE = (("(and its ref_text)", "(and its --ref-text)"), ("or set x_vector_only", "or use --x-vector-only"))
+
+
+def _flag_advice(message: str) -> str:
+    """`message` with the advice it ends with in voice-clone's flags (the start names a file: left as it is)."""
+    for field, flag in _CLONE_ADVICE:
+        head, sep, tail = message.rpartition(field)
+        message = head + flag + tail if sep else message
+    return message
 
 
 def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> None:
