@@ -443,7 +443,7 @@ class TTS:
                 _check_request(item)
             except RequestError as exc:
                 raise RequestError(f"requests[{i}]: {exc}") from None
-            request = item if item.id is not None else replace(item, id=str(i))
+            request = item if item.id else replace(item, id=str(i))  # "" is no id, as a dict's
         else:
             raise RequestError(f"requests[{i}]: expected a Request, a dict or a (request, SamplingParams) pair, "
                                f"got {type(item).__name__}")

@@ -119,6 +119,9 @@ def test_stream_yields_every_request_once(cv):
     assert by_id["4"].frames == 5  # an item's own max_seconds wins over the run-wide max_frames (as in synth)
     alone = cv.synthesize("A pair with its own parameters.", speaker="eric", greedy=True, max_frames=3)
     np.testing.assert_array_equal(by_id["p"].codes, alone.codes)  # batched with others = alone
+    # An empty id is none, in a Request as in a dict (a Request's kept "": two of them were "used by an earlier")
+    empty = [omnitts.Request("No id.", speaker="ryan", id=""), {"id": "", "text": "No id.", "speaker": "ryan"}]
+    assert sorted(r.id for r in cv.stream(empty, max_frames=2)) == ["0", "1"]
 
 
 def test_stream_errors_name_the_item(cv):
