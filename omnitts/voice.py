@@ -180,19 +180,22 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
 
 
 def check_replaceable(path: Path) -> None:
-    """Raise VoiceError unless `path` is free or holds a voice file, which a voice may replace: a voice saved by
-    mistake as a checkpoint's model.safetensors (or onto any other file) would destroy it."""
-    if not path.exists():
+    """Raise VoiceError if `path` holds a safetensors file of tensors no voice has: a voice saved by mistake as a
+    checkpoint's model.safetensors would destroy it. A voice file, and one that is no readable safetensors file
+    (a damaged voice being replaced), may be written over."""
+    if not path.is_file():  # absent, or a folder (refused where it is written)
         return
     try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
-            meta = json.loads(f.read(length)).get("__metadata__") if length <= MAX_HEADER else None
-    except (OSError, ValueError, AttributeError, struct.error):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise VoiceError(f"{path}: holds something other than a saved voice (a checkpoint's weights?), which a voice "
-                         "is not written over; give another file name, or remove that one first")
+            header = json.loads(f.read(length)) if length <= MAX_HEADER else {}
+    except (OSError, ValueError, struct.error):
+        return  # no safetensors file
+    others = sorted(set(header) - {"__metadata__", "x_vector", "ref_codes"}) if isinstance(header, dict) else []
+    if others:
+        listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise VoiceError(f"{path}: holds other tensors than a voice's ({listed}: a checkpoint's weights?), which a "
+                         "voice is not written over; give another file name, or remove that file first")
 
 
 def load_voice(path) -> tuple[Voice, dict]:

@@ -713,9 +713,10 @@ def test_cli_out_that_cannot_be_a_directory_fails_before_the_model_loads(ckpt_di
     assert "not a directory" in lines[0] or "-o is the output directory" in lines[0] or "not writable" in lines[0]
 
 
-def test_a_voice_replaces_a_voice_file_but_no_other_file(tts_factory, ref_wav, tmp_path, ckpt_dir, monkeypatch):
+def test_a_voice_replaces_a_voice_file_but_not_a_checkpoints_weights(tts_factory, ref_wav, tmp_path, ckpt_dir,
+                                                                    monkeypatch):
     """`voice-clone --save CKPT/model.safetensors` (a slip of the tab key) wrote the voice over the checkpoint's
-    weights, and Voice.save over any file; a voice file saved again is replaced, as before."""
+    weights, and Voice.save over any safetensors file; a voice file saved again, or a damaged one, is replaced."""
     from dataclasses import replace
 
     from safetensors.torch import save_file
@@ -723,20 +724,21 @@ def test_a_voice_replaces_a_voice_file_but_no_other_file(tts_factory, ref_wav, t
     import omnitts.api
 
     weights = tmp_path / "model.safetensors"
-    save_file({"talker.w": torch.ones(3)}, weights)
-    (tmp_path / "notes.safetensors").write_text("not even safetensors")
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    save_file({f"talker.layers.{i}.w": torch.ones(3) for i in range(4)}, weights)
+    before = weights.read_bytes()
     voice = tts_factory("base").clone_voice(ref_wav, REF_TEXT)
-    for path in (weights, tmp_path / "notes.safetensors"):
-        with pytest.raises(VoiceError, match=rf"^{re.escape(str(path))}: holds something other than a saved voice "
-                                             r"\(a checkpoint's weights\?\), which a voice is not written over"):
-            voice.save(path)
+    with pytest.raises(VoiceError, match=rf"^{re.escape(str(weights))}: holds other tensors than a voice's "
+                                         r"\(talker.layers.0.w, talker.layers.1.w, talker.layers.2.w, \.\.\.: a "
+                                         r"checkpoint's weights\?\), which a voice is not written over"):
+        voice.save(weights)
     monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
     result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav), "--ref-text",
                                  REF_TEXT, "--save", str(weights)], env={"COLUMNS": "300"})
-    assert result.exit_code == 2 and result.output.startswith(f"error: --save {weights}: holds something other"), \
+    assert result.exit_code == 2 and result.output.startswith(f"error: --save {weights}: holds other tensors"), \
         result.output
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert weights.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]
     first = voice.save(tmp_path / "v.safetensors")
     again = replace(voice, ref_text="Other words.").save(first)  # a voice file: replaced
     assert load_voice(again)[0].ref_text == "Other words."
+    (tmp_path / "damaged.safetensors").write_bytes(b"not a voice")  # a damaged voice: replaced
+    assert load_voice(voice.save(tmp_path / "damaged.safetensors"))[0].ref_text == REF_TEXT
