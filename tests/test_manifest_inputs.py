@@ -48,6 +48,7 @@ BAD = [
     ({"id": "cltext", "text": "Hi.", "speaker": "ryan", "ref_text": "Words."}, "ref_text: voice cloning needs a Base checkpoint; this one is custom_voice"),
     ({"id": "clxvec", "text": "Hi.", "speaker": "ryan", "x_vector_only": True}, "x_vector_only: voice cloning needs a Base checkpoint; this one is custom_voice"),
     ({"id": "noref", "text": "Hi.", "ref_audio": "missing.wav"}, "ref_audio: file not found"),
+    ({"id": "devref", "text": "Hi.", "ref_audio": "/dev/null"}, "ref_audio: not a regular file (a device or a pipe)"),
     ({"id": "garbage", "text": "Hi.", "ref_audio": "garbage.wav"}, "ref_audio: cannot read audio"),
     ({"id": "short", "text": "Hi.", "ref_audio": "short.wav"}, "ref_audio: "),  # "... is 0.20 s long"
     ({"id": "silent", "text": "Hi.", "ref_audio": "silent.wav"}, "ref_audio: "),  # "... reference audio is silent"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -351,6 +352,7 @@ def bad_clips(tmp_path_factory):
     ("text", "cannot read audio (not a format soundfile or audioread decodes)"),
     ("empty", "reference audio file is empty (0 bytes)"),
     ("missing", "reference audio file not found"),
+    ("device", "/dev/null: reference audio is not a regular file (a device or a pipe)"),  # was "file not found"
     ("long_name", "cannot read audio (File name too long)"),  # it was "error: None: cannot write (...)"
     # as validate says it; it was librosa's "cannot read audio (ParameterError: Audio buffer is not finite everywhere)"
     ("nan", "nan.wav: reference audio contains NaN or infinite samples"),
@@ -362,7 +364,8 @@ def bad_clips(tmp_path_factory):
 def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
     ref = {"silent": bad_clips / "silent.wav", "short": bad_clips / "short.wav", "junk": bad_clips / "junk.wav",
            "text": bad_clips / "text.wav", "empty": bad_clips / "empty.wav", "missing": bad_clips / "nope.wav",
-           "long_name": bad_clips / ("n" * 300 + ".wav"), "nan": bad_clips / "nan.wav"}.get(case, ref_wav)
+           "long_name": bad_clips / ("n" * 300 + ".wav"), "nan": bad_clips / "nan.wav",
+           "device": Path("/dev/null")}.get(case, ref_wav)
     model = ckpt_dir("custom_voice" if case == "non_base" else "base")
     args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
     args += {"no_ref_text": [], "surrogate": ["--ref-text", "a\udced\udca0\udc80b"]}.get(case, ["--ref-text", REF_TEXT])

@@ -187,8 +187,10 @@ def _path(value: str | None, base: Path) -> Path | None:
 def _audio_problem(path: str, icl: bool = True) -> str | None:
     """Why reference audio `path` cannot be used, or None: what synthesis checks (the clip is read, at most
     30 s of it, once per file)."""
+    from ..io.audio import not_a_file
+
     if not Path(path).is_file():
-        return f"{'a directory, not an audio file' if Path(path).is_dir() else 'file not found'}: {path}"
+        return f"{not_a_file(Path(path)).removeprefix('is ')}: {path}"
     stat = Path(path).stat()
     return _header_problem(path, stat.st_mtime_ns, stat.st_size, icl)
 

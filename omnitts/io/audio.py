@@ -43,6 +43,16 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep 
 _DECORATOR = os.path.join("torch", "utils", "_contextlib.py")  # torch.inference_mode on an API method
 
 
+def not_a_file(path: Path) -> str:
+    """What is at `path`, which is no regular file: "file not found" only where nothing is (/dev/null, a pipe
+    such as bash's <(...), were said to be missing)."""
+    if path.is_dir():
+        return "is a directory, not an audio file"
+    if path.exists():
+        return "is not a regular file (a device or a pipe), not an audio file"
+    return "file not found"
+
+
 def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray:
     """A path, or a (samples, rate) pair -> mono float32 samples at `target_sr`.
 
@@ -62,8 +72,7 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
         if why := unreachable(path):
             raise AudioError(f"{path}: cannot read audio ({why})")
         if not path.is_file():
-            what = "is a directory, not an audio file" if path.is_dir() else "file not found"
-            raise AudioError(f"{path}: reference audio {what}")
+            raise AudioError(f"{path}: reference audio {not_a_file(path)}")
         if path.stat().st_size == 0:
             raise AudioError(f"{path}: reference audio file is empty (0 bytes)")
         try:
