@@ -80,6 +80,21 @@ def test_demo_keeps_the_users_own_files_in_an_existing_out(tmp_path, kind, name)
     assert sorted(p.name for p in out.iterdir()) == [name]  # nothing written
 
 
+def test_demo_of_one_kind_refuses_the_out_of_another_kinds_run(tmp_path):
+    """`demo -o out/demo-base` (the base demo's folder) for the custom_voice demo wrote its lines over the base
+    demo's manifest and ran them beside the base demo's results."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "demo.jsonl").write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES["base"]),
+                                    encoding="utf-8")
+    before = (out / "demo.jsonl").read_bytes()
+    result = CliRunner().invoke(app, ["demo", "-o", str(out), "--model-dir", str(tmp_path / "ckpt")],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and result.output == (
+        f"error: --out {out}: holds the base demo's run, not custom_voice's; pass --kind base, or another -o\n")
+    assert (out / "demo.jsonl").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_the_readme_first_command_runs_the_customvoice_demo(tmp_path, monkeypatch):
     """`omnitts demo` with no options, as the README's quick start runs it: a tiny CustomVoice checkpoint
     built under .cache/, its 3-line manifest synthesized into the output folder the run names."""

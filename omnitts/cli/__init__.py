@@ -559,13 +559,18 @@ def demo(
     built = all((model_dir / name).is_file() for name in ("model.safetensors", "speech_tokenizer/model.safetensors"))
     # The demo's own files in OUT: written where absent, kept where a demo run wrote them, and never written over
     # a file of the user's (an existing -o holding a demo.jsonl or ref.wav of its own)
-    own = {out / "demo.jsonl": "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in DEMO_LINES[kind]).encode()}
+    manifests = {name: "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines).encode()
+                 for name, lines in DEMO_LINES.items()}
+    own = {out / "demo.jsonl": manifests[kind]}
     if kind == "base":
         own[out / "ref.wav"] = _demo_reference_wav()
     try:  # both checked before anything is built or written
         check_out(out)
         for path, data in own.items():
-            if path.exists() and not (path.is_file() and path.read_bytes() == data):
+            if path.exists() and not (path.is_file() and (there := path.read_bytes()) == data):
+                if path.name == "demo.jsonl" and (ran := [k for k, m in manifests.items() if m == there]):
+                    fail(f"--out {out}: holds the {ran[0]} demo's run, not {kind}'s; pass --kind {ran[0]}, or "
+                         "another -o")
                 fail(f"--out {out}: holds a {path.name} that the demo did not write, and the demo writes its own "
                      "there; choose another -o (or move the file)")
         if not built:
