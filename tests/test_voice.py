@@ -153,8 +153,23 @@ def test_a_sample_rate_that_is_not_a_positive_integer_is_refused(tts_factory, ra
     from omnitts.errors import AudioError
 
     samples = 0.3 * np.sin(np.arange(48000) / 10).astype(np.float32)
-    with pytest.raises(AudioError, match=rf"^reference audio: sample rate must be a positive integer, got {rate!r}$"):
+    with pytest.raises(AudioError, match=rf"^ref_audio: sample rate must be a positive integer, got {rate!r}$"):
         tts_factory("base").clone_voice((samples, rate), x_vector_only=True)
+
+
+def test_samples_that_cannot_be_a_reference_are_named_by_the_field_once(tts_factory):
+    """A pair's errors read "reference audio: reference audio is 0.40 s long" (and "...: reference audio contains
+    NaN"), the words twice and no field, where a path's name the field: "ref_audio: r.wav: reference audio ..."."""
+    from omnitts.errors import AudioError
+
+    tts = tts_factory("base")
+    short, nan = np.full(9600, 0.1, np.float32), np.full(48000, np.nan, np.float32)
+    for samples, problem in ((short, r"reference audio is 0.40 s long; at least 0.5 s is needed"),
+                             (nan, r"reference audio contains NaN or infinite samples")):
+        with pytest.raises(AudioError, match=rf"^ref_audio: {problem}$"):
+            tts.clone_voice((samples, 24000), x_vector_only=True)
+        with pytest.raises(AudioError, match=rf"^ref_audio: {problem}$"):
+            tts.synthesize("Hi.", ref_audio=(samples, 24000), x_vector_only=True, max_frames=2)
 
 
 def test_samples_are_mono_or_samples_by_channels(tts_factory):
@@ -533,10 +548,10 @@ def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp
         torch.testing.assert_close(tts.clone_voice((samples, 24000), x_vector_only=True).x_vector,
                                    tts.clone_voice((floats.astype(np.float32), 24000), x_vector_only=True).x_vector)
     for dtype in ("int64", "uint16"):
-        with pytest.raises(AudioError, match=rf"^reference audio: samples of dtype {dtype} are not PCM audio; give "
+        with pytest.raises(AudioError, match=rf"^ref_audio: samples of dtype {dtype} are not PCM audio; give "
                                              r"float samples in \[-1, 1\], or int16, int32, int8 or uint8 PCM"):
             tts.clone_voice((pcm8.astype(dtype), 24000), x_vector_only=True)
-    with pytest.raises(AudioError, match=r"^reference audio: samples of dtype complex128 are complex; give real"):
+    with pytest.raises(AudioError, match=r"^ref_audio: samples of dtype complex128 are complex; give real"):
         tts.clone_voice(((pcm8 / 128).astype(np.complex128), 24000), x_vector_only=True)  # it took the real part
 
 
