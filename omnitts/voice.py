@@ -206,8 +206,9 @@ def load_voice(path) -> tuple[Voice, dict]:
     from safetensors import safe_open
 
     path = user_path(path)
-    if not path.is_file():
-        raise VoiceError(f"{path}: voice file not found")
+    if not path.is_file():  # a folder is there, not "not found"
+        what = ("is a directory" if path.is_dir() else "is not a regular file") if path.exists() else "not found"
+        raise VoiceError(f"{path}: voice file {what}")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = dict(f.metadata() or {})

@@ -130,6 +130,9 @@ def test_a_voice_file_written_over_or_deleted_is_not_served_from_memory(ckpt_dir
         tts.load_voice(path)
     with pytest.raises(VoiceError, match=r"bob\.safetensors: voice file not found"):
         tts.synthesize("Hi.", voice=str(path), max_frames=3)
+    path.mkdir()  # a folder where the file was: it was "voice file not found" too
+    with pytest.raises(VoiceError, match=r"bob\.safetensors: voice file is a directory$"):
+        tts.load_voice(path)
 
 
 def test_clone_voice_checks_its_arguments_as_a_request_does(tts_factory, ref_wav):
