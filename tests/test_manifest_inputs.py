@@ -777,11 +777,13 @@ def test_synth_applies_per_item_sampling_overrides(ckpt_dir, tmp_path, monkeypat
 
 def test_a_manifest_on_standard_input_is_refused_with_what_to_do(ckpt_dir, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no file named "-" here
+    reasons = {"synth": "a manifest is read more than once (checked, counted, run), so it is a file, not standard "
+                        "input",
+               "validate": "a manifest is a file, not standard input"}  # validate reads it once: not synth's reason
     for command in (["validate", "-"], ["synth", "-", "-o", str(tmp_path / "out")]):
         result = runner.invoke(app, [*command, "-m", str(ckpt_dir("custom_voice"))], input=_line(GOOD[0]) + "\n")
         assert result.exit_code == 2, result.output
-        assert result.output == ("error: -: a manifest is read more than once (checked, counted, run), so it is a "
-                                 "file, not standard input: save it first (... > lines.jsonl)\n")
+        assert result.output == f"error: -: {reasons[command[0]]}: save it first (... > lines.jsonl)\n"
 
 
 def test_a_manifest_path_that_cannot_be_looked_up_is_one_error(ckpt_dir, tmp_path):

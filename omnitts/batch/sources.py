@@ -395,8 +395,7 @@ def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource |
                            "give a .jsonl, .csv, .tsv, .parquet or .arrow file or a Dataset.save_to_disk folder")
     if not path.exists():
         if str(path) == "-":
-            raise OmniTTSError("-: a manifest is read more than once (checked, counted, run), so it is a file, not "
-                               "standard input: save it first (... > lines.jsonl)")
+            raise OmniTTSError("-: a manifest is a file, not standard input: save it first (... > lines.jsonl)")
         raise OmniTTSError(f"{path}: cannot open manifest (No such file or directory)")
     suffix = path.suffix.lower()
     if suffix not in (".parquet", ".pq", ".arrow"):
