@@ -30,7 +30,10 @@ GOOD = [{"id": "first", "text": "The first good line.", "speaker": "ryan"},
 # (line of the manifest, the message that must follow "file:N: ") for a CustomVoice 0.6B checkpoint
 BAD = [
     ("{not json", "malformed JSON"),
-    ("[1, 2]", "expected a JSON object"),
+    ("[1, 2]", "expected a JSON object ({...}), got an array"),
+    ('"just a text"', "expected a JSON object ({...}), got a string"),
+    ("null", "expected a JSON object ({...}), got null"),
+    ("7", "expected a JSON object ({...}), got a number"),
     ('{"id": "deep", "x": ' + "[" * 100000 + "]" * 100000 + "}", "JSON nested too deeply to read"),
     ('{"id": "twice", "text": "Hi.", "speaker": "ryan", "speaker": "vivian"}',  # json.loads kept the last
      "speaker: given twice in the line; which value counts is unclear, keep one"),

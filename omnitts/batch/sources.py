@@ -96,11 +96,20 @@ class JsonlSource:
                 except RecursionError:  # arrays or objects nested past Python's recursion limit: not a traceback
                     yield number, "JSON nested too deeply to read (no field takes arrays or objects)"
                     continue
-                yield number, obj if isinstance(obj, dict) else "expected a JSON object"
+                yield number, obj if isinstance(obj, dict) else f"expected a JSON object ({{...}}), got {_json_kind(obj)}"
 
     def count(self) -> int:
         with self._open() as handle:
             return sum(1 for line in handle if line.strip())
+
+
+def _json_kind(value) -> str:
+    """What a JSON value that is not an object is, in words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {list: "an array", str: "a string"}.get(type(value), "a number")
 
 
 _SEPARATORS = {",": ("commas", ".csv"), "\t": ("tabs", ".tsv")}  # delimiter -> (what it is, its suffix)
