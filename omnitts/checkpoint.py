@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .device import prepare_weights, stores_linears
 from .device.features import resolve_dtype
 from .errors import CheckpointError
+from .io import user_path
 from .models.codec import CodecDecoder
 from .models.codec_encoder import CodecEncoder
 from .models.loader import TTSModel, load_models
@@ -51,7 +52,7 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     device/features.py); `codec_dtype` (float32 or bfloat16) to the codec decoder; the speaker encoder
     and the codec's encoder stay float32. `max_batch`: the most rows an engine step will have (CPU
     weights are laid out for it, see `device/cpu_weights.layout_batch`)."""
-    path = Path(path).expanduser()
+    path = user_path(path)
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")

@@ -533,6 +533,32 @@ def test_paths_may_start_with_a_tilde(tts_factory, ref_wav, tmp_path, monkeypatc
     assert not (cwd / "~").exists()
 
 
+def test_an_empty_path_is_refused_by_the_library_naming_it_not_read_as_the_current_folder(tts_factory, ref_wav,
+                                                                                             tmp_path, monkeypatch):
+    """pathlib reads "" as ".": `read_results("")` read the current folder's results.jsonl, and `clone_voice("")`
+    or `synthesize(voice="")` looked for a clip or a voice in the current folder. As the commands do, the library
+    refuses an empty path, naming the argument or field."""
+    from omnitts.errors import RequestError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results.jsonl").write_text('{"id": "a", "status": "error", "error": "x"}\n')
+    tts = tts_factory("base")
+    empty = "empty path (not read as the current folder)"
+    for call, name in ((lambda: omnitts.read_results(""), "out"), (lambda: omnitts.load(""), "path"),
+                       (lambda: tts.clone_voice("", REF_TEXT), "ref_audio"), (lambda: tts.load_voice(""), "path"),
+                       (lambda: load_voice(""), "path"),
+                       (lambda: tts.clone_voice(ref_wav, REF_TEXT).save(""), "path")):
+        with pytest.raises(ValueError, match=re.escape(f"{name}: {empty}")):
+            call()
+    for fields, name in (({"ref_audio": "", "ref_text": REF_TEXT}, "ref_audio"), ({"voice": " "}, "voice")):
+        with pytest.raises(RequestError, match=f"^{name}: empty; give the path of"):
+            tts.synthesize("Hi.", max_frames=2, **fields)
+    audio = tts.synthesize("Hi.", ref_audio=ref_wav, x_vector_only=True, greedy=True, max_frames=2)
+    with pytest.raises(ValueError, match=re.escape(f"path: {empty}")):
+        audio.save("")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
+
+
 def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp_path):
     """A (samples, rate) pair of int16 (scipy.io.wavfile's) was taken unscaled, 32768 times too loud: the voice was
     silently another. Integer PCM is scaled as soundfile scales it; integer types without a PCM meaning are refused."""

@@ -31,7 +31,7 @@ from ..io import unreachable, user_path
 from ..params import LARGEST, seed_problem
 from ..request import Request
 from ..text import empty_text
-from ..text.prompt import not_text, resolve
+from ..text.prompt import check_reference_paths, not_text, resolve
 from ..text.split import MAX_PIECES, pieces_problem, split_text
 from .sources import JsonlSource, open_source
 
@@ -118,9 +118,7 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
         raise RequestError(f"text: missing{_from(columns, 'text')}; give the words to speak")
     if problem := empty_text(obj["text"]):
         raise RequestError(f"text: {problem}; give the words to speak")
-    for name, what in (("ref_audio", "a reference clip"), ("voice", "a saved .safetensors voice")):
-        if isinstance(obj.get(name), str) and not obj[name].strip():  # (not the manifest's own folder)
-            raise RequestError(f"{name}: empty; give the path of {what}")
+    check_reference_paths(obj.get)  # before the paths resolve against the manifest's folder
     if obj.get("ref_audio") is not None and obj.get("voice") is not None:
         raise RequestError("voice: give either ref_audio or voice, not both")
     ref_audio, voice = _path(obj.get("ref_audio"), base), _path(obj.get("voice"), base)

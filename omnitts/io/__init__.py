@@ -8,9 +8,12 @@ from pathlib import Path
 def user_path(value, name: str = "path") -> Path:
     """A path the user gave, `~` expanded as a shell would: every path omnitts takes reads "~/v.safetensors" as
     the one in the home folder. An unknown "~name" stays as written (its error then says "file not found").
-    Anything but a string or path is a TypeError naming the argument `name` (pathlib's names none)."""
+    Anything but a string or path is a TypeError naming the argument `name` (pathlib's names none), an empty
+    one a ValueError."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name}: expected a path (a string or os.PathLike), got {type(value).__name__}")
+    if os.fspath(value) == "":  # pathlib reads "" as ".": an unset variable would be the current folder
+        raise ValueError(f"{name}: empty path (not read as the current folder); give a file or folder")
     path = Path(value)
     try:
         return path.expanduser()

@@ -67,7 +67,7 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
         name = "reference audio"
         wav, sr = _samples(source, name)
     else:
-        path = user_path(source)
+        path = user_path(source, "ref_audio")
         name = str(path)
         if why := unreachable(path):
             raise AudioError(f"{path}: cannot read audio ({why})")

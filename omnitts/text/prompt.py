@@ -62,6 +62,18 @@ def _speaker_choice(tcfg) -> str:
     return f"choose one of {', '.join(tcfg.speakers)}"
 
 
+REFERENCE_PATHS = (("ref_audio", "a reference clip"), ("voice", "a saved .safetensors voice"))
+
+
+def check_reference_paths(field) -> None:
+    """RequestError naming the field if `field(name)`, for ref_audio and voice, is a string of no path: an
+    empty one would be read as the current folder (or a manifest's)."""
+    for name, what in REFERENCE_PATHS:
+        value = field(name)
+        if isinstance(value, str) and not value.strip():
+            raise RequestError(f"{name}: empty; give the path of {what}")
+
+
 def resolve(cfg, req: Request) -> Resolved:
     """Check `req` against what checkpoint config `cfg` can do; raise RequestError naming the field."""
     tcfg, kind = cfg.talker, cfg.model_type
@@ -74,6 +86,7 @@ def resolve(cfg, req: Request) -> Resolved:
         value = getattr(req, name)
         if isinstance(value, str) and (problem := not_text(value)):
             raise RequestError(f"{name}: {problem}")
+    check_reference_paths(lambda name: getattr(req, name))
     language = (req.language or "auto").lower()
     if language not in tcfg.languages:
         raise RequestError(f"language: {req.language!r} is not known to this checkpoint; "
