@@ -1,7 +1,8 @@
 """The `omnitts` command line. It owns the terminal: progress, tables and error lines.
 
-The commands and their checks live here; options.py declares the options they share, running.py runs a
-synth once its manifest has been read (progress, signals, summary).
+synth, validate and info and the checks the commands share live here, demo and voice-clone in demo.py and
+voice_clone.py; options.py declares the options they share, running.py runs a synth once its manifest has been
+read (progress, signals, summary).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,8 +18,6 @@ from ..errors import OmniTTSError
 from .options import (
     ENGINE_DEFAULTS,
     FLAG,
-    INPUT,
-    OUTPUT,
     CodecDtype,
     ColumnMap,
     Command,
@@ -56,11 +55,9 @@ from .options import (
     Workers,
     either,
     fail,
-    option,
     path,
     plural,
     user_path,
-    warnings_as_lines,
 )
 from ..stops import install, stopped
 from .running import os_error, run_synth
@@ -510,313 +507,13 @@ def _size(d: dict) -> str:
     return f"{d['size']} (its config says {d['config_size']}, which sets its behaviour)"
 
 
-DEMO_LINES = {
-    "custom_voice": [
-        {"id": "hello", "text": "Hello from omnitts.", "language": "english", "speaker": "ryan"},
-        {"id": "instruct", "text": "Speak slowly, please.", "language": "english", "speaker": "vivian", "instruct": "Calm and slow."},
-        {"id": "dialect", "text": "你好，世界。", "language": "chinese", "speaker": "eric"},
-    ],
-    "voice_design": [
-        {"id": "narrator", "text": "Once upon a time.", "language": "english", "instruct": "A warm, low male voice."},
-        {"id": "bright", "text": "Good morning, everyone!", "language": "english", "instruct": "A bright, fast young voice."},
-    ],
-    "base": [
-        {"id": "clone", "text": "Now in the cloned voice.", "language": "english", "ref_audio": "ref.wav",
-         "ref_text": "This is the reference clip."},
-        {"id": "xvector", "text": "Only the speaker embedding.", "language": "english", "ref_audio": "ref.wav",
-         "x_vector_only": True},
-    ],
-}
+# The commands after synth, validate and info, in the order --help lists them
+from .demo import DEMO_LINES, demo  # noqa: E402 (they use the checks above)
+from .voice_clone import voice_clone  # noqa: E402
 
-
-@app.command(cls=Command)
-def demo(
-    model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, parser=path, panel=INPUT, metavar="DIR",
-                                                 help="Where the checkpoint is built. [default: "
-                                                      ".cache/demo-tiny-customvoice, .cache/demo-tiny-voicedesign, "
-                                                      ".cache/demo-tiny-base]")] = None,
-    kind: Annotated[str, option("--kind", panel=INPUT, metavar="KIND", show_default=True,
-                                 help="custom_voice, voice_design or base.")] = "custom_voice",
-    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
-                                           help="Output directory. [default: out/demo-KIND]")] = None,
-    force: Force = False,
-):
-    """Build a tiny random checkpoint and synthesize a small manifest with it.
-
-    The weights are random, so the audio is noise-like; the run shows the whole pipeline working.
-    Each kind writes to its own folder: out/demo-custom_voice, out/demo-voice_design, out/demo-base.
-    """
-    import json
-
-    from ..batch.outdir import check_out
-    from ..config import load_config
-    from ..io.atomic import atomic_write
-
-    if kind not in DEMO_LINES:
-        fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
-    model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
-    out = out or Path(f"out/demo-{kind}")
-    built = all((model_dir / name).is_file() for name in ("model.safetensors", "speech_tokenizer/model.safetensors"))
-    # The demo's own files in OUT: written where absent, kept where a demo run wrote them, and never written over
-    # a file of the user's (an existing -o holding a demo.jsonl or ref.wav of its own)
-    manifests = {name: "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines).encode()
-                 for name, lines in DEMO_LINES.items()}
-    own = {out / "demo.jsonl": manifests[kind]}
-    if kind == "base":
-        own[out / "ref.wav"] = _demo_reference_wav()
-    try:  # both checked before anything is built or written
-        check_out(out)
-        for path, data in own.items():
-            if path.exists() and not (path.is_file() and (there := path.read_bytes()) == data):
-                if path.name == "demo.jsonl" and (ran := [k for k, m in manifests.items() if m == there]):
-                    fail(f"--out {out}: holds the {ran[0]} demo's run, not {kind}'s; pass --kind {ran[0]}, or "
-                         "another -o")
-                fail(f"--out {out}: holds a {path.name} that the demo did not write, and the demo writes its own "
-                     "there; choose another -o (or move the file)")
-        if not built:
-            check_out(model_dir, "--model-dir")
-        elif (built_kind := load_config(model_dir).model_type) != kind:  # its lines would fail on another kind
-            fail(f"--model-dir {model_dir}: holds a {built_kind} checkpoint, not {kind}; pass --kind {built_kind}, "
-                 "or another --model-dir to build one")
-    except OmniTTSError as exc:
-        fail(str(exc))
-    if not built:
-        if model_dir.is_dir() and any(model_dir.iterdir()):
-            fail(f"--model-dir {model_dir}: not empty and not a demo checkpoint; the demo builds its checkpoint in "
-                 "a new or empty folder (choose another --model-dir)")
-        typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
-        _build_demo_checkpoint(model_dir, kind)
-    out.mkdir(parents=True, exist_ok=True)
-    for path, data in own.items():
-        if not path.exists():
-            with atomic_write(path) as tmp:
-                Path(tmp).write_bytes(data)
-    synth(manifest=out / "demo.jsonl", model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
-          codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
-          eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force,
-          audio_format="wav",
-          retry_runaway=0,
-          loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
-          recipe=None)
-
-
-def _build_demo_checkpoint(model_dir: Path, kind: str) -> None:
-    """Build into a folder beside `model_dir`, renamed into place when complete: an interrupted build leaves
-    no half checkpoint (the next demo would refuse the folder) but a hidden folder the next build replaces."""
-    import shutil
-
-    from ..testing.checkpoint import build_checkpoint
-
-    building = model_dir.parent / f".{model_dir.name}.building"
-    shutil.rmtree(building, ignore_errors=True)
-    build_checkpoint(building, kind=kind, preset="tiny-0.6b" if kind == "base" else "tiny-1.7b")
-    if model_dir.is_dir():
-        model_dir.rmdir()  # empty (checked)
-    building.rename(model_dir)
-
-
-def _demo_reference_wav() -> bytes:
-    """The bytes of a wav file: a 1.5 s voice-like reference clip (a gliding harmonic tone with a syllable rhythm),
-    16 kHz."""
-    import io
-
-    import numpy as np
-    import soundfile as sf
-
-    from ..io.audio import FORMATS
-
-    rate = 16000
-    t = np.arange(int(rate * 1.5)) / rate
-    pitch = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(pitch) / rate
-    voice = sum(np.sin(k * phase) / k for k in range(1, 6))
-    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t)) * np.minimum(1, 10 * t) * np.minimum(1, 10 * (1.5 - t))
-    wav = io.BytesIO()
-    sf.write(wav, (0.25 * voice * envelope).astype(np.float32), rate, format="WAV", subtype=FORMATS["wav"])
-    return wav.getvalue()
-
-
-@app.command("voice-clone", cls=Command)
-def voice_clone(
-    ctx: typer.Context,
-    model: Model,
-    ref_audio: Annotated[Path, option("--ref-audio", callback=user_path, parser=path, panel=INPUT, metavar="FILE",
-                                       help="Reference clip, ideally 3-10 s of clean speech.")],
-    ref_text: Annotated[Optional[str], option("--ref-text", panel=INPUT, metavar="TEXT",
-                                               help="Its transcript (in-context cloning).")] = None,
-    x_vector_only: Annotated[bool, option("--x-vector-only", panel=INPUT,
-                                           help="Clone from the speaker embedding alone.")] = False,
-    text: Annotated[Optional[str], option("--text", panel=INPUT, metavar="TEXT",
-                                           help="Speak this text in the cloned voice (with -o).")] = None,
-    language: Annotated[str, option("--language", panel=INPUT, metavar="NAME", show_default=True,
-                                     help="Language of --text.")] = "auto",
-    greedy: Greedy = False,
-    max_frames: MaxFrames = None,
-    seed: Seed = None,
-    dtype: Dtype = "auto",
-    codec_dtype: CodecDtype = "float32",
-    device: Device = "cpu",
-    official_tokenizer: OfficialTok = False,
-    save: Annotated[Optional[Path], option("--save", callback=user_path, parser=path, panel=OUTPUT, metavar="FILE",
-                                            help="Write the voice to this .safetensors file.")] = None,
-    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
-                                           help="Output directory for --text: OUT/ID.wav.")] = None,
-    item_id: Annotated[str, option("--id", panel=OUTPUT, metavar="ID", show_default=True,
-                                    help="File name of the audio, as a manifest id.")] = "clone",
-    audio_format: Format = "wav",
-):
-    """Clone a voice from a reference clip (Base checkpoints): save it, speak with it, or both.
-
-    --save VOICE.safetensors encodes the reference once; manifests then use it with
-    {"voice": "VOICE.safetensors", ...} (the voice is tied to this checkpoint's weights).
-    --text "..." -o DIR speaks the text in the cloned voice into DIR/ID.wav (--id, --format, --language and
-    the Decoding options are for --text alone); the line it prints gives the seed it sampled with (pass it
-    as --seed to get the same audio again).
-    """
-    from ..api import load
-    from ..batch.manifest import id_problem
-    from ..config import load_config
-    from ..errors import RequestError
-    from ..io.audio import FORMATS, load_reference
-    from ..request import Request
-    from ..text.prompt import not_text, resolve
-    from ..voice import check_replaceable
-
-    _show_log(False)
-    _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
-    audio_format = _check_output(audio_format, None)
-    if save is None and text is None:
-        fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
-    if (text is None) != (out is None):
-        fail("--text and -o go together: -o names the directory --text is spoken into (OUT/ID.wav)")
-    if text is None and (given := [flag for name, flag in _SPEAKING_FLAGS if _given(ctx, name)]):
-        fail(f"{given[0]} goes with --text \"...\" -o DIR (it is for the spoken audio); --save alone speaks nothing")
-    if out is not None and out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():
-        fail(f"-o {out}: -o is the output directory, as in synth; write -o {out.parent} --id {out.stem}"
-              f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
-    if out is not None:
-        _check_clone_out(out)
-    if problem := id_problem(item_id):
-        fail(f"--id: {problem}")
-    if out is not None and (target := out / f"{item_id}.{audio_format}").resolve() == ref_audio.resolve():
-        fail(f"-o {out} --id {item_id}: {target} is the reference clip (--ref-audio), which the spoken audio would "
-             "replace; give another --id or -o")
-    if save is not None and save.suffix.lower() != ".safetensors":  # as a manifest's voice field takes it
-        fail(f"--save {save}: voice files end in .safetensors")
-    try:
-        if save is not None and save.is_dir():
-            fail(f"--save {save}: is a directory; give the voice file's name (VOICE.safetensors)")
-    except OSError as exc:  # a path that cannot be looked up (a name too long): pathlib raises it before Python 3.12
-        fail(f"--save {save}: {exc.strerror or exc}")
-    if save is not None:  # its folder: as -o is checked (a file in the way, read-only, not writable)
-        _check_clone_out(save.parent, "--save", save)
-        try:  # a voice replaces a voice file, never another (a checkpoint's model.safetensors)
-            check_replaceable(save)
-        except OmniTTSError as exc:
-            fail(f"--save {exc}")
-    if x_vector_only and ref_text:
-        fail("--ref-text and --x-vector-only exclude each other (x-vector-only cloning uses no transcript)")
-    if not x_vector_only and not (ref_text or "").strip():
-        fail("--ref-text is required for in-context cloning; give the reference transcript, "
-              "or use --x-vector-only")
-    if ref_text and (problem := not_text(ref_text)):  # bytes that are not UTF-8 arrive as lone surrogates
-        fail(f"--ref-text: {problem}")
-    made: list[Path] = []  # the folders of -o made here: removed again, where still empty, if the command fails
-    try:
-        cfg = load_config(model)
-        if cfg.model_type != "base":
-            fail(f"{model}: voice cloning needs a Base checkpoint (Qwen3-TTS-12Hz-*-Base); this one is "
-                  f"{cfg.model_type}")
-        if text is not None:
-            resolve(cfg, Request(text, language, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only))
-        with warnings_as_lines():  # a clip over 30 s is said once, though clone_voice reads it again
-            load_reference(ref_audio, cfg.codec.input_sample_rate, truncate=x_vector_only)  # fails before the load
-            if out is not None:
-                made = _make_clone_out(out)
-            tts = load(model, device=device, dtype=dtype, official_tokenizer=official_tokenizer, max_batch=1,
-                       codec_dtype=codec_dtype)
-            voice = tts.clone_voice(ref_audio, ref_text, x_vector_only)
-        mode = "in-context" if voice.icl else "x-vector only"
-        if save is not None:
-            voice.save(save)
-            typer.echo(f"saved voice {save} ({mode}, {voice.meta['ref_seconds']} s reference; "
-                       f"checkpoint {tts.identity})")
-        if text is not None:
-            result = tts.synthesize(text, language=language, voice=voice, greedy=greedy, max_frames=max_frames,
-                                    seed=seed)
-            path = result.save(out / f"{item_id}.{audio_format}")
-            seeded = "" if result.seed is None else f"; seed {result.seed}"  # None: greedy, nothing drawn
-            typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
-                       f"{mode} voice{seeded})")
-        made = []
-    except RequestError as exc:
-        fail(_flag_named(str(exc)))
-    except OmniTTSError as exc:
-        fail(_flag_advice(str(exc)))
-    except OSError as exc:  # e.g. -o in a folder that cannot be written
-        fail(f"{exc.filename or out or save}: cannot write ({exc.strerror or exc})")
-    finally:  # a failed command (a checkpoint that does not load, Ctrl-C) leaves no empty -o behind
-        for folder in reversed(made):
-            with suppress(OSError):
-                folder.rmdir()
-
-
-# voice-clone's options that only --text's synthesis reads (given without it, they would do nothing unsaid)
-_SPEAKING_FLAGS = (("language", "--language"), ("greedy", "--greedy"), ("max_frames", "--max-frames"),
-                   ("seed", "--seed"), ("official_tokenizer", "--official-tokenizer"), ("item_id", "--id"),
-                   ("audio_format", "--format"))
-
-
-def _given(ctx: typer.Context, name: str) -> bool:
-    """Option `name` was written on the command line (click's parameter source, compared by name: typer may
-    bring a click of its own)."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name == "COMMANDLINE"
-
-
-_CLONE_FLAGS = {"text": "--text", "language": "--language", "ref_text": "--ref-text"}
-
-
-def _flag_named(message: str) -> str:
-    """A request's error names its manifest field ("language: 'x' is not known..."); voice-clone's user gave
-    the flag, which is named instead."""
-    field, sep, rest = message.partition(": ")
-    return f"{_CLONE_FLAGS[field]}: {rest}" if sep and field in _CLONE_FLAGS else message
-
-
-# A reference's advice names the manifest's fields (io/audio.py: "trim the clip (and its ref_text) ..., or set
-# x_vector_only"); voice-clone's user gives flags
-_CLONE_ADVICE = (("(and its ref_text)", "(and its --ref-text)"), ("or set x_vector_only", "or use --x-vector-only"))
-
-
-def _flag_advice(message: str) -> str:
-    """`message` with the advice it ends with in voice-clone's flags (the start names a file: left as it is)."""
-    for field, flag in _CLONE_ADVICE:
-        head, sep, tail = message.rpartition(field)
-        message = head + flag + tail if sep else message
-    return message
-
-
-def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> None:
-    """voice-clone's -o (or the folder of its --save file, `given`), checked with the arguments: a directory, or
-    a path one can be made at, that can be written."""
-    from ..batch.outdir import check_out
-
-    try:
-        check_out(out, flag, given)
-    except OmniTTSError as exc:
-        fail(str(exc))
-
-
-def _make_clone_out(out: Path) -> list[Path]:
-    """Make voice-clone's -o before the model loads: `check_out` cannot see every refusal (/proc, where root
-    passes the permission check). Returns the folders it made, outermost first."""
-    missing = [folder for folder in (out, *out.parents) if not folder.exists()][::-1]
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"-o {out}: cannot make the directory ({exc.strerror or exc}); -o is the output directory")
-    return missing
+app.command(cls=Command)(demo)
+app.command("voice-clone", cls=Command)(voice_clone)
+__all__ = ["DEMO_LINES", "app", "demo", "info", "main", "synth", "validate", "voice_clone"]
 
 
 def main():
