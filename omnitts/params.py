@@ -107,22 +107,22 @@ class SamplingParams:
                 object.__setattr__(self, name, int(value) if kind is INT else float(value))
         for name in ("temperature", "subtalker_temperature", "repetition_penalty"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
         for name in ("top_p", "subtalker_top_p"):
             if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be in (0, 1], got {getattr(self, name)}")
         for name in ("top_k", "subtalker_top_k"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be >= 0 (0 = off), got {getattr(self, name)}")
         for name in ("temperature", "subtalker_temperature", "repetition_penalty", "top_k", "subtalker_top_k"):
             if getattr(self, name) > LARGEST[name]:
-                raise ValueError(f"{name} must be at most {LARGEST[name]:.4g}, got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be at most {LARGEST[name]:.4g}, got {getattr(self, name)}")
         if self.max_frames is not None and self.max_frames < 1:
-            raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
+            raise ValueError(f"max_frames: must be >= 1, got {self.max_frames}")
         if problem := seed_problem(self.seed):
-            raise ValueError(f"seed {problem}")
+            raise ValueError(f"seed: {problem}")
         if self.frame_cap < 1:  # the most frames any budget is cut to: one at least, as from_generation_config makes
-            raise ValueError(f"frame_cap must be >= 1 (the most frames one utterance may take), got {self.frame_cap}")
+            raise ValueError(f"frame_cap: must be >= 1 (the most frames one utterance may take), got {self.frame_cap}")
 
     @classmethod
     def from_generation_config(cls, gen: dict, **overrides) -> "SamplingParams":
@@ -131,7 +131,7 @@ class SamplingParams:
         # Official max_new_tokens counts codebook-0 tokens; the last one never gets a frame.
         tokens = gen.get("max_new_tokens", 2048)
         if isinstance(tokens, bool) or not isinstance(tokens, INT) or tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {tokens!r}")
+            raise ValueError(f"max_new_tokens: must be an integer >= 1, got {tokens!r}")
         values["frame_cap"] = max(1, int(tokens) - 1)
         names = {f.name for f in fields(cls)}
         unknown = set(overrides) - names

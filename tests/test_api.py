@@ -240,9 +240,9 @@ def test_the_library_prints_nothing(ckpt_dir, ref_wav, tmp_path, capfd):
 
 
 @pytest.mark.parametrize("keywords, error, message", [
-    ({"max_frames": 0}, ValueError, "max_frames must be >= 1, got 0"),
+    ({"max_frames": 0}, ValueError, "max_frames: must be >= 1, got 0"),
     ({"temperature": "x"}, TypeError, "temperature: expected a number, got str"),
-    ({"top_p": 2}, ValueError, r"top_p must be in \(0, 1\], got 2")])
+    ({"top_p": 2}, ValueError, r"top_p: must be in \(0, 1\], got 2")])
 def test_stream_checks_its_keywords_before_reading_an_item(cv, keywords, error, message):
     """A bad run-wide keyword was found only as the first item was read: that item was taken from the caller's
     iterable and lost, and an empty one ran without complaint."""
@@ -408,7 +408,7 @@ def test_a_stream_dict_takes_numpy_numbers(cv):
 
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
-    with pytest.raises(ValueError, match=r"^frame_cap must be >= 1 \(the most frames one utterance may take\), got 0$"):
+    with pytest.raises(ValueError, match=r"^frame_cap: must be >= 1 \(the most frames one utterance may take\), got 0$"):
         omnitts.SamplingParams(frame_cap=0)
     assert omnitts.SamplingParams(frame_cap=1).with_budget(5).max_frames == 1
 

@@ -213,7 +213,7 @@ def test_numbers_past_what_the_engine_holds_are_refused_and_a_huge_budget_is_cut
     from omnitts.params import SamplingParams, frames_in
 
     for name, value in (("repetition_penalty", 1e300), ("temperature", float("inf")), ("top_k", 2**64)):
-        with pytest.raises(ValueError, match=rf"^{name} must be at most "):
+        with pytest.raises(ValueError, match=rf"^{name}: must be at most "):
             SamplingParams(**{name: value})
     assert frames_in(1e308) == 2**31 and frames_in(1e-9) == 1 and frames_in(2.0) == 25
     params = SamplingParams(frame_cap=100)
@@ -233,7 +233,7 @@ def test_a_seed_is_a_64_bit_integer_everywhere_and_an_old_larger_one_exports_as_
     for seed in (2**63, -(2**63) - 1, 2**70):
         with pytest.raises(ValueError, match=r"^seed: must be a 64-bit integer, from -2\*\*63 to 2\*\*63 - 1"):
             check_seed(seed)
-        with pytest.raises(ValueError, match=r"^seed must be a 64-bit integer"):
+        with pytest.raises(ValueError, match=r"^seed: must be a 64-bit integer"):
             SamplingParams(seed=seed)
     check_seed(2**63 - 1), check_seed(-(2**63))
     with pytest.raises(ValueError, match="seed: must be a 64-bit integer"):

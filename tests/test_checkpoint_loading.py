@@ -193,9 +193,9 @@ def test_cuda_turns_cudnn_attention_off_unless_asked(ckpt_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("generation,message", [
-    ({"top_k": -3, "temperature": 0}, "temperature must be > 0, got 0"),
-    ({"top_k": -3}, r"top_k must be >= 0 \(0 = off\), got -3"),
-    ({"max_new_tokens": "x"}, "max_new_tokens must be an integer >= 1, got 'x'"),
+    ({"top_k": -3, "temperature": 0}, "temperature: must be > 0, got 0"),
+    ({"top_k": -3}, r"top_k: must be >= 0 \(0 = off\), got -3"),
+    ({"max_new_tokens": "x"}, "max_new_tokens: must be an integer >= 1, got 'x'"),
     ({"do_sample": "yes"}, "do_sample: expected a bool, got str"),
 ])
 def test_bad_sampling_defaults_are_refused_at_load(cv_copy, generation, message):

@@ -247,7 +247,7 @@ def test_stage_paths_may_start_with_a_tilde(ckpt_dir, tmp_path, monkeypatch):
     ("format", "mp3", "format: 'mp3'; choose one of wav, flac, ogg"), ("loudness", 5.0, "loudness: 5.0; choose a level"),
     ("loudness", "x", "loudness: 'x'"), ("split_chars", -5, "split_chars: -5; expected an integer >= 0"),
     ("retry_runaway", -1, "retry_runaway: -1"), ("since", "0", "since: '0'"), ("columns", {"nope": "x"}, "columns:"),
-    ("max_frames", 0, "max_frames must be >= 1"), ("seed", "3", "seed: expected an int"),
+    ("max_frames", 0, "max_frames: must be >= 1"), ("seed", "3", "seed: expected an int"),
     ("env", {"OMP_NUM_THREADS": 1}, "env: {'OMP_NUM_THREADS': 1}; expected {variable: value}, both strings")])
 def test_stage_options_are_checked_before_the_model_loads(tmp_path, monkeypatch, option, value, message):
     """The stage's own options are checked as `omnitts synth` checks its flags, naming the option, before the model
