@@ -211,6 +211,9 @@ def test_help_reads_well_at_80_columns(command):
         assert len(lines) < 100  # was 157, with a help column 13 characters wide
         panels = [line.strip("╭─ ").split(" ")[0] for line in lines if line.startswith("╭─ ")]
         assert panels == ["Arguments", "Options", "Input", "Decoding", "Engine", "Output"]
+    if command == ["voice-clone"]:  # one text, no items: synth's help for --seed and --max-frames spoke of items
+        text = " ".join(result.output.split())
+        assert "Frame budget of --text" in text and "Seed of --text" in text and "item" not in text, text
 
 
 def test_validate_help_documents_the_exit_codes_it_gives(ckpt_dir, tmp_path):

@@ -10,6 +10,7 @@ import typer
 from ..errors import OmniTTSError
 from .options import INPUT, OUTPUT, Force, fail, option, path, user_path
 
+# The demo's manifest for each kind
 DEMO_LINES = {
     "custom_voice": [
         {"id": "hello", "text": "Hello from omnitts.", "language": "english", "speaker": "ryan"},

@@ -87,6 +87,11 @@ def _seed(value: int | None) -> int | None:
 
 Seed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N", callback=_seed,
                                         help="Seed for items without their own (64-bit).")]
+# voice-clone's, for the one text it speaks
+TextMaxFrames = Annotated[Optional[int], option("--max-frames", panel=DECODING, metavar="N", min=1,
+                                                help="Frame budget of --text (12.5 frames/s).")]
+TextSeed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N", callback=_seed,
+                                           help="Seed of --text (64-bit; the line printed gives the one drawn).")]
 Dtype = Annotated[Optional[str], option("--dtype", panel=ENGINE, metavar="TYPE",
                                          help="auto, float32, bfloat16 or float16. [default: auto]")]
 CodecDtype = Annotated[Optional[str], option("--codec-dtype", panel=ENGINE, metavar="TYPE",

@@ -18,16 +18,17 @@ from .options import (
     Dtype,
     Format,
     Greedy,
-    MaxFrames,
     Model,
     OfficialTok,
-    Seed,
+    TextMaxFrames,
+    TextSeed,
     fail,
     option,
     path,
     user_path,
     warnings_as_lines,
 )
+
 
 def voice_clone(
     ctx: typer.Context,
@@ -43,8 +44,8 @@ def voice_clone(
     language: Annotated[str, option("--language", panel=INPUT, metavar="NAME", show_default=True,
                                      help="Language of --text.")] = "auto",
     greedy: Greedy = False,
-    max_frames: MaxFrames = None,
-    seed: Seed = None,
+    max_frames: TextMaxFrames = None,
+    seed: TextSeed = None,
     dtype: Dtype = "auto",
     codec_dtype: CodecDtype = "float32",
     device: Device = "cpu",
