@@ -612,7 +612,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
 
         import_torch_npu()  # before any tensor goes to the NPU
     elif device == "cuda" and not torch.cuda.is_available():
-        raise OmniTTSError("device cuda: no CUDA device is visible to torch (use --device cpu)")
+        raise OmniTTSError("device 'cuda': no CUDA device is visible to torch (load with device='cpu')")
     elif device not in ("cpu", "cuda"):
         kind, _, index = str(device).partition(":")
         if kind in ("cuda", "npu") and index.isdigit():  # "cuda" means the current device: one per process

@@ -569,6 +569,16 @@ def test_load_refuses_engine_options_as_a_recipe_does(ckpt_dir, options, error, 
         omnitts.load(ckpt_dir("custom_voice"), **options)
 
 
+def test_load_on_a_device_this_machine_lacks_says_what_to_load_with(ckpt_dir, monkeypatch):
+    """The library's user passes device=..., not --device (the message named the command's flag)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(omnitts.OmniTTSError, match=r"^device 'cuda': no CUDA device is visible to torch \(load with "
+                                                   r"device='cpu'\)$"):
+        omnitts.load(ckpt_dir("custom_voice"), device="cuda")
+
+
 def test_load_names_a_path_that_is_not_one():
     with pytest.raises(TypeError, match=r"^path: expected the checkpoint directory \(a string or path\), got NoneType$"):
         omnitts.load(None)

@@ -367,7 +367,8 @@ def test_devices_the_machine_lacks_are_named_as_given(ckpt_dir, tmp_path):
     result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
                                       str(tmp_path / "out"), "--devices", "cuda:0-1"])
     assert result.exit_code == 2
-    assert result.output.strip() == "error: --devices cuda:0-1: no CUDA device is visible to torch (use --device cpu)"
+    assert result.output.strip() == ("error: --devices cuda:0-1: no CUDA device is visible to torch "
+                                    "(CPU workers: --devices cpu,cpu)")
     import importlib.util
 
     if importlib.util.find_spec("torch_npu") is None:  # never installed here (it breaks torch without CANN)

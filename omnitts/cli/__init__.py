@@ -119,7 +119,8 @@ def _check_engine(engine: dict, devices: str | None = None, recipe: Path | None 
         import torch
 
         if not torch.cuda.is_available():
-            fail(f"{given}: no CUDA device is visible to torch (use --device cpu)")
+            fail(f"{given}: no CUDA device is visible to torch "
+                 f"({'CPU workers: --devices cpu,cpu' if devices else 'use --device cpu'})")
     elif kind == "npu":
         from ..device.npu import import_torch_npu
 
