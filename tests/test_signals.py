@@ -85,6 +85,7 @@ def test_one_sigint_finishes_the_running_items_and_starts_no_more(ckpt_dir, tmp_
     # The running ones finished (whole), nothing queued behind them started.
     assert ids[0] == "first" and {f"long-{i:02d}" for i in range(BATCH - 1)} <= set(ids), ids
     assert len(ids) <= BATCH + 1 < len(rows), ids
+    assert f"stopped early, {len(rows) - len(ids)} items not run yet" in err, err
     assert all(r["status"] == "ok" for r in records), records
     for r in records:
         assert sf.info(run.out / r["path"]).frames == r["frames"] * 1920 and r["frames"] in (3, 80), r

@@ -282,8 +282,7 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, 
         run_items(batch, items, loaded, stopping.requested, report, stats)
     stopped = stopping.exit_code if stopping.count else None
     if stopped:
-        console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
-                      "keeps what is done)")
+        _stopped_early(console, batch, total)
     _summary(console, batch)
     if verbose and stats:
         console.print(_graph_line(stats))
@@ -357,8 +356,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                 _advance(progress, tally)
     stopped = stopping.exit_code if stopping.count else None
     if stopped:
-        console.print(f"stopped early: run the same command again to resume ({batch.out}/results.jsonl "
-                      "keeps what is done)")
+        _stopped_early(console, batch, good + bad)
     elif pool.all_finished():
         # Each worker counts its siblings' items as "others"; a writer outside this command recorded
         # what no worker ran and no earlier run finished.
@@ -480,6 +478,14 @@ class _ForwardingStop(_GracefulStop):
         if signum != signal.SIGINT or not terminal_signals_group():
             self.pool.forward(signum)
         super()._handle(signum, frame)
+
+
+def _stopped_early(console, batch, total: int) -> None:
+    """The line a stopped run closes with: how many of its `total` items it left, and how to go on."""
+    t = batch.tally
+    left = max(0, total - t.done - t.failed - t.skipped - t.others)
+    console.print(f"stopped early, {plural(left, 'item')} not run yet: run the same command again to resume "
+                  f"({batch.out}/results.jsonl keeps what is done)")
 
 
 def _summary(console, batch) -> None:
