@@ -1,16 +1,15 @@
 """The `omnitts` command line. It owns the terminal: progress, tables and error lines.
 
-synth, validate and info and the checks the commands share live here, demo and voice-clone in demo.py and
-voice_clone.py; options.py declares the options they share, running.py runs a synth once its manifest has been
-read (progress, signals, summary).
+synth, validate, info and demo live here, voice-clone in voice_clone.py; checks.py holds the checks the commands
+share, options.py the options they share, demo.py what the demo writes; running.py runs a synth once its
+manifest has been read (progress, signals, summary).
 """
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -18,6 +17,8 @@ from ..errors import OmniTTSError
 from .options import (
     ENGINE_DEFAULTS,
     FLAG,
+    INPUT,
+    OUTPUT,
     CodecDtype,
     ColumnMap,
     Command,
@@ -53,13 +54,15 @@ from .options import (
     UseRay,
     Verbose,
     Workers,
-    either,
     fail,
+    option,
     path,
     plural,
     user_path,
 )
 from ..stops import install, stopped
+from .checks import check_engine, check_output, show_log
+from .demo import DEMO_LINES, build_demo_checkpoint, demo_reference_wav
 from .running import os_error, run_synth
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -82,64 +85,6 @@ def _show_version(value: bool) -> None:
 def _root(version: Annotated[bool, typer.Option("--version", metavar=FLAG, is_eager=True, callback=_show_version,
                                                help="Print the version and exit.")] = False):
     """Offline batch speech synthesis for Qwen3-TTS-12Hz checkpoints."""
-
-
-class _LogToStderr(logging.Handler):
-    """The "omnitts" logger's lines on stderr, as they are (`typer.echo` finds the current stderr)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        typer.echo(self.format(record), err=True)
-
-
-_LOG = _LogToStderr()
-
-
-def _show_log(quiet: bool) -> None:
-    """Show the library's INFO notes (such as the one-time kernel build) unless `quiet`; warnings always."""
-    logger = logging.getLogger("omnitts")
-    if _LOG not in logger.handlers:
-        logger.addHandler(_LOG)
-    _LOG.setLevel(logging.WARNING if quiet else logging.INFO)
-    logger.setLevel(logging.INFO)
-
-
-def _check_engine(engine: dict, devices: str | None = None, recipe: Path | None = None) -> None:
-    """Reject a bad device, dtype or codec dtype (and a device this machine lacks) before anything loads;
-    `devices`: the --devices list the device kind came from, named in the error instead of --device; `recipe`:
-    the recipe it came from (no --device given), named instead (`--device cuda` was never typed)."""
-    from ..recipe import CODEC_DTYPES, DEVICES, DTYPES
-
-    for flag, name, choices in (("--device", "device", DEVICES), ("--dtype", "dtype", DTYPES),
-                                ("--codec-dtype", "codec_dtype", CODEC_DTYPES)):
-        if engine[name] not in choices:
-            fail(f"{flag} {engine[name]!r}: choose {either(choices)}")
-    kind = engine["device"]
-    given = f"--devices {devices}" if devices else f'{recipe}: device = "{kind}"' if recipe else f"--device {kind}"
-    if kind == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            fail(f"{given}: no CUDA device is visible to torch "
-                 f"({'CPU workers: --devices cpu,cpu' if devices else 'use --device cpu'})")
-    elif kind == "npu":
-        from ..device.npu import import_torch_npu
-
-        try:
-            import_torch_npu(given)
-        except OmniTTSError as exc:
-            fail(str(exc))
-
-
-def _check_output(audio_format: str, loudness: float | None) -> str:
-    """The audio format as files are named (`FLAC` and `.flac` are `flac`); fails on a bad format or level."""
-    from ..io.audio import FORMATS
-
-    kind = audio_format.strip().lower().removeprefix(".")
-    if kind not in FORMATS:
-        fail(f"--format {audio_format!r}: choose {either(tuple(FORMATS))}")
-    if loudness is not None and not -70.0 <= loudness <= 0.0:
-        fail(f"--loudness {loudness:g}: choose a level from -70 to 0 LUFS (e.g. -23 or -16)")
-    return kind
 
 
 def _engine_options(recipe, **flags) -> dict:
@@ -217,7 +162,7 @@ def synth(
     from ..config import load_config
     from ..voice import checkpoint_identity
 
-    _show_log(quiet)
+    show_log(quiet)
     # Every option is checked before the manifest is read and long before the model loads.
     try:
         engine = _engine_options(recipe, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch,
@@ -228,10 +173,10 @@ def synth(
     _check_ray(use_ray, ray_address, devices, workers)
     # None: this process synthesizes (or Ray's actors do, `workers` of them)
     workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
-    _check_engine(engine, devices, recipe if device is None else None)  # (the device is the recipe's, or cpu)
+    check_engine(engine, devices, recipe if device is None else None)  # (the device is the recipe's, or cpu)
     if workers_on is not None:
         _check_device_indices(workers_on)
-    audio_format = _check_output(audio_format, loudness)
+    audio_format = check_output(audio_format, loudness)
     _check_runaway(retry_runaway, greedy, max_frames)
     try:
         check_out(out)
@@ -508,13 +453,80 @@ def _size(d: dict) -> str:
     return f"{d['size']} (its config says {d['config_size']}, which sets its behaviour)"
 
 
-# The commands after synth, validate and info, in the order --help lists them
-from .demo import DEMO_LINES, demo  # noqa: E402 (they use the checks above)
-from .voice_clone import voice_clone  # noqa: E402
+@app.command(cls=Command)
+def demo(
+    model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, parser=path, panel=INPUT, metavar="DIR",
+                                                 help="Where the checkpoint is built. [default: "
+                                                      ".cache/demo-tiny-customvoice, .cache/demo-tiny-voicedesign, "
+                                                      ".cache/demo-tiny-base]")] = None,
+    kind: Annotated[str, option("--kind", panel=INPUT, metavar="KIND", show_default=True,
+                                 help="custom_voice, voice_design or base.")] = "custom_voice",
+    out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
+                                           help="Output directory. [default: out/demo-KIND]")] = None,
+    force: Force = False,
+):
+    """Build a tiny random checkpoint and synthesize a small manifest with it.
 
-app.command(cls=Command)(demo)
+    The weights are random, so the audio is noise-like; the run shows the whole pipeline working.
+    Each kind writes to its own folder: out/demo-custom_voice, out/demo-voice_design, out/demo-base.
+    """
+    import json
+
+    from ..batch.outdir import check_out
+    from ..config import load_config
+    from ..io.atomic import atomic_write
+
+    if kind not in DEMO_LINES:
+        fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
+    model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
+    out = out or Path(f"out/demo-{kind}")
+    built = all((model_dir / name).is_file() for name in ("model.safetensors", "speech_tokenizer/model.safetensors"))
+    # The demo's own files in OUT: written where absent, kept where a demo run wrote them, and never written over
+    # a file of the user's (an existing -o holding a demo.jsonl or ref.wav of its own)
+    manifests = {name: "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines).encode()
+                 for name, lines in DEMO_LINES.items()}
+    own = {out / "demo.jsonl": manifests[kind]}
+    if kind == "base":
+        own[out / "ref.wav"] = demo_reference_wav()
+    try:  # both checked before anything is built or written
+        check_out(out)
+        for target, data in own.items():
+            if target.exists() and not (target.is_file() and (there := target.read_bytes()) == data):
+                if target.name == "demo.jsonl" and (ran := [k for k, m in manifests.items() if m == there]):
+                    fail(f"--out {out}: holds the {ran[0]} demo's run, not {kind}'s; pass --kind {ran[0]}, or "
+                         "another -o")
+                fail(f"--out {out}: holds a {target.name} that the demo did not write, and the demo writes its own "
+                     "there; choose another -o (or move the file)")
+        if not built:
+            check_out(model_dir, "--model-dir")
+        elif (built_kind := load_config(model_dir).model_type) != kind:  # its lines would fail on another kind
+            fail(f"--model-dir {model_dir}: holds a {built_kind} checkpoint, not {kind}; pass --kind {built_kind}, "
+                 "or another --model-dir to build one")
+    except OmniTTSError as exc:
+        fail(str(exc))
+    if not built:
+        if model_dir.is_dir() and any(model_dir.iterdir()):
+            fail(f"--model-dir {model_dir}: not empty and not a demo checkpoint; the demo builds its checkpoint in "
+                 "a new or empty folder (choose another --model-dir)")
+        typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
+        build_demo_checkpoint(model_dir, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    for target, data in own.items():
+        if not target.exists():
+            with atomic_write(target) as tmp:
+                Path(tmp).write_bytes(data)
+    synth(manifest=out / "demo.jsonl", model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
+          codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
+          eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force,
+          audio_format="wav",
+          retry_runaway=0,
+          loudness=None, export_dataset=None, split_chars=None, column=None, id_column=None, text_column=None,
+          recipe=None)
+
+
+from .voice_clone import voice_clone  # noqa: E402 (after the commands above, as --help lists them)
+
 app.command("voice-clone", cls=Command)(voice_clone)
-__all__ = ["DEMO_LINES", "app", "demo", "info", "main", "synth", "validate", "voice_clone"]
 
 
 def main():

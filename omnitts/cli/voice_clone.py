@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import OmniTTSError
-from . import _check_engine, _check_output, _show_log
+from .checks import check_engine, check_output, show_log
 from .options import (
     INPUT,
     OUTPUT,
@@ -75,9 +75,9 @@ def voice_clone(
     from ..text.prompt import not_text, resolve
     from ..voice import check_replaceable
 
-    _show_log(False)
-    _check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
-    audio_format = _check_output(audio_format, None)
+    show_log(False)
+    check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
+    audio_format = check_output(audio_format, None)
     if save is None and text is None:
         fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
     if (text is None) != (out is None):
