@@ -43,7 +43,7 @@ import torch
 from .errors import CheckpointError, VoiceError
 from .io import user_path
 from .io.atomic import atomic_write, file_mode
-from .models.safetensors_io import MAX_HEADER, check_header
+from .models.safetensors_io import check_header, header_bytes
 from .version import __version__
 
 FORMAT = "omnitts-voice"
@@ -112,16 +112,13 @@ def _hash_file(digest, path: Path, prefix: str) -> None:
     """Feed `path`'s safetensors header and the bytes of its tensors named `prefix`* into `digest`."""
     try:
         with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > MAX_HEADER:
-                raise ValueError(f"header of {length} bytes")
-            raw = f.read(length)
+            raw = header_bytes(f)
             header = json.loads(raw)
             check_header(header)
             digest.update(path.name.encode() + b"\n" + raw)
             for name in sorted(k for k in header if k.startswith(prefix)):
                 start, end = header[name]["data_offsets"]
-                f.seek(8 + length + start)
+                f.seek(8 + len(raw) + start)
                 left = end - start
                 while left > 0:
                     chunk = f.read(min(left, READ_CHUNK))
@@ -187,9 +184,8 @@ def check_replaceable(path: Path) -> None:
         return
     try:
         with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length)) if length <= MAX_HEADER else {}
-    except (OSError, ValueError, struct.error):
+            header = json.loads(header_bytes(f))
+    except (OSError, ValueError, struct.error):  # (a header past MAX_HEADER too)
         return  # no safetensors file
     others = sorted(set(header) - {"__metadata__", "x_vector", "ref_codes"}) if isinstance(header, dict) else []
     if others:

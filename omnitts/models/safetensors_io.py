@@ -25,16 +25,23 @@ DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF1
 MAX_HEADER = 100 * 2**20  # bytes of JSON header at most (a larger length field is a damaged file, not a header)
 
 
+def header_bytes(handle) -> bytes:
+    """The JSON header of the safetensors file open as `handle`, at its start: the data section begins 8 bytes
+    after its length. Raises ValueError for a length past MAX_HEADER, struct.error for a file under 8 bytes."""
+    (size,) = struct.unpack("<Q", handle.read(8))
+    if size > MAX_HEADER:
+        raise ValueError(f"header of {size} bytes")
+    return handle.read(size)
+
+
 def read_header(path: Path) -> tuple[dict, int]:
     """(header without `__metadata__`, offset of the data section). Raises OSError/ValueError if malformed."""
     with open(path, "rb") as handle:
-        (size,) = struct.unpack("<Q", handle.read(8))
-        if size > MAX_HEADER:
-            raise ValueError(f"header of {size} bytes")
-        header = json.loads(handle.read(size))
+        raw = header_bytes(handle)
+    header = json.loads(raw)
     check_header(header)
     header.pop("__metadata__", None)
-    return header, 8 + size
+    return header, 8 + len(raw)
 
 
 def check_header(header) -> None:
