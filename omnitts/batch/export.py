@@ -56,13 +56,14 @@ def check_target(target: Path, out: Path | None = None, manifest: Path | None = 
         raise ExportError(f"--export-dataset {target}: {why}")
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
-    if target.is_dir() and any(target.iterdir()) and not all((target / f).is_file() for f in DATASET_FILES):
-        raise ExportError(f"--export-dataset {target}: is a folder that holds something else than a saved dataset; "
-                          "an export replaces its target, so choose an empty or new folder")
-    if target.is_dir() and any(target.iterdir()) and (columns := _columns(target)) != set(COLUMNS):
-        shown = ", ".join(sorted(columns)) if columns else "unreadable dataset_info.json"
-        raise ExportError(f"--export-dataset {target}: is a saved dataset that is not an omnitts export (its columns: "
-                          f"{shown}); an export replaces its target, so choose an empty or new folder")
+    if target.is_dir() and any(target.iterdir()):  # replaced only if it is an earlier export
+        if not all((target / f).is_file() for f in DATASET_FILES):
+            raise ExportError(f"--export-dataset {target}: is a folder that holds something else than a saved "
+                              "dataset; an export replaces its target, so choose an empty or new folder")
+        if (columns := _columns(target)) != set(COLUMNS):
+            shown = ", ".join(sorted(columns)) if columns else "unreadable dataset_info.json"
+            raise ExportError(f"--export-dataset {target}: is a saved dataset that is not an omnitts export (its "
+                              f"columns: {shown}); an export replaces its target, so choose an empty or new folder")
 
 
 def _columns(folder: Path) -> set[str] | None:
@@ -153,6 +154,7 @@ def _write(out: Path, items: Iterable, work: Path, datasets, ArrowWriter):
         "audio": {"bytes": datasets.Value("binary"), "path": datasets.Value("string")},
         "seconds": datasets.Value("float32"), "frames": datasets.Value("int32"), "seed": datasets.Value("int64"),
     })
+    assert tuple(features) == COLUMNS, tuple(features)  # check_target knows an earlier export by them
     count, rate = 0, None
     with ArrowWriter(features=features, path=str(work / "rows.arrow")) as writer:
         for item in items:
