@@ -163,11 +163,10 @@ class TTS:
         speaker_rate = ckpt.config.speaker_encoder.sample_rate
         try:
             wav = load_reference(ref_audio, codec_rate, truncate=x_vector_only)
-        except AudioError as exc:  # the field's name first, as in every other request error
-            # (samples, rate): its messages begin "reference audio: ", which was said twice ("reference audio:
-            # reference audio is 0.40 s long") and named no field
-            said = str(exc).removeprefix("reference audio: ") if isinstance(ref_audio, tuple) else str(exc)
-            raise AudioError(f"ref_audio: {said}") from None
+        except AudioError as exc:  # a clip's path: the field's name first, as in every other request error
+            if isinstance(ref_audio, tuple):  # (samples, rate): its messages begin with the field already
+                raise
+            raise AudioError(f"ref_audio: {exc}") from None
         spk_wav = wav if speaker_rate == codec_rate else load_reference((wav, codec_rate), speaker_rate, truncate=True)
         x_vector = ckpt.model.speaker_encoder.embed(spk_wav)
         codes = None if x_vector_only else ckpt.codec_encoder.encode(wav)

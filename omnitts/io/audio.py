@@ -64,7 +64,7 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     import librosa
 
     if isinstance(source, tuple):
-        name = "reference audio"
+        name = "ref_audio"  # the field: a pair has no file name to begin its messages with
         wav, sr = _samples(source, name)
     else:
         path = user_path(source, "ref_audio")
