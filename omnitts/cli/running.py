@@ -83,7 +83,7 @@ def _engines_to_start(batch, items, workers_on, ray, quiet: bool):
     with fewer than --workers / --devices asked for, one worker each (the first devices)."""
     if workers_on is None and ray is None:
         return workers_on, ray
-    to_run = batch.count_to_run(items(), len(workers_on or [None]))
+    to_run = batch.count_to_run(items(), len(workers_on) if workers_on is not None else 1)  # (Ray: whether any)
     if not to_run:
         return None, None
     if workers_on is not None and to_run < len(workers_on):
