@@ -149,9 +149,15 @@ def load_recipe(path) -> Recipe:
 
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # (a byte order mark, as Windows editors write, is dropped)
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read recipe ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise RecipeError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at line {line}, column {column}; "
+                          "save the file as UTF-8)") from None
     except tomllib.TOMLDecodeError as exc:
         raise RecipeError(f"{path}: not valid TOML ({exc})") from None
     unknown = [key for key in data if key not in KEYS]

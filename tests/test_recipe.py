@@ -83,6 +83,20 @@ def test_missing_file(tmp_path):
         load_recipe(tmp_path / "nope.toml")
 
 
+def test_a_recipe_that_is_not_utf8_is_named_with_where(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_bytes(b'device = "cpu"\n# caf\xe9\n')
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert str(err.value) == f"{path}: not UTF-8 text (byte 0xe9 at line 2, column 6; save the file as UTF-8)"
+
+
+def test_a_byte_order_mark_is_dropped(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_bytes("\ufeffmax_batch = 4\n".encode("utf-8"))
+    assert load_recipe(path).max_batch == 4
+
+
 def test_python_3_10_gets_a_toml_reader():
     """The README says Python 3.10+; tomllib is 3.11's, so on 3.10 load_recipe imports tomli, which the
     package must then depend on (without it every --recipe was a ModuleNotFoundError traceback on 3.10)."""
