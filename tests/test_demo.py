@@ -33,6 +33,18 @@ def test_demo_runs_each_kind(tmp_path, kind):
     assert not (tmp_path / "other").exists()
 
 
+def test_demo_quiet_prints_the_summary_alone(tmp_path):
+    out, model = tmp_path / "out", tmp_path / "ckpt"
+    loud = CliRunner().invoke(app, ["demo", "-o", str(out), "--model-dir", str(model)], env={"COLUMNS": "200"})
+    assert loud.exit_code == 0 and "building tiny demo checkpoint" in loud.output, loud.output
+    quiet = CliRunner().invoke(app, ["demo", "-q", "--force", "-o", str(tmp_path / "q"), "--model-dir",
+                                     str(tmp_path / "m2")], env={"COLUMNS": "200"})
+    assert quiet.exit_code == 0, quiet.output
+    assert "building" not in quiet.output and "loading checkpoint" not in quiet.output, quiet.output
+    assert quiet.output.count("realtime") == 1  # the closing summary, as synth -q prints it
+    assert len((tmp_path / "q" / "results.jsonl").read_text().splitlines()) == len(DEMO_LINES["custom_voice"])
+
+
 def test_demo_rejects_an_unknown_kind(tmp_path):
     result = CliRunner().invoke(app, ["demo", "--kind", "opera", "-o", str(tmp_path)])
     assert result.exit_code == 2 and "--kind 'opera': choose custom_voice, voice_design, base" in result.output

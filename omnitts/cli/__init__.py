@@ -464,6 +464,7 @@ def demo(
     out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
                                            help="Output directory. [default: out/demo-KIND]")] = None,
     force: Force = False,
+    quiet: Quiet = False,
 ):
     """Build a tiny random checkpoint and synthesize a small manifest with it.
 
@@ -508,7 +509,8 @@ def demo(
         if model_dir.is_dir() and any(model_dir.iterdir()):
             fail(f"--model-dir {model_dir}: not empty and not a demo checkpoint; the demo builds its checkpoint in "
                  "a new or empty folder (choose another --model-dir)")
-        typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
+        if not quiet:
+            typer.echo(f"building tiny demo checkpoint in {model_dir}", err=True)
         build_demo_checkpoint(model_dir, kind)
     out.mkdir(parents=True, exist_ok=True)
     for target, data in own.items():
@@ -516,7 +518,7 @@ def demo(
             with atomic_write(target) as tmp:
                 Path(tmp).write_bytes(data)
     synth(manifest=out / "demo.jsonl", model=model_dir, out=out, greedy=True, max_frames=25, seed=0, dtype=None,
-          codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=False, max_batch=None,
+          codec_dtype=None, device=None, save_codes=True, official_tokenizer=False, quiet=quiet, max_batch=None,
           eager=None, deterministic=False, workers=None, devices=None, strict=False, retry_failed=False, force=force,
           audio_format="wav",
           retry_runaway=0,
