@@ -377,6 +377,7 @@ def bad_clips(tmp_path_factory):
     ("non_base", "voice cloning needs a Base checkpoint"),
     ("no_ref_text", "--ref-text is required"),
     ("no_action", "nothing to do"),
+    ("out_alone", "--text and -o go together"),  # -o DIR with no --text: it was "nothing to do: give ..."
     ("surrogate", r"--ref-text: a lone surrogate '\udced' at character 2 is not text"),  # --ref-text $'a\xed\xa0\x80b'
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, tmp_path, case, problem):
@@ -387,7 +388,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(ckpt_dir, ref_wav, bad_clips, 
     model = ckpt_dir("custom_voice" if case == "non_base" else "base")
     args = ["voice-clone", "-m", str(model), "--ref-audio", str(ref)]
     args += {"no_ref_text": [], "surrogate": ["--ref-text", "a\udced\udca0\udc80b"]}.get(case, ["--ref-text", REF_TEXT])
-    args += [] if case == "no_action" else ["--save", str(tmp_path / "v.safetensors")]
+    args += {"no_action": [], "out_alone": ["-o", str(tmp_path / "o")]}.get(case, ["--save", str(tmp_path / "v.safetensors")])
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()

@@ -78,7 +78,7 @@ def voice_clone(
     show_log(False)
     check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
     audio_format = check_output(audio_format, None)
-    if save is None and text is None:
+    if save is None and text is None and out is None:
         fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
     if (text is None) != (out is None):
         fail("--text and -o go together: -o names the directory --text is spoken into (OUT/ID.wav)")
