@@ -43,7 +43,7 @@ import torch
 from .errors import CheckpointError, VoiceError
 from .io import user_path
 from .io.atomic import atomic_write, file_mode
-from .models.safetensors_io import check_header, header_bytes
+from .models.safetensors_io import check_header, check_length, header_bytes
 from .version import __version__
 
 FORMAT = "omnitts-voice"
@@ -115,6 +115,7 @@ def _hash_file(digest, path: Path, prefix: str) -> None:
             raw = header_bytes(f)
             header = json.loads(raw)
             check_header(header)
+            check_length(header, len(raw), os.fstat(f.fileno()).st_size)
             digest.update(path.name.encode() + b"\n" + raw)
             for name in sorted(k for k in header if k.startswith(prefix)):
                 start, end = header[name]["data_offsets"]

@@ -50,12 +50,17 @@ def _safetensors(header: bytes) -> bytes:
 @pytest.mark.parametrize("content, problem", [
     (b"\xff" * 100, "header of 18446744073709551615 bytes"),  # a length field of garbage: no read of it
     (b"\x07\x00\x00\x00\x00\x00\x00\x00[1,2,3]", "header is not a JSON object"),
-    (b"abc", "unpack requires a buffer of 8 bytes"),
+    (b"abc", "truncated: 3 bytes long, too short for a safetensors file; an interrupted copy or download?"),
+    # a copy cut short (in the header, or in the tensors: info read the header alone and said nothing of it)
+    (lambda whole: whole[:100], "truncated: the file ends 92 bytes into its {header:,}-byte header; an interrupted "
+                                "copy or download?"),
+    (lambda whole: whole[:-1], "truncated: its header needs a file of {size:,} bytes, this one holds {cut:,}; an "
+                               "interrupted copy or download?"),
     # a tensor's entry that is not one (a TypeError traceback from info and loading)
     (_safetensors(b'{"a": 5}'), "tensor 'a': expected dtype, shape and data_offsets, got 5"),
     (_safetensors(b'{"a": {"dtype": "F32", "shape": "x", "data_offsets": [0, 4]}}'),
      "tensor 'a': expected dtype, shape and data_offsets, got {'dtype': 'F32', 'shape': 'x', 'data_offsets': [0, 4]}"),
-], ids=["length", "not-an-object", "short", "entry", "shape"])
+], ids=["length", "not-an-object", "short", "cut-header", "cut-tensors", "entry", "shape"])
 @pytest.mark.parametrize("name", ["model.safetensors", "speech_tokenizer/model.safetensors"])
 def test_a_damaged_weights_file_is_one_checkpoint_error_from_the_cli_and_the_library(cv_copy, tmp_path, name, content,
                                                                                       problem):
@@ -64,6 +69,10 @@ def test_a_damaged_weights_file_is_one_checkpoint_error_from_the_cli_and_the_lib
     from omnitts.cli import app
     from omnitts.voice import checkpoint_identity
 
+    whole = (cv_copy / name).read_bytes()
+    if callable(content):
+        content = content(whole)
+        problem = problem.format(header=int.from_bytes(whole[:8], "little"), size=len(whole), cut=len(content))
     (cv_copy / name).write_bytes(content)
     message = f"{cv_copy / name}: not a readable safetensors file ({problem})"
     with pytest.raises(CheckpointError) as caught:
@@ -75,6 +84,8 @@ def test_a_damaged_weights_file_is_one_checkpoint_error_from_the_cli_and_the_lib
     manifest.write_text(json.dumps({"id": "a", "text": "Hi.", "speaker": "ryan"}) + "\n")
     result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(cv_copy), "-o", str(tmp_path / "out")])
     assert result.exit_code == 2 and result.output == f"error: {message}\n", result.output
+    info = CliRunner().invoke(app, ["info", str(cv_copy)])
+    assert info.exit_code == 2 and info.output == f"error: {message}\n", info.output
 
 
 def _rewrite_weights(path, change):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 import warnings
 from pathlib import Path
@@ -27,21 +28,44 @@ MAX_HEADER = 100 * 2**20  # bytes of JSON header at most (a larger length field 
 
 def header_bytes(handle) -> bytes:
     """The JSON header of the safetensors file open as `handle`, at its start: the data section begins 8 bytes
-    after its length. Raises ValueError for a length past MAX_HEADER, struct.error for a file under 8 bytes."""
-    (size,) = struct.unpack("<Q", handle.read(8))
+    after its length. Raises ValueError for a file too short to hold its header (a truncated copy) or a length
+    past MAX_HEADER."""
+    head = handle.read(8)
+    if len(head) < 8:
+        raise ValueError(f"truncated: {len(head)} bytes long, too short for a safetensors file" + _INTERRUPTED)
+    (size,) = struct.unpack("<Q", head)
     if size > MAX_HEADER:
         raise ValueError(f"header of {size} bytes")
-    return handle.read(size)
+    raw = handle.read(size)
+    if len(raw) < size:
+        raise ValueError(f"truncated: the file ends {len(raw):,} bytes into its {size:,}-byte header" + _INTERRUPTED)
+    return raw
+
+
+_INTERRUPTED = "; an interrupted copy or download?"
 
 
 def read_header(path: Path) -> tuple[dict, int]:
-    """(header without `__metadata__`, offset of the data section). Raises OSError/ValueError if malformed."""
+    """(header without `__metadata__`, offset of the data section). Raises OSError/ValueError if malformed,
+    truncated included: a file shorter than its header says its tensors are."""
     with open(path, "rb") as handle:
         raw = header_bytes(handle)
+        size = os.fstat(handle.fileno()).st_size
     header = json.loads(raw)
     check_header(header)
+    check_length(header, len(raw), size)
     header.pop("__metadata__", None)
     return header, 8 + len(raw)
+
+
+def check_length(header: dict, header_size: int, file_size: int) -> None:
+    """ValueError if a file of `file_size` bytes is shorter than its (checked) `header` of `header_size` bytes
+    says its tensors need: a truncated copy, refused whole before any tensor is read."""
+    need = 8 + header_size + max((entry["data_offsets"][1] for name, entry in header.items()
+                                  if name != "__metadata__"), default=0)
+    if file_size < need:
+        raise ValueError(f"truncated: its header needs a file of {need:,} bytes, this one holds {file_size:,}"
+                         + _INTERRUPTED)
 
 
 def check_header(header) -> None:
