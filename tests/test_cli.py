@@ -133,6 +133,19 @@ def test_info_lists_speakers(ckpt_dir):
     assert result.exit_code == 0 and "ryan" in result.output and "custom_voice" in result.output
 
 
+def test_info_json_is_what_the_library_describes(ckpt_dir):
+    import omnitts
+
+    model = ckpt_dir("custom_voice")
+    result = runner.invoke(app, ["info", "--json", str(model)])
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.output)  # one object, nothing else on stdout
+    assert described == json.loads(json.dumps({**omnitts.load(model).info(), "path": str(model)}))
+    assert described["kind"] == "custom_voice" and "ryan" in described["speakers"]
+    missing = runner.invoke(app, ["info", "--json", str(model / "nope")])
+    assert missing.exit_code == 2 and missing.output.startswith("error: ")
+
+
 def test_max_seconds_field_sets_the_budget(ckpt_dir, tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [
         {"id": "short", "text": "A line with a time limit.", "speaker": "ryan", "max_seconds": 0.4},

@@ -399,7 +399,9 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
 
 @app.command(cls=Command)
 def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False, callback=user_path, parser=path,
-                                               help="Checkpoint directory.")]):
+                                               help="Checkpoint directory.")],
+         as_json: Annotated[bool, option("--json", panel=OUTPUT, help="Print one JSON object (the fields of TTS.info()) instead of "
+                                                        "the table, for scripts.")] = False):
     """Describe a checkpoint: kind, size, voices, languages, defaults.
 
     Reads only the config files and the safetensors headers (no weights are loaded).
@@ -413,6 +415,11 @@ def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=Fal
         d = checkpoint_info(model)
     except OmniTTSError as exc:
         fail(str(exc))
+    if as_json:
+        import json
+
+        typer.echo(json.dumps({**d, "path": str(d["path"])}, ensure_ascii=False))
+        return
     kinds = {"custom_voice": "CustomVoice: built-in speakers", "voice_design": "VoiceDesign: voice from a description",
              "base": "Base: voice cloning from reference audio"}
     speakers = {"custom_voice": ", ".join(f"{name} ({d['dialects'][name].replace('_', ' ')})" if name in d["dialects"]
