@@ -400,8 +400,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
 @app.command(cls=Command)
 def info(model: Annotated[Path, typer.Argument(metavar="MODEL", show_default=False, callback=user_path, parser=path,
                                                help="Checkpoint directory.")],
-         as_json: Annotated[bool, option("--json", panel=OUTPUT, help="Print one JSON object (the fields of TTS.info()) instead of "
-                                                        "the table, for scripts.")] = False):
+         as_json: Annotated[bool, option("--json", panel=OUTPUT, help="Print one JSON object (the fields of "
+                                                                      "TTS.info()) instead of the table.")] = False):
     """Describe a checkpoint: kind, size, voices, languages, defaults.
 
     Reads only the config files and the safetensors headers (no weights are loaded).
