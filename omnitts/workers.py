@@ -31,6 +31,7 @@ from .errors import DeviceFailed, OmniTTSError
 
 ACCELERATORS = ("cuda", "npu")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+MAX_WORKERS = 1024  # worker processes on one machine at most: a list of a billion (a typo) is refused, not built
 _ENTRY = re.compile(r"^(cpu|cuda|npu)(?::(\d+)(?:-(\d+))?)?$")
 
 
@@ -47,6 +48,9 @@ def parse_devices(devices: str | None, workers: int | None, device: str) -> list
     """
     if workers is not None and workers < 1:
         raise DevicesError(f"--workers {workers}: give 1 or more")
+    if workers is not None and workers > MAX_WORKERS:
+        raise DevicesError(f"--workers {workers}: one engine process per device, and no machine has that many (at "
+                           f"most {MAX_WORKERS}; more machines: --ray)")
     if devices is None:
         if workers is None or workers == 1:
             return None
@@ -70,6 +74,9 @@ def parse_devices(devices: str | None, workers: int | None, device: str) -> list
             last = first if last is None else last
             if int(last) < int(first):
                 raise DevicesError(f"--devices {devices!r}: {entry!r}: the range ends before it starts")
+            if len(listed) + int(last) - int(first) + 1 > MAX_WORKERS:
+                raise DevicesError(f"--devices {devices!r}: more devices than a machine has (one worker each, at "
+                                   f"most {MAX_WORKERS}; more machines: --ray)")
             listed += [f"{kind}:{i}" for i in range(int(first), int(last) + 1)]
     kinds = sorted({name.split(":")[0] for name in listed})
     if len(kinds) > 1:

@@ -309,6 +309,11 @@ def test_a_signal_while_the_workers_are_still_starting_stops_them_cleanly(ckpt_d
     (["--devices", "cpu,cpu", "--workers", "3"], "--workers 3 and --devices 'cpu,cpu' (2 devices) disagree"),
     (["--devices", "cuda:0", "--device", "cpu"], "--device cpu and --devices 'cuda:0' disagree"),
     (["--workers", "0"], "--workers 0: give 1 or more"),
+    # a typo's billion workers was a list built for minutes (the run hung), not a one-line refusal
+    (["--workers", "1000000000"], "--workers 1000000000: one engine process per device, and no machine has"),
+    (["--workers", "100000000000000", "--device", "cuda"], "no machine has that many (at most 1024; more"),
+    (["--devices", "npu:0-99999999"], "--devices 'npu:0-99999999': more devices than a machine has"),
+    (["--devices", "cuda:0-1000,cuda:1001-1024"], "more devices than a machine has (one worker each, at most 1024"),
 ])
 def test_bad_worker_flags_are_one_line_and_exit_2_before_anything_loads(ckpt_dir, tmp_path, flags, message):
     manifest, _ = _manifest(tmp_path, count=2)
