@@ -146,6 +146,26 @@ def test_info_json_is_what_the_library_describes(ckpt_dir):
     assert missing.exit_code == 2 and missing.output.startswith("error: ")
 
 
+@pytest.mark.parametrize("inside", ["", "speech_tokenizer"])
+def test_out_that_is_the_checkpoint_is_refused_before_anything_is_written(ckpt_dir, tmp_path, inside):
+    """-o and -m mixed up: the audio and results.jsonl were written among the checkpoint's weights."""
+    import shutil
+
+    model = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir("custom_voice"), model)
+    before = sorted(p.relative_to(model) for p in model.rglob("*"))
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    out = model / inside if inside else tmp_path / "." / "ckpt"
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(model), "-o", str(out)], env={"COLUMNS": "200"})
+    what = "the checkpoint directory" if not inside else f"the codec folder of checkpoint {model}"
+    assert result.exit_code == 2 and result.output == (
+        f"error: --out {out}: is {what}; write the outputs to a folder of their own\n"), result.output
+    assert sorted(p.relative_to(model) for p in model.rglob("*")) == before
+    elsewhere = runner.invoke(app, ["synth", str(manifest), "-m", str(model), "-o", str(model / "samples"), "-q",
+                                    "--max-frames", "3"])
+    assert elsewhere.exit_code == 0 and (model / "samples" / "a.wav").is_file(), elsewhere.output  # its own folder
+
+
 def test_max_seconds_field_sets_the_budget(ckpt_dir, tmp_path):
     manifest = _manifest(tmp_path / "m.jsonl", [
         {"id": "short", "text": "A line with a time limit.", "speaker": "ryan", "max_seconds": 0.4},

@@ -743,7 +743,7 @@ def test_cli_text_says_the_seed_that_reproduces_it(ckpt_dir, ref_wav, tmp_path):
     assert greedy.exit_code == 0 and "; seed" not in greedy.output, greedy.output  # nothing drawn
 
 
-@pytest.mark.parametrize("where", ["file", "under_file", "proc"])
+@pytest.mark.parametrize("where", ["file", "under_file", "proc", "checkpoint"])
 def test_cli_out_that_cannot_be_a_directory_fails_before_the_model_loads(ckpt_dir, ref_wav, tmp_path, monkeypatch,
                                                                         where):
     """-o naming a file (or a path /proc refuses) failed only after loading and cloning: "p_e.py: cannot write"."""
@@ -752,13 +752,15 @@ def test_cli_out_that_cannot_be_a_directory_fails_before_the_model_loads(ckpt_di
     loads = []
     monkeypatch.setattr(omnitts.api, "load", lambda *args, **kwargs: loads.append(args))
     (tmp_path / "p_e.py").write_text("")
-    out = {"file": tmp_path / "p_e.py", "under_file": tmp_path / "p_e.py" / "sub", "proc": "/proc/omnitts-nope"}[where]
+    out = {"file": tmp_path / "p_e.py", "under_file": tmp_path / "p_e.py" / "sub", "proc": "/proc/omnitts-nope",
+           "checkpoint": ckpt_dir("base")}[where]
     result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
-                                 "--x-vector-only", "--text", "Hi.", "-o", str(out)])
+                                 "--x-vector-only", "--text", "Hi.", "-o", str(out)], env={"COLUMNS": "200"})
     assert result.exit_code == 2 and not loads, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: -o {out}: "), result.output
-    assert "not a directory" in lines[0] or "-o is the output directory" in lines[0] or "not writable" in lines[0]
+    assert {"file": "not a directory", "under_file": "not a directory", "proc": "-o is the output directory",
+            "checkpoint": "is the checkpoint directory; write the outputs to a folder of their own"}[where] in lines[0]
 
 
 def test_a_voice_replaces_a_voice_file_but_not_a_checkpoints_weights(tts_factory, ref_wav, tmp_path, ckpt_dir,

@@ -61,7 +61,7 @@ from .options import (
     user_path,
 )
 from ..stops import install, stopped
-from .checks import check_engine, check_output, show_log
+from .checks import check_engine, check_out_apart, check_output, show_log
 from .demo import DEMO_LINES, build_demo_checkpoint, demo_reference_wav
 from .running import os_error, run_synth
 
@@ -178,6 +178,7 @@ def synth(
         _check_device_indices(workers_on)
     audio_format = check_output(audio_format, loudness)
     _check_runaway(retry_runaway, greedy, max_frames)
+    check_out_apart(out, model)
     try:
         check_out(out)
         if manifest.resolve() == (out / LEDGER_NAME).resolve():  # each bad line recorded would be read again: no end

@@ -68,3 +68,15 @@ def check_output(audio_format: str, loudness: float | None) -> str:
     if loudness is not None and not -70.0 <= loudness <= 0.0:
         fail(f"--loudness {loudness:g}: choose a level from -70 to 0 LUFS (e.g. -23 or -16)")
     return kind
+
+
+def check_out_apart(out: Path, model: Path, flag: str = "--out") -> None:
+    """Refuse an output directory that is the checkpoint directory or its codec's folder (-o and -m mixed up):
+    the audio and results.jsonl would be written among the weights. A folder of its own inside one is fine."""
+    try:
+        out_at, model_at = out.resolve(), model.resolve()
+    except (OSError, RuntimeError):  # (a loop of links: refused where the path is used)
+        return
+    if out_at in (model_at, model_at / "speech_tokenizer"):
+        what = "the checkpoint directory" if out_at == model_at else f"the codec folder of checkpoint {model}"
+        fail(f"{flag} {out}: is {what}; write the outputs to a folder of their own")

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import OmniTTSError
-from .checks import check_engine, check_output, show_log
+from .checks import check_engine, check_out_apart, check_output, show_log
 from .options import (
     INPUT,
     OUTPUT,
@@ -89,6 +89,7 @@ def voice_clone(
               f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
     if out is not None:
         _check_clone_out(out)
+        check_out_apart(out, model, "-o")
     if problem := id_problem(item_id):
         fail(f"--id: {problem}")
     if out is not None and (target := out / f"{item_id}.{audio_format}").resolve() == ref_audio.resolve():
