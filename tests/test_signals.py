@@ -174,3 +174,27 @@ def test_a_signal_while_the_command_imports_stops_with_one_line_and_the_signals_
     assert proc.returncode == code, err
     assert "interrupted" in err and "Traceback" not in err, err
     assert not (tmp_path / "out" / "results.jsonl").exists() or not (tmp_path / "out" / "results.jsonl").read_text()
+
+
+def test_the_progress_bar_gives_no_eta_once_a_stop_is_asked_for():
+    """At 2 of 30 items a stopped run's bar said 'eta 0:00:01' (its rate, over the items left) while it was about
+    to leave 28 of them; the ETA goes at the first signal, the rest of the bar stays."""
+    import io
+
+    from rich.console import Console
+
+    from omnitts.cli.running import _GracefulStop, _progress
+
+    console = Console(file=io.StringIO(), width=200)
+    progress = _progress(console, quiet=False)
+    task = progress.add_task("synthesizing", total=30, rate="")
+    for done in (1, 2):
+        progress.update(task, completed=done)
+        time.sleep(0.05)
+    eta = progress.columns[5]
+    assert str(eta.render(progress.tasks[0])) not in ("-:--:--", "")  # an estimate while the run goes on
+    stop = _GracefulStop(console, progress)
+    stop._handle(signal.SIGINT, None)
+    assert stop.requested() and stop.exit_code == 130
+    assert str(eta.render(progress.tasks[0])) == "-:--:--"
+    assert "finishing the items in progress" in console.file.getvalue()

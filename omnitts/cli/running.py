@@ -260,8 +260,8 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, 
 
     console = Console(stderr=True)
     tally = batch.tally
-    stopping = _GracefulStop(console)
     progress = _progress(console, quiet)
+    stopping = _GracefulStop(console, progress)
 
     with ExitStack() as stack:
         def loaded():  # only when some item is pending: then the bar and the signal handlers start
@@ -320,8 +320,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
     console = Console(stderr=True)
     tally = batch.tally
     pool = Pool(plan, devices, tally, batch.ledger)
-    stopping = _ForwardingStop(console, pool)
     progress = _progress(console, quiet)
+    stopping = _ForwardingStop(console, pool, progress)
     with ExitStack() as stack:
         stack.enter_context(stopping)
         stack.callback(pool.shutdown)  # after a second Ctrl-C: the workers get a moment to end, then are killed
@@ -403,10 +403,26 @@ def _progress(console, quiet: bool):
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
+    from rich.text import Text
+
+    class Eta(TimeRemainingColumn):
+        """The time left, or none once a stop was asked for: the run will not run the items it counts."""
+
+        stopped = False
+
+        def render(self, task):
+            return Text("-:--:--", style="progress.remaining") if self.stopped else super().render(task)
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
+               TextColumn("eta"), Eta(), TextColumn("{task.fields[rate]}"))
     return _quiet(Progress(*columns, console=console, disable=quiet), quiet)
+
+
+def _stop_eta(progress) -> None:
+    """Turn `progress`'s ETA off (a stop was asked for): at 2 of 30 items it said 0:00:01 while 28 were dropped."""
+    for column in progress.columns:
+        if hasattr(column, "stopped"):
+            column.stopped = True
 
 
 def _quiet(progress, quiet: bool):
@@ -425,8 +441,9 @@ class _GracefulStop:
 
     SIGNALS = ("SIGINT", "SIGTERM")
 
-    def __init__(self, console):
+    def __init__(self, console, progress=None):
         self.console = console
+        self.progress = progress  # its ETA goes at the first signal
         self.count = 0
         self.exit_code = 130
 
@@ -440,6 +457,8 @@ class _GracefulStop:
         import signal
 
         self.exit_code = 128 + signum
+        if self.progress is not None:
+            _stop_eta(self.progress)
         again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM or Ctrl-C"
         self.console.print(f"stopping: finishing the items in progress ({again} again to drop them)")
 
@@ -465,8 +484,8 @@ class _ForwardingStop(_GracefulStop):
     """The parent of --workers: stops as _GracefulStop does, and passes SIGTERM on to the workers (and a
     SIGINT the terminal did not already deliver to them: `kill -INT PID`, no terminal)."""
 
-    def __init__(self, console, pool):
-        super().__init__(console)
+    def __init__(self, console, pool, progress=None):
+        super().__init__(console, progress)
         self.pool = pool
 
     def _handle(self, signum, frame):
