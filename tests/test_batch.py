@@ -189,7 +189,7 @@ def test_an_item_run_again_leaves_no_file_of_its_earlier_version(ckpt_dir, tmp_p
 def test_only_files_an_earlier_record_named_are_dropped(ckpt_dir, tmp_path, monkeypatch):
     """A user's own a.wav and a.codes.npy in OUT are not an earlier version of item a (no record named them):
     writing a as flac keeps them. b's flac, named by its record, goes when b is written as ogg, even with a
-    failed attempt between; a's flac goes, a.wav stays."""
+    failed attempt between; a's flac goes, a.wav and a.codes.npy stay."""
     rows = [{"id": "a", "text": "Hi.", "speaker": "ryan"}, {"id": "b", "text": "Hello.", "speaker": "ryan"}]
     manifest, out = _manifest(tmp_path / "m.jsonl", rows), tmp_path / "out"
     out.mkdir()
@@ -206,8 +206,33 @@ def test_only_files_an_earlier_record_named_are_dropped(ckpt_dir, tmp_path, monk
     monkeypatch.undo()
     assert "b.flac" in files()
     assert runner.invoke(app, args + ["--format", "ogg", "--retry-failed"]).exit_code == 0
-    assert [name for name in files() if name != "a.codes.npy"] == ["a.ogg", "a.wav", "b.ogg", "results.jsonl"]
-    assert (out / "a.wav").read_bytes() == mine["a.wav"]
+    assert files() == ["a.codes.npy", "a.ogg", "a.wav", "b.ogg", "results.jsonl"]  # a's records named no codes
+    assert {name: (out / name).read_bytes() for name in mine} == mine
+
+
+def test_codes_of_your_own_stay_when_an_item_recorded_without_codes_runs_again(ckpt_dir, tmp_path):
+    """Item a is written without --save-codes (its record names no codes); a.codes.npy put in OUT afterwards is
+    the user's, not an earlier version's: a --force run without --save-codes keeps it. A record written before
+    omnitts recorded `codes` (no such key) may have had codes: those go, as they did."""
+    rows = [{"id": "a", "text": "Hi.", "speaker": "ryan"}]
+    manifest, out = _manifest(tmp_path / "m.jsonl", rows), tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert _records(out)[-1]["codes"] is None
+    np.save(out / "a.codes.npy", np.arange(32, dtype=np.int64).reshape(2, 16))
+    mine = (out / "a.codes.npy").read_bytes()
+    assert runner.invoke(app, args + ["--force"]).exit_code == 0
+    assert (out / "a.codes.npy").read_bytes() == mine
+    assert runner.invoke(app, args + ["--force", "--save-codes"]).exit_code == 0
+    assert _records(out)[-1]["codes"] == "a.codes.npy" and (out / "a.codes.npy").read_bytes() != mine
+    assert runner.invoke(app, args + ["--force"]).exit_code == 0  # the codes omnitts wrote go with their version
+    assert not (out / "a.codes.npy").exists()
+    old = {k: v for k, v in _records(out)[-1].items() if k != "codes"}  # as an earlier omnitts wrote it
+    with open(out / "results.jsonl", "a", encoding="utf-8") as log:
+        log.write(json.dumps(old) + "\n")
+    (out / "a.codes.npy").write_bytes(mine)
+    assert runner.invoke(app, args + ["--force"]).exit_code == 0
+    assert not (out / "a.codes.npy").exists()
 
 
 def test_read_results_of_a_missing_directory_is_an_error_and_of_an_empty_one_nothing(tmp_path):

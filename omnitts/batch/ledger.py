@@ -26,6 +26,7 @@ from ..io import user_path
 from .fingerprint import same_print
 
 NAME = "results.jsonl"
+CODES = "codes.npy"  # in `Ledger.named`: an ok record of the id named its `ID.codes.npy` (or may have: older records)
 
 
 class LedgerError(OmniTTSError):
@@ -93,9 +94,9 @@ class Ledger:
         # id -> for an arrived id that replaced an earlier run's record: `rerun_of` then (a damaged file or a
         # change), as `Batch.rerun` says for the items a writer runs itself
         self.replaced: dict[str, bool] = {}
-        # id -> the suffixes of the files `ID.SUFFIX` its ok records named ("wav", "flac"), in any run: the files
-        # of its earlier versions, which `Batch._drop_earlier` may delete (a file no record named is not
-        # omnitts'). Shared frozensets: memory per id stays one dict slot.
+        # id -> the suffixes of the files `ID.SUFFIX` its ok records named ("wav", "flac"; CODES for `codes`), in
+        # any run: the files of its earlier versions, which `Batch._drop_earlier` may delete (a file no record
+        # named is not omnitts'). Shared frozensets: memory per id stays one dict slot.
         self.named: dict[str, frozenset[str]] = {}
         self.offset = 0  # bytes of the log read so far (whole lines only)
         self._lock = threading.RLock()  # reads and writes of this object's state, between threads
@@ -230,8 +231,11 @@ class Ledger:
             self.failed.pop(item_id, None)
             self.failed_prints.pop(item_id, None)
             stem, _, suffix = record["path"].rpartition(".")
-            if stem == item_id and suffix not in self.named.get(item_id, ()):
-                names = self.named.get(item_id, frozenset()) | {suffix}
+            # A record without the `codes` key was written before omnitts recorded them: it may have had codes.
+            codes = record.get("codes", f"{item_id}.{CODES}") == f"{item_id}.{CODES}"
+            new = ({suffix} if stem == item_id else set()) | ({CODES} if codes else set())
+            if not new <= self.named.get(item_id, frozenset()):
+                names = self.named.get(item_id, frozenset()) | new
                 self.named[item_id] = _SHARED.setdefault(names, names)
         else:
             self.failed[item_id] = record.get("error") or ""

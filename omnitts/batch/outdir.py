@@ -38,7 +38,7 @@ from ..errors import OmniTTSError
 from ..params import SamplingParams
 from .claims import Writer, sweep
 from .fingerprint import fingerprint, same_print
-from .ledger import Ledger, check_log
+from .ledger import CODES, Ledger, check_log
 from .shard import in_shard
 
 
@@ -439,7 +439,8 @@ class Batch:
             rec = record(item_id, "ok", path=name, seconds=round(outcome.seconds, 3), samples=outcome.samples,
                          frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
                          seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
-                         timings=outcome.timings, fingerprint=self._prints.pop(item_id, None))
+                         timings=outcome.timings, fingerprint=self._prints.pop(item_id, None),
+                         codes=f"{item_id}.codes.npy" if s.save_codes else None)
             self.ledger.write(rec)
             written = True
         except BaseException as exc:
@@ -464,15 +465,15 @@ class Batch:
         """Delete the item's files that an earlier run wrote and this one did not: audio in another format
         (`--format` changed) and codes (`--save-codes` dropped), which would otherwise stay beside the new
         audio, the codes no longer its codes. `named`: the suffixes of the files the id's earlier ok records
-        named (`Ledger.named`): only those are omnitts' (a user's `x.wav` beside item `x`, written as flac, is
-        not), and codes only where such a record exists (codes are written only before one). Only after the
+        named (`Ledger.named`, "codes.npy" for codes): only those are omnitts' (a user's `x.wav` beside item `x`,
+        written as flac, is not, nor `x.codes.npy` beside a record without codes). Only after the
         new record is written: the last record never names a file that is gone. Best effort: a file that
         cannot be deleted stays (it is named by no record that counts)."""
         from ..io.audio import FORMATS
 
         kept = {Path(path).name for path in keep}
         names = [f"{item_id}.{suffix}" for suffix in sorted(named) if suffix in FORMATS]
-        for name in names + ([f"{item_id}.codes.npy"] if named else []):
+        for name in names + ([f"{item_id}.codes.npy"] if CODES in named else []):
             if name not in kept:
                 try:
                     (self.out / name).unlink(missing_ok=True)
@@ -503,12 +504,12 @@ def deaths_text(count: int) -> str:
 
 
 def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
-           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None) -> dict:
+           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None, codes=None) -> dict:
     """One results.jsonl line (the same keys for every status; docs/outputs.md describes them)."""
     return {"id": item_id, "status": status, "path": path, "seconds": seconds, "samples": samples,
             "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
             "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
-            "timings": timings, "fingerprint": fingerprint}
+            "timings": timings, "fingerprint": fingerprint, "codes": codes}
 
 
 def _check_name(target: Path) -> None:
