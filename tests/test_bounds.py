@@ -220,6 +220,43 @@ def test_numbers_past_what_the_engine_holds_are_refused_and_a_huge_budget_is_cut
     assert params.with_budget(10, max_seconds=1e308).max_frames == 100
 
 
+def test_an_explicit_budget_past_the_frame_cap_is_cut_with_a_warning_naming_it(ckpt_dir, tmp_path):
+    """A budget a piece cannot use (generation_config.json's max_new_tokens - 1 is the most one utterance takes)
+    was cut to the cap without a word: `max_seconds: 1e6` gave 655 s and finish_reason `length`, as if the
+    budget had run out. It is still cut, and the run says so once per budget asked, naming the field."""
+    import shutil
+
+    import omnitts
+
+    model = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir("custom_voice"), model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(dict(gen, max_new_tokens=6)))  # cap: 5 frames
+    lines = [{"id": "a", "text": "Hi.", "speaker": "ryan"}, {"id": "a2", "text": "Hello.", "speaker": "ryan"},
+             {"id": "b", "text": "Hi.", "speaker": "ryan", "max_seconds": 1e6},
+             {"id": "c", "text": "Hi.", "speaker": "ryan", "max_seconds": 0.2}]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "out"
+    ran = runner.invoke(app, ["synth", str(manifest), "-m", str(model), "-o", str(out), "--greedy",
+                              "--max-frames", "20", "-q"])
+    assert ran.exit_code == 0, ran.output
+    tail = ("is more than one utterance of this checkpoint takes: a piece stops at 5 frames (0.4 s: "
+            "generation_config.json's max_new_tokens - 1), finish_reason length")
+    warned = [line for line in ran.output.splitlines() if line.startswith("warning:")]
+    assert warned == [f"warning: max_frames: 20 {tail}", f"warning: max_seconds: 1e+06 s {tail}"]
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert {k: r["frames"] for k, r in records.items()} == {"a": 5, "a2": 5, "b": 5, "c": 2}
+    tts = omnitts.load(model)
+    with pytest.warns(UserWarning, match=r"^max_frames: 9 is more than one utterance"):
+        assert tts.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=9).frames == 5
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # within the cap: nothing to say
+        assert tts.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=5).frames == 5
+
+
 def test_a_seed_is_a_64_bit_integer_everywhere_and_an_old_larger_one_exports_as_its_word(ckpt_dir, tts_factory,
                                                                                          tmp_path):
     """A seed past int64 was taken (its low 64 bits keyed the noise), recorded as given, and then broke what reads

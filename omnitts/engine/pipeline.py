@@ -64,7 +64,7 @@ from ..device.copies import uploader
 from ..errors import OmniTTSError
 from ..models.codec_streams import CodecStreams
 from ..errors import DeviceFailed, RequestError
-from ..params import SamplingParams, derive_seed, frames_in, share_frames
+from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, frames_in, share_frames
 from ..request import Request
 from ..text.split import pieces_problem, split_text
 from .engine import Engine, plan
@@ -417,6 +417,8 @@ class Pipeline:
                     piece = request if len(texts) == 1 else replace(request, text=text)
                     item.pieces.append((piece, self.tts.prepare(piece)))
             item.shares = _shares(item)
+            if warning := _cut_budget(item):
+                warnings.warn(warning, stacklevel=2)
             for index in range(len(item.pieces)):
                 self._check_fits_alone(item, index)
         except Exception as exc:  # noqa: BLE001 - one item's input, however broken, fails only that item
@@ -731,6 +733,24 @@ def _shares(item: _Item) -> list[int] | None:
         raise RequestError(f"{name}: the item's budget of {frames} cannot be shared by its {len(item.pieces)} "
                            "pieces (one frame each at least); raise the budget or split the line")
     return share_frames(total, [prompt.text_tokens for _, prompt in item.pieces])
+
+
+def _cut_budget(item: _Item) -> str | None:
+    """What to warn of when `item`'s explicit budget gives a piece more frames than one utterance of the
+    checkpoint takes (`frame_cap`, from generation_config.json's max_new_tokens): the piece stops there, so
+    the budget asked for is not what it gets (its record's finish_reason `length` is the cap's). None else."""
+    request, params = item.job.request, item.params
+    if params.max_frames is None and request.max_seconds is None:
+        return None  # the derived budget is capped by design (docs/outputs.md)
+    most = max(item.shares) if item.shares is not None else (
+        params.max_frames if params.max_frames is not None else frames_in(request.max_seconds))
+    if most <= params.frame_cap:
+        return None
+    cap = params.frame_cap
+    asked = f"max_frames: {params.max_frames}" if params.max_frames is not None else \
+        f"max_seconds: {request.max_seconds:g} s"
+    return (f"{asked} is more than one utterance of this checkpoint takes: a piece stops at {cap} frames "
+            f"({cap / FRAMES_PER_SECOND:g} s: generation_config.json's max_new_tokens - 1), finish_reason length")
 
 
 def _covers(have, want) -> bool:
