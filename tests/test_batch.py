@@ -235,6 +235,20 @@ def test_codes_of_your_own_stay_when_an_item_recorded_without_codes_runs_again(c
     assert not (out / "a.codes.npy").exists()
 
 
+def test_save_codes_runs_again_an_item_whose_record_names_no_codes_even_with_a_codes_file_there(ckpt_dir, tmp_path):
+    """a.codes.npy beside an item recorded without codes is not its codes (a user's file, or one an earlier version
+    left): --save-codes took it for them and skipped the item. It runs again and writes its own."""
+    manifest, out = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}]), tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    assert runner.invoke(app, args).exit_code == 0
+    np.save(out / "a.codes.npy", np.zeros((7, 16), dtype=np.int64))
+    ran = runner.invoke(app, args + ["--save-codes"])
+    assert ran.exit_code == 0, ran.output
+    assert len(_records(out)) == 2 and _records(out)[-1]["codes"] == "a.codes.npy"
+    assert np.load(out / "a.codes.npy").shape == (3, 16)
+    assert runner.invoke(app, args + ["--save-codes"]).exit_code == 0 and len(_records(out)) == 2  # now done
+
+
 def test_read_results_of_a_missing_directory_is_an_error_and_of_an_empty_one_nothing(tmp_path):
     import omnitts
 

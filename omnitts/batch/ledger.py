@@ -44,6 +44,7 @@ class Done(NamedTuple):
     fingerprint: str | None = None  # what made the audio (batch/fingerprint.py); None in older records
     finish_reason: str | None = None  # "eos" or "length"
     attempts: int | None = None  # 1 + runaway retries of the piece retried most (None in older records)
+    codes: bool | None = None  # whether it names its `ID.codes.npy` (None: written before records said so)
 
 
 def records(out: Path) -> Iterator[dict]:
@@ -225,15 +226,15 @@ class Ledger:
         """The latest record of an id wins."""
         item_id = record["id"]
         if record.get("status") == "ok":
+            # A record without the `codes` key was written before omnitts recorded them: it may have had codes.
+            codes = record["codes"] == f"{item_id}.{CODES}" if "codes" in record else None
             self.done[item_id] = Done(record["path"], record["seconds"], record["frames"], record.get("seed"),
                                       record.get("samples"), record.get("fingerprint"), record.get("finish_reason"),
-                                      record.get("attempts"))
+                                      record.get("attempts"), codes)
             self.failed.pop(item_id, None)
             self.failed_prints.pop(item_id, None)
             stem, _, suffix = record["path"].rpartition(".")
-            # A record without the `codes` key was written before omnitts recorded them: it may have had codes.
-            codes = record.get("codes", f"{item_id}.{CODES}") == f"{item_id}.{CODES}"
-            new = ({suffix} if stem == item_id else set()) | ({CODES} if codes else set())
+            new = ({suffix} if stem == item_id else set()) | ({CODES} if codes is not False else set())
             if not new <= self.named.get(item_id, frozenset()):
                 names = self.named.get(item_id, frozenset()) | new
                 self.named[item_id] = _SHARED.setdefault(names, names)

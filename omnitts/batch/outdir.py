@@ -382,11 +382,13 @@ class Batch:
 
     def _done_as(self, item_id: str, current: str, job: Job | None = None) -> bool:
         """The id's last record is good, made from fingerprint `current`, and its file is intact (with
-        `--save-codes`, its codes file is there too: a run that adds the flag writes the codes it lacks; given
-        the `job` to run, it is no runaway that `--retry-runaway` now retries further, `_retries`)."""
+        `--save-codes`, its codes file is there too and the record names it, a codes file beside a record without
+        codes being someone else's: a run that adds the flag writes the codes it lacks; given the `job` to run,
+        it is no runaway that `--retry-runaway` now retries further, `_retries`)."""
         done = self.ledger.done.get(item_id)
         return (done is not None and same_print(done.fingerprint, current) and self.ledger.is_done(item_id, self.out)
-                and (not self.settings.save_codes or (self.out / f"{item_id}.codes.npy").is_file())
+                and (not self.settings.save_codes
+                     or (done.codes is not False and (self.out / f"{item_id}.codes.npy").is_file()))
                 and not (job is not None and self._retries(job)))
 
     def _retries(self, job: Job) -> bool:
