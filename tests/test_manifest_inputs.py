@@ -575,6 +575,26 @@ def test_a_cell_going_on_after_its_closing_quote_is_a_bad_line_not_silently_unqu
     assert count_rows(path) == 4
 
 
+@pytest.mark.parametrize("name,sep", [("m.csv", ","), ("m.tsv", "\t")])
+def test_the_lines_a_malformed_quoted_cell_ran_over_are_read_again(ckpt_dir, tmp_path, name, sep):
+    """A cell opening with a quote that closes on a later line (`"Hello, he said.` in a Common Voice TSV, closed by
+    the quote of `"four"` three lines down) and goes on after it is a bad line; the reader went on after the line
+    where the quote closed, so the lines between were neither run nor reported ("1 good, 1 bad" of 5 lines). They
+    are read again as the records they are."""
+    path = tmp_path / name
+    rows = [["id", "text", "speaker"], ["c1", '"Hello, he said.', "ryan"], ["c2", "Plain line two.", "ryan"],
+            ["c3", "Line three.", "ryan"], ["c4", 'And "four" here.', "ryan"], ["c5", "Five.", "ryan"]]
+    path.write_text("".join(sep.join(row) + "\n" for row in rows), encoding="utf-8")
+    entries = list(iter_manifest(path, load_config(ckpt_dir("custom_voice"))))
+    assert [(e.request.id, e.request.text) for e in entries if isinstance(e, Item)] == [
+        ("c2", "Plain line two."), ("c3", "Line three."), ("c4", 'And "four" here.'), ("c5", "Five.")]
+    (bad,) = [e for e in entries if isinstance(e, BadLine)]
+    assert bad.message.startswith(f"{path}:2: malformed {name[-3:].upper()}: a cell opens with a quote and goes on")
+    assert count_rows(path) == 5
+    numbers = [e.line for e in entries]  # each record by its own line
+    assert numbers == [2, 3, 4, 5, 6]
+
+
 def test_a_csv_quote_never_closed_is_named_where_it_opens(ckpt_dir, tmp_path):
     """The reader takes every line after an unclosed quote as part of that cell: the line is the bad one
     (not "speaker: required", which the swallowed record used to say), and no later line runs unseen."""

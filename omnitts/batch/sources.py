@@ -20,6 +20,7 @@ import json
 import math
 import os
 import stat
+from collections import deque
 from pathlib import Path
 from typing import Iterator
 
@@ -125,20 +126,41 @@ def _malformed(exc: csv.Error, delimiter: str) -> str:
 
 
 class _Lines:
-    """The lines of an open text file, for `csv.reader`, noting whether it asked for one past the last."""
+    """The lines of an open text file, for `csv.reader`, noting whether it asked for one past the last, and
+    which line it gave last (`number`). The lines of the record being read are kept, so that those after its
+    first can be given again (`again`) when the record cannot be read."""
 
     def __init__(self, handle):
         self.handle, self.ended = handle, False
+        self.number = 0
+        self.record: list[str] = []  # the lines given since `begin`
+        self.pending: deque[str] = deque()  # lines to give again before reading on
 
     def __iter__(self):
         return self
 
     def __next__(self) -> str:
-        line = self.handle.readline()
-        if not line:
-            self.ended = True
-            raise StopIteration
+        if self.pending:
+            line = self.pending.popleft()
+        else:
+            line = self.handle.readline()
+            if not line:
+                self.ended = True
+                raise StopIteration
+        self.number += 1
+        self.record.append(line)
         return line
+
+    def begin(self) -> None:
+        self.record = []
+
+    def again(self) -> None:
+        """Give the current record's lines after its first again: a quote that ran over them belonged to the
+        first line alone (`"Hi," he said.` closed by a quote lines later), so they are records of their own."""
+        rest = self.record[1:]
+        self.pending.extendleft(reversed(rest))
+        self.number -= len(rest)
+        self.record = []
 
 
 class CsvSource:
@@ -172,28 +194,30 @@ class CsvSource:
 
     def _records(self, handle) -> Iterator[tuple[int, list[str] | str]]:
         """(first line of the record, cells) for every non-blank record after the header; (line, problem)
-        for one that cannot be read: the reader goes on at the line after it, except after a quote never
-        closed, which takes the rest of the file.
+        for one that cannot be read: the reader goes on at the line after its first (the lines a quote ran
+        over are read again), except after a quote never closed, which takes the rest of the file.
 
         Strict: a cell that opens with a quote and goes on after its closing quote (`"Hi," he said.`) is a bad
         line; the lenient reader dropped the quotes without a word (`Hi, he said.`)."""
         lines = _Lines(handle)
         reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
         next(reader, None)
-        end = reader.line_num
+        end = lines.number
         while True:
             start = end + 1
+            lines.begin()
             try:
                 cells = next(reader)
             except StopIteration:
                 return
             except csv.Error as exc:
-                end = reader.line_num
                 if not lines.ended:
                     yield start, _malformed(exc, self.delimiter)
+                    lines.again()
+                    end = lines.number
                     continue
                 cells = None  # strict: "unexpected end of data", inside quotes
-            end = reader.line_num
+            end = lines.number
             if lines.ended:  # a record ends past the last line only inside quotes
                 yield start, (f"a quoted cell opened on this line is never closed: lines {start}-{end}, the rest "
                               "of the file, read as one record (close the quote, or double a quote inside a cell)")
