@@ -84,6 +84,36 @@ def test_bad_lines_are_reported_recorded_and_the_rest_runs(ckpt_dir, tmp_path):
     assert strict.exit_code == 2 and len((out / "results.jsonl").read_text().splitlines()) == len(records)
 
 
+def test_a_manifest_that_changes_during_the_run_says_so_and_exits_1(ckpt_dir, tmp_path, monkeypatch):
+    """Lines appended to the manifest while synth ran: a good one was run, a bad one was neither reported nor
+    recorded (pass 1 had not seen it), and the run ended "1 done", exit 0, as if every line had audio. It says the
+    manifest changed and exits 1; the same command then reports and records the bad line."""
+    from omnitts.batch.outdir import Batch
+
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    real = Batch.save
+
+    def save(self, outcome):
+        with open(manifest, "a", encoding="utf-8") as handle:  # the first item done: a producer appends two lines
+            handle.write(json.dumps({"id": "late", "text": "Hi.", "speaker": "ryan"}) + "\n")
+            handle.write(json.dumps({"id": "wrong", "text": "Hi.", "speaker": "nobody"}) + "\n")
+        monkeypatch.setattr(Batch, "save", real)
+        return real(self, outcome)
+
+    monkeypatch.setattr(Batch, "save", save)
+    out = tmp_path / "out"
+    args = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out), "--max-frames", "3", "-q"]
+    ran = runner.invoke(app, args)
+    assert ran.exit_code == 1, ran.output
+    assert (f"error: {manifest} changed while the run read it: its lines as they are now were not all checked (a "
+            "bad line added or edited since the run began is neither reported nor recorded); run the same command "
+            "again to check and finish them") in ran.output
+    again = runner.invoke(app, args)
+    assert again.exit_code == 1 and f"error: {manifest}:3: speaker: " in again.output  # now reported, recorded
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["status"]) for r in records) == [("a", "ok"), ("late", "ok"), ("wrong", "error")]
+
+
 def test_rerun_resumes_without_duplicates_and_redoes_broken_files(ckpt_dir, tmp_path):
     """A damaged output is not done: it runs again, and the summary says why, as for a changed line."""
     rows = [{"id": f"u{i}", "text": f"Utterance number {i}.", "speaker": "ryan"} for i in range(3)]

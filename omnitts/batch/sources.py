@@ -417,6 +417,21 @@ def check_rereadable(path) -> None:
                            f"{what}: save it first (... > lines.jsonl)")
 
 
+def state(path) -> tuple | None:
+    """What changes when manifest `path` is written to: a file's size, modification time and inode; a folder's
+    (a saved dataset) those of its files. None where it cannot be looked at. synth compares the state before its
+    first pass with the state at its end: lines added or edited in between were not all checked."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return tuple(sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns) for entry in
+                                os.scandir(path) if entry.is_file()))
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev
+
+
 def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource | DatasetSource:
     """The reader for `path`, picked from its suffix, or a saved dataset for a folder."""
     path = Path(path)

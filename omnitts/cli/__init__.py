@@ -151,14 +151,14 @@ def synth(
     pulled as workers free up, and a dead worker's items are taken over by the others.
 
     Exit code 0 when every item has audio; 1 when some have none (failed in this run or an
-    earlier one) or a write failed (a full disk...); 2 for a usage error, a bad file or --out, or a bad line
-    with --strict; 130 on Ctrl-C; 143 on SIGTERM.
+    earlier one), a write failed (a full disk...) or MANIFEST changed during the run; 2 for a usage error, a bad
+    file or --out, or a bad line with --strict; 130 on Ctrl-C; 143 on SIGTERM.
     """
     from ..batch.ledger import NAME as LEDGER_NAME
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..batch.outdir import Batch, Settings, case_folding, check_out
     from ..batch.shard import in_shard, parse_shard
-    from ..batch.sources import check_rereadable
+    from ..batch.sources import check_rereadable, state
     from ..config import load_config
     from ..voice import checkpoint_identity
 
@@ -199,6 +199,7 @@ def synth(
     with _unmade_unless_used(out, lambda: batch):  # an unusable manifest leaves no empty OUT behind
         try:
             check_rereadable(manifest)
+            read_as = state(manifest)  # a manifest written to during the run is said so at its end
             cfg, columns = load_config(model), column_map(column, id_column, text_column)
             identity = checkpoint_identity(model)  # in every record's fingerprint
             batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
@@ -241,7 +242,7 @@ def synth(
     with batch:  # this writer's claims and lock are given up however the run ends
         ray = (ray_address, workers, recipe) if use_ray else None
         run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
-                   export_dataset, quiet, workers_on, ray, verbose)
+                   export_dataset, quiet, workers_on, ray, verbose, read_as)
 
 
 def _check_runaway(retries: int, greedy: bool, max_frames: int | None) -> None:

@@ -15,10 +15,12 @@ from .options import fail, plural, warning_line, warnings_as_lines
 
 
 def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
-               export_dataset, quiet, workers_on=None, ray=None, verbose=False):
+               export_dataset, quiet, workers_on=None, ray=None, verbose=False, read_as=None):
     """synth after pass 1: run the pending items (here, in one worker process per device of `workers_on`, or
-    on Ray with `ray` = (address, actors, recipe)), export, exit code."""
+    on Ray with `ray` = (address, actors, recipe)), export, exit code. `read_as`: the manifest's state
+    (`sources.state`) before pass 1; another at the end means lines were added or edited during the run."""
     from ..batch.manifest import BadLine, iter_manifest
+    from ..batch.sources import state
 
     out = batch.out
 
@@ -71,6 +73,11 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
         typer.echo(f"exported {plural(count, 'item')} to {export_dataset}", err=True)
     if stopped:
         raise typer.Exit(stopped)
+    if read_as is not None and state(manifest) != read_as:
+        typer.echo(f"error: {manifest} changed while the run read it: its lines as they are now were not all checked "
+                   "(a bad line added or edited since the run began is neither reported nor recorded); run the same "
+                   "command again to check and finish them", err=True)
+        raise typer.Exit(1)
     if workers_on is not None:
         _check_all_have_audio(batch, items(), bad)
     if batch.tally.failed or batch.tally.earlier_failed:  # some items of the manifest have no audio
