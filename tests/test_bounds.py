@@ -257,6 +257,24 @@ def test_an_explicit_budget_past_the_frame_cap_is_cut_with_a_warning_naming_it(c
         assert tts.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=5).frames == 5
 
 
+def test_voice_clone_says_a_budget_past_the_frame_cap_in_one_warning_line(ckpt_dir, tmp_path, ref_wav):
+    """voice-clone --text --max-frames past the cap: the warning is the commands' `warning:` line, not Python's
+    `.../pipeline.py:NNN: UserWarning: ...` with its source line."""
+    import shutil
+
+    model = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir("base"), model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps(dict(gen, max_new_tokens=6)))
+    ran = runner.invoke(app, ["voice-clone", "-m", str(model), "--ref-audio", str(ref_wav), "--x-vector-only",
+                              "--text", "Hi.", "--max-frames", "9", "--greedy", "-o", str(tmp_path / "out")])
+    assert ran.exit_code == 0, ran.output
+    assert "UserWarning" not in ran.output
+    assert [line for line in ran.output.splitlines() if line.startswith("warning:")] == [
+        "warning: max_frames: 9 is more than one utterance of this checkpoint takes: a piece stops at 5 frames (0.4 s: "
+        "generation_config.json's max_new_tokens - 1), finish_reason length"]
+
+
 def test_a_seed_is_a_64_bit_integer_everywhere_and_an_old_larger_one_exports_as_its_word(ckpt_dir, tts_factory,
                                                                                          tmp_path):
     """A seed past int64 was taken (its low 64 bits keyed the noise), recorded as given, and then broke what reads

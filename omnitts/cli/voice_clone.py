@@ -136,8 +136,9 @@ def voice_clone(
             typer.echo(f"saved voice {save} ({mode}, {voice.meta['ref_seconds']} s reference; "
                        f"checkpoint {tts.identity})")
         if text is not None:
-            result = tts.synthesize(text, language=language, voice=voice, greedy=greedy, max_frames=max_frames,
-                                    seed=seed)
+            with warnings_as_lines():  # a --max-frames past the checkpoint's frame cap
+                result = tts.synthesize(text, language=language, voice=voice, greedy=greedy, max_frames=max_frames,
+                                        seed=seed)
             path = result.save(out / f"{item_id}.{audio_format}")
             seeded = "" if result.seed is None else f"; seed {result.seed}"  # None: greedy, nothing drawn
             typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
