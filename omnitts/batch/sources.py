@@ -161,6 +161,7 @@ class _Lines:
         self.pending.extendleft(reversed(rest))
         self.number -= len(rest)
         self.record = []
+        self.ended = self.ended and not rest  # (the end is behind the lines given again)
 
 
 class CsvSource:
@@ -197,8 +198,10 @@ class CsvSource:
         for one that cannot be read: the reader goes on at the line after its first (the lines a quote ran
         over are read again), except after a quote never closed, which takes the rest of the file.
 
-        Strict: a cell that opens with a quote and goes on after its closing quote (`"Hi," he said.`) is a bad
-        line; the lenient reader dropped the quotes without a word (`Hi, he said.`)."""
+        Strict: in a CSV, a cell that opens with a quote and goes on after its closing quote (`"Hi," he said.`) is
+        a bad line; the lenient reader dropped the quotes without a word (`Hi, he said.`). A TSV line that cannot
+        be read so is read as it is, split at its tabs: TSV (IANA's) has no quoting, Common Voice's sentences
+        open with quotes, and a spreadsheet's quoted cells are still read as spreadsheets write them."""
         lines = _Lines(handle)
         reader = csv.reader(lines, delimiter=self.delimiter, strict=True)
         next(reader, None)
@@ -211,6 +214,12 @@ class CsvSource:
             except StopIteration:
                 return
             except csv.Error as exc:
+                if self.delimiter == "\t":  # TSV has no quoting of its own: a line not quoted as spreadsheets
+                    first = lines.record[0] if lines.record else ""  # quote is read as it is, as Common Voice's
+                    lines.again()  # loader reads its files (`"Hi," he said.`, `"Hello, he said.`)
+                    end = lines.number
+                    yield start, first.rstrip("\r\n").split("\t")
+                    continue
                 if not lines.ended:
                     yield start, _malformed(exc, self.delimiter)
                     lines.again()
