@@ -160,6 +160,23 @@ def test_a_sample_rate_that_is_not_a_positive_integer_is_refused(tts_factory, ra
         tts_factory("base").clone_voice((samples, rate), x_vector_only=True)
 
 
+def test_a_pair_in_scipys_rate_then_data_order_is_refused_saying_so(tts_factory, tmp_path):
+    """`scipy.io.wavfile.read` returns (rate, data), the other order than the (samples, sample_rate) the API takes
+    and the README points to it: given as it came, the error was "sample rate must be a positive integer, got
+    array([ 0, 565, ...], dtype=int16)". It says the order is swapped and how to give it."""
+    import scipy.io.wavfile
+    from omnitts.errors import AudioError
+
+    path = tmp_path / "r.wav"
+    scipy.io.wavfile.write(path, 24000, (0.3 * np.sin(np.arange(48000) / 10) * 32767).astype(np.int16))
+    with pytest.raises(AudioError, match=r"^ref_audio: got \(sample_rate, samples\), the order scipy.io.wavfile.read "
+                                         r"returns; give \(samples, sample_rate\): rate, samples = "
+                                         r"wavfile.read\(path\); \(samples, rate\)$"):
+        tts_factory("base").clone_voice(scipy.io.wavfile.read(path), x_vector_only=True)
+    rate, samples = scipy.io.wavfile.read(path)
+    assert tts_factory("base").clone_voice((samples, rate), x_vector_only=True).x_vector is not None
+
+
 def test_samples_that_cannot_be_a_reference_are_named_by_the_field_once(tts_factory):
     """A pair's errors read "reference audio: reference audio is 0.40 s long" (and "...: reference audio contains
     NaN"), the words twice and no field, where a path's name the field: "ref_audio: r.wav: reference audio ..."."""

@@ -134,6 +134,9 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
     if len(pair) != 2:
         raise AudioError(f"{name}: expected a (samples, sample_rate) pair, got a tuple of {len(pair)}")
     samples, sr = pair
+    if isinstance(samples, numbers.Integral) and np.ndim(sr) > 0:  # scipy.io.wavfile.read's order, given as it came
+        raise AudioError(f"{name}: got (sample_rate, samples), the order scipy.io.wavfile.read returns; give "
+                         "(samples, sample_rate): rate, samples = wavfile.read(path); (samples, rate)")
     if isinstance(sr, bool) or not isinstance(sr, numbers.Integral) or sr <= 0:
         raise AudioError(f"{name}: sample rate must be a positive integer, got {sr!r}")
     try:
