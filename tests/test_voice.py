@@ -602,6 +602,26 @@ def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp
         tts.clone_voice(((pcm8 / 128).astype(np.complex128), 24000), x_vector_only=True)  # it took the real part
 
 
+def test_float_samples_on_an_integer_scale_are_refused_and_a_small_overshoot_is_taken(tts_factory):
+    """Float samples far past [-1, 1] (int16 PCM cast to float: `samples.astype(np.float32)`) were taken as they
+    were, thousands of times too loud, and cloned another voice without a word, as unscaled int16 once did. They are
+    refused naming the peak; a full-scale clip resampled or filtered (a little past 1) is taken as before."""
+    from omnitts.errors import AudioError
+
+    tts = tts_factory("base")
+    tone = np.sin(np.arange(48000) / 10).astype(np.float32)
+    pcm = np.round(0.3 * tone * 32767)
+    for samples in (pcm.astype(np.float32), pcm.astype(np.float64), np.stack([pcm, pcm], axis=1)):
+        with pytest.raises(AudioError, match=r"^ref_audio: float samples peak at 9830; float audio is in \[-1, 1\] "
+                                             r"\(integer PCM cast to float\? give the integer array itself, or divide "
+                                             r"int16 samples by 32768\)$"):
+            tts.clone_voice((samples, 24000), x_vector_only=True)
+        with pytest.raises(AudioError, match=r"^ref_audio: float samples peak at 9830"):
+            tts.synthesize("Hi.", ref_audio=(samples, 24000), x_vector_only=True, max_frames=2)
+    assert tts.clone_voice((pcm.astype(np.int16), 24000), x_vector_only=True) is not None  # PCM itself: scaled
+    assert tts.clone_voice((1.05 * tone, 24000), x_vector_only=True) is not None
+
+
 def test_a_voice_that_its_file_could_not_hold_is_refused_at_save_and_use(tts_factory, ref_wav, tmp_path):
     """An in-context voice without its transcript spoke from an empty one, and saved a file `load_voice` refused;
     an x_vector that is a numpy array failed with AttributeError ('numpy.ndarray' has no attribute 'dim')."""

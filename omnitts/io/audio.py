@@ -10,7 +10,8 @@ much is ever read from a file. In-context cloning needs the transcript of exactl
 a longer clip is refused there; the speaker embedding alone (`x_vector_only`) uses its first
 `MAX_REFERENCE_SECONDS`, with a warning.
 
-Samples given as a `(samples, sample_rate)` pair are float audio in [-1, 1], or integer PCM as
+Samples given as a `(samples, sample_rate)` pair are float audio in [-1, 1] (past `MAX_FLOAT_PEAK` they are
+refused: integer PCM cast to float, on another scale), or integer PCM as
 `scipy.io.wavfile` and `soundfile` return it (int16, int32, int8, uint8), scaled to [-1, 1) as
 soundfile scales it; other integer types (int64, uint16, ...) have no PCM meaning and are refused.
 Paths may start with `~` (the home folder).
@@ -34,6 +35,9 @@ from .atomic import DISK_FULL, atomic_write, temp_name
 
 MIN_REFERENCE_SECONDS = 0.5
 MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
+# Float samples of a pair peak here at most: a full-scale clip resampled or filtered overshoots 1 a little; past
+# +6 dBFS they are on another scale (int16 PCM cast to float peaks in the thousands), a voice no error would name.
+MAX_FLOAT_PEAK = 2.0
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
 SF_ERR_SYSTEM = 2  # libsndfile's code for a failed system call ("System error.")
 # Integer PCM -> (offset, scale) to [-1, 1), as soundfile reads each subtype as float (uint8 is offset binary).
@@ -150,7 +154,12 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
         elif wav.dtype.kind == "c":  # numpy would keep the real part with only a ComplexWarning
             raise AudioError(f"{name}: samples of dtype {wav.dtype} are complex; give real float samples in [-1, 1] "
                              "(a spectrum is not audio: take its inverse transform's real part yourself)")
-        wav = np.asarray(wav, dtype=np.float32)
+        else:
+            wav = np.asarray(wav, dtype=np.float32)
+            finite = np.abs(wav[np.isfinite(wav)])  # NaN and infinity: `check_samples` names them
+            if finite.size and (peak := float(finite.max())) > MAX_FLOAT_PEAK:
+                raise AudioError(f"{name}: float samples peak at {peak:g}; float audio is in [-1, 1] (integer PCM "
+                                 "cast to float? give the integer array itself, or divide int16 samples by 32768)")
     except (TypeError, ValueError) as exc:
         raise AudioError(f"{name}: samples must be an array of numbers ({exc})") from None
     if wav.ndim == 2 and wav.shape[1] > wav.shape[0]:
