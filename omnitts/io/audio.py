@@ -175,14 +175,14 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     import soundfile as sf
 
     path = user_path(path)
-    kind = path.suffix.lower().lstrip(".")
-    if kind not in FORMATS:
-        raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
     # OSErrors as ever, naming `path` and what is wrong with it (not a temporary name, or "File exists" for
-    # a parent that is a file)
+    # a parent that is a file); a folder first, whatever its suffix (not "unsupported audio format ''")
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder; give the audio file's name (e.g. a.wav) inside it",
                                 str(path))
+    kind = path.suffix.lower().lstrip(".")
+    if kind not in FORMATS:
+        raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
