@@ -1,7 +1,8 @@
 """What synthesis returns: `Audio`, the samples of one utterance plus what produced them.
 
 An `Audio` saves itself atomically in the format its suffix names and plays inline in Jupyter
-(`_repr_html_` embeds a 16-bit WAV as an HTML5 <audio> element; no IPython needed). It does not
+(`_repr_html_` embeds a 16-bit WAV as an HTML5 <audio> element; no IPython needed), and is its samples to
+numpy (`np.asarray(audio)`). It does not
 know how it was made; api.py fills it in.
 """
 
@@ -56,6 +57,11 @@ class Audio:
         if rate <= 0:
             raise ValueError(f"sample_rate: must be > 0 (samples per second), got {rate}")
         self.sample_rate = int(rate)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """The samples, for numpy and what takes arrays: `np.asarray(audio)`, `sf.write(path, audio, rate)`
+        (numpy's protocol: `copy` None copies only where `dtype` needs it)."""
+        return np.array(self.samples, dtype=dtype, copy=copy)
 
     @property
     def audio(self) -> np.ndarray:

@@ -89,6 +89,18 @@ def test_save_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "x.wav"]  # no temporary file left
 
 
+def test_an_audio_is_its_samples_to_numpy_and_the_libraries_that_take_arrays(tmp_path):
+    """np.asarray(audio) was a 0-d object array holding the Audio, and sf.write(path, audio, rate) an IndexError
+    from inside soundfile: an Audio converts to its samples (float32, shape (n,)), as arrays of audio do."""
+    samples = np.linspace(-0.5, 0.5, 240, dtype=np.float32)
+    audio = omnitts.Audio(samples, 24000)
+    assert np.asarray(audio) is samples
+    assert np.asarray(audio, dtype=np.float64).dtype == np.float64 and np.array(audio, copy=True) is not samples
+    np.testing.assert_array_equal(np.array(audio), samples)
+    sf.write(tmp_path / "a.wav", audio, audio.sample_rate)
+    np.testing.assert_allclose(sf.read(tmp_path / "a.wav", dtype="float32")[0], samples, rtol=0, atol=PCM16_STEP)
+
+
 def test_save_refuses_samples_that_are_not_numbers(tmp_path):
     """soundfile would write NaN as full scale: the file would be noise that nothing names."""
     for bad in (np.nan, np.inf):
