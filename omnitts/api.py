@@ -556,8 +556,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
 
     Args:
         path: the checkpoint directory, exactly as published (a str or path; `~` is the home folder).
-        device: cpu, cuda or npu (npu imports torch_npu; set allocator variables before calling); cuda and
-            npu run on the process's current device (`torch.cuda.set_device`).
+        device: cpu, cuda or npu, or a torch.device of them (npu imports torch_npu; set allocator variables
+            before calling); cuda and npu run on the process's current device (`torch.cuda.set_device`).
         dtype: auto (default: bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs
             with native bf16, AVX512-BF16 or AMX; float32 elsewhere), float32, bfloat16 or float16 for
             the language models. Parity
@@ -601,6 +601,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
             kind, message = problem
             raise kind(f"{name}: {message}")
     _check_deterministic(deterministic, graph_buckets)  # before the checkpoint loads, as `TTS` would after
+    if isinstance(device, torch.device):  # torch.device("cuda", 1) -> "cuda:1", checked as that name is
+        device = str(device)
     if deterministic:
         if device == "npu":
             raise OmniTTSError("deterministic: not available on npu (cuda has it; the cpu is always deterministic)")

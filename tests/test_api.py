@@ -594,6 +594,20 @@ def test_load_on_a_device_this_machine_lacks_says_what_to_load_with(ckpt_dir, mo
         omnitts.load(ckpt_dir("custom_voice"), device="cuda")
 
 
+def test_load_takes_a_torch_device_as_its_name(ckpt_dir, monkeypatch):
+    """`load(device=torch.device("cpu"))` was refused with "device device(type='cpu'): choose cpu, cuda or npu",
+    naming the device it was given as one to choose; a torch.device is taken as the name it stands for."""
+    import torch
+
+    tts = omnitts.load(ckpt_dir("custom_voice"), device=torch.device("cpu"))
+    assert tts.ckpt.device == torch.device("cpu") and tts.synthesize("Hi.", speaker="ryan", max_frames=2).frames == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(omnitts.OmniTTSError, match=r"^device 'cuda': no CUDA device is visible to torch"):
+        omnitts.load(ckpt_dir("custom_voice"), device=torch.device("cuda"))
+    with pytest.raises(omnitts.OmniTTSError, match=r"^device 'cuda:1': give the kind, 'cuda'"):
+        omnitts.load(ckpt_dir("custom_voice"), device=torch.device("cuda", 1))
+
+
 def test_load_names_a_path_that_is_not_one():
     with pytest.raises(TypeError, match=r"^path: expected the checkpoint directory \(a string or path\), got NoneType$"):
         omnitts.load(None)
