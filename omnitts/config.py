@@ -52,6 +52,9 @@ def _check_sizes(cls, data: dict, prefix: str) -> None:
 
 _KINDS = {"dict": (dict, "a JSON object"), "dict | None": (dict, "a JSON object"), "list": (list, "a JSON array"),
           "float": ((int, float), "a number"), "bool": (bool, "true or false")}  # field type -> (JSON kind, its name)
+# Number fields that are a base or a divisor's epsilon: a negative, zero or NaN one (Python's JSON reads NaN) made
+# NaN rotations or norms, so NaN logits, at every synthesis without an error
+POSITIVE_NUMBERS = ("rope_theta", "rms_norm_eps")
 
 
 def _check_kinds(cls, data: dict, prefix: str) -> None:
@@ -64,6 +67,8 @@ def _check_kinds(cls, data: dict, prefix: str) -> None:
         if kind is not None and value is not None and (not isinstance(value, kind)
                                                        or (kind != bool and isinstance(value, bool))):
             raise CheckpointError(f"{prefix}{f.name}: expected {name}, got {value!r}")
+        if f.name in POSITIVE_NUMBERS and value is not None and not 0 < value < float("inf"):
+            raise CheckpointError(f"{prefix}{f.name}: expected a positive number, got {value!r}")
 
 
 def _section(data: dict, key: str, where: str) -> dict:

@@ -268,6 +268,20 @@ def test_a_config_field_of_another_json_kind_is_refused_naming_file_and_field(cv
     _refused_after_setting(cv_copy, file, where, value, expected)
 
 
+@pytest.mark.parametrize("file, where, value", [
+    ("config.json", "talker_config.rope_theta", -1),
+    ("config.json", "talker_config.rope_theta", 0),
+    ("config.json", "talker_config.code_predictor_config.rope_theta", float("nan")),
+    ("config.json", "talker_config.rms_norm_eps", -1e-6),
+    ("speech_tokenizer/config.json", "decoder_config.rope_theta", float("-inf")),
+    ("speech_tokenizer/config.json", "decoder_config.rms_norm_eps", 0),
+])
+def test_a_rope_base_or_norm_epsilon_that_is_not_a_positive_number_is_refused(cv_copy, file, where, value):
+    """A negative or zero rope_theta (or a NaN: Python's JSON reads NaN) loaded and synthesized NaN rotations into
+    every attention, codes from NaN logits without a word; a negative rms_norm_eps NaN norms alike."""
+    _refused_after_setting(cv_copy, file, where, value, "a positive number")
+
+
 def _refused_after_setting(ckpt, file: str, where: str, value, expected: str) -> None:
     """Set field `where` (dotted) of `file` in checkpoint `ckpt` to `value`: `load` and `omnitts info` refuse it
     with one message naming the file and field ("expected EXPECTED, got VALUE"), info with exit 2."""
