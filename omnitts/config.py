@@ -22,6 +22,7 @@ MODEL_TYPES = ("custom_voice", "voice_design", "base")
 CODEC_IDS = ("codec_eos_token_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
              "codec_pad_id", "codec_bos_id")  # the talker's special codec tokens
 TOKENIZER_TYPE = "qwen3_tts_tokenizer_12hz"
+TEXT_IDS = ("tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id")  # text tokens every prompt embeds
 
 
 def read_json(path: Path) -> dict:
@@ -316,6 +317,13 @@ def load_config(ckpt: Path) -> ModelConfig:
         speaker_encoder = _build(SpeakerEncoderConfig, _section(top, "speaker_encoder_config", f"{path}: "),
                                  f"{path}: speaker_encoder_config")
     ids = {k: top[k] for k in ("im_start_token_id", "im_end_token_id", "tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id") if k in top}
+    for name in TEXT_IDS:  # rows of the text embedding in every prompt: else torch's bare IndexError at synthesis
+        value = ids.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < talker.text_vocab_size):
+            rows = talker.text_vocab_size
+            raise CheckpointError(f"{path}: {name}={value!r} is not a text token id: the text embedding has "
+                                  f"text_vocab_size={rows} rows (ids 0..{rows - 1})")
     gen_path = ckpt / "generation_config.json"
     generation = read_json(gen_path) if gen_path.exists() else {}
     _check_generation(generation, gen_path)

@@ -268,6 +268,20 @@ def test_a_config_field_of_another_json_kind_is_refused_naming_file_and_field(cv
     _refused_after_setting(cv_copy, file, where, value, expected)
 
 
+@pytest.mark.parametrize("name, value", [("tts_pad_token_id", 10**7), ("tts_bos_token_id", -1),
+                                         ("tts_eos_token_id", "151673"), ("tts_pad_token_id", 151936)])
+def test_a_tts_token_id_outside_the_text_embedding_is_refused_at_load(cv_copy, name, value):
+    """config.json's tts_pad/bos/eos_token_id index the text embedding in every prompt: one outside it loaded and
+    failed the first synthesis with torch's bare "IndexError: index out of range in self" (a string, with
+    "'str' object cannot be interpreted as an integer"), naming neither file nor field."""
+    config = json.loads((cv_copy / "config.json").read_text())
+    config[name] = value
+    (cv_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"config\.json: {name}={value!r} is not a text token id: the text "
+                                              r"embedding has text_vocab_size=151936 rows \(ids 0\.\.151935\)$"):
+        omnitts.load(cv_copy)
+
+
 @pytest.mark.parametrize("file, where, value", [
     ("config.json", "talker_config.rope_theta", -1),
     ("config.json", "talker_config.rope_theta", 0),
