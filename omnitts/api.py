@@ -145,7 +145,8 @@ class TTS:
             ref_audio: a path to an audio file (`~` is the home folder), or a `(samples, sample_rate)` pair:
                 float samples in [-1, 1] (past ±2, integer PCM cast to float, refused), or integer PCM as
                 `scipy.io.wavfile.read` returns it (int16, int32, int8, uint8), scaled to [-1, 1) as soundfile
-                scales it (int16 / 2**15, ...); other integer types (int64, uint16, ...) are refused. Mono, shape (n,), or (n, channels).
+                scales it (int16 / 2**15, ...); other integer types (int64, uint16, ...) are refused. Mono, shape
+                (n,), or (n, channels).
             ref_text: what the clip says (required unless `x_vector_only`).
             x_vector_only: keep only the speaker embedding (no in-context reference codes). A clip over
                 30 s is then cut to its first 30 s with a UserWarning (in-context cloning refuses it).

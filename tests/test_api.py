@@ -81,7 +81,8 @@ def test_save_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
     with pytest.raises(IsADirectoryError, match=r"is a folder; give the audio file's name .*: '.*/x\.wav'$"):
         audio.save(tmp_path / "x.wav")
     # A folder without a suffix (`-o` is a folder in every command) read "unsupported audio format ''"
-    with pytest.raises(IsADirectoryError, match=rf"is a folder; give the audio file's name .*: '{re.escape(str(tmp_path))}'$"):
+    folder = re.escape(str(tmp_path))
+    with pytest.raises(IsADirectoryError, match=rf"is a folder; give the audio file's name .*: '{folder}'$"):
         audio.save(tmp_path)
     for path in (tmp_path / "f" / "a.wav", tmp_path / "f" / "deeper" / "a.wav"):
         with pytest.raises(NotADirectoryError, match=rf"a folder on this path is a file: '{re.escape(str(path))}'$"):
