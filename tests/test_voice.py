@@ -602,22 +602,35 @@ def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp
         tts.clone_voice(((pcm8 / 128).astype(np.complex128), 24000), x_vector_only=True)  # it took the real part
 
 
-def test_float_samples_on_an_integer_scale_are_refused_and_a_small_overshoot_is_taken(tts_factory):
-    """Float samples far past [-1, 1] (int16 PCM cast to float: `samples.astype(np.float32)`) were taken as they
-    were, thousands of times too loud, and cloned another voice without a word, as unscaled int16 once did. They are
-    refused naming the peak; a full-scale clip resampled or filtered (a little past 1) is taken as before."""
+def test_float_samples_on_an_integer_scale_are_refused_and_a_small_overshoot_is_taken(tts_factory, ckpt_dir,
+                                                                                       tmp_path):
+    """Float samples far past [-1, 1] (int16 PCM cast to float: `samples.astype(np.float32)`, or a float WAV file
+    holding such values) were taken as they were, thousands of times too loud, and cloned another voice without a
+    word, as unscaled int16 once did. They are refused naming the peak, by the API, `validate` and `synth` alike; a
+    full-scale clip resampled or filtered (a little past 1) is taken as before."""
+    from typer.testing import CliRunner
+
+    from omnitts.cli import app
     from omnitts.errors import AudioError
 
     tts = tts_factory("base")
     tone = np.sin(np.arange(48000) / 10).astype(np.float32)
     pcm = np.round(0.3 * tone * 32767)
+    problem = (r"float samples peak at 9830; audio is in \[-1, 1\] \(integer PCM cast to or stored as float\? divide "
+               r"int16 values by 32768, or give the integer samples themselves\)")
     for samples in (pcm.astype(np.float32), pcm.astype(np.float64), np.stack([pcm, pcm], axis=1)):
-        with pytest.raises(AudioError, match=r"^ref_audio: float samples peak at 9830; float audio is in \[-1, 1\] "
-                                             r"\(integer PCM cast to float\? give the integer array itself, or divide "
-                                             r"int16 samples by 32768\)$"):
+        with pytest.raises(AudioError, match=rf"^ref_audio: {problem}$"):
             tts.clone_voice((samples, 24000), x_vector_only=True)
-        with pytest.raises(AudioError, match=r"^ref_audio: float samples peak at 9830"):
+        with pytest.raises(AudioError, match=rf"^ref_audio: {problem}$"):
             tts.synthesize("Hi.", ref_audio=(samples, 24000), x_vector_only=True, max_frames=2)
+    path = tmp_path / "float.wav"
+    sf.write(path, pcm, 24000, subtype="FLOAT")
+    with pytest.raises(AudioError, match=rf"^ref_audio: {re.escape(str(path))}: {problem}$"):
+        tts.clone_voice(path, x_vector_only=True)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Hi.", "ref_audio": str(path), "x_vector_only": True}) + "\n")
+    result = CliRunner().invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("base"))])
+    assert result.exit_code != 0 and "float samples peak at 9830" in result.output, result.output
     assert tts.clone_voice((pcm.astype(np.int16), 24000), x_vector_only=True) is not None  # PCM itself: scaled
     assert tts.clone_voice((1.05 * tone, 24000), x_vector_only=True) is not None
 

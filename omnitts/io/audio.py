@@ -11,7 +11,7 @@ a longer clip is refused there; the speaker embedding alone (`x_vector_only`) us
 `MAX_REFERENCE_SECONDS`, with a warning.
 
 Samples given as a `(samples, sample_rate)` pair are float audio in [-1, 1] (past `MAX_FLOAT_PEAK` they are
-refused: integer PCM cast to float, on another scale), or integer PCM as
+refused, as a float file's are: integer PCM cast to float, on another scale), or integer PCM as
 `scipy.io.wavfile` and `soundfile` return it (int16, int32, int8, uint8), scaled to [-1, 1) as
 soundfile scales it; other integer types (int64, uint16, ...) have no PCM meaning and are refused.
 Paths may start with `~` (the home folder).
@@ -35,8 +35,8 @@ from .atomic import DISK_FULL, atomic_write, temp_name
 
 MIN_REFERENCE_SECONDS = 0.5
 MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
-# Float samples of a pair peak here at most: a full-scale clip resampled or filtered overshoots 1 a little; past
-# +6 dBFS they are on another scale (int16 PCM cast to float peaks in the thousands), a voice no error would name.
+# Float samples (a pair's, a float file's) peak here at most: a full-scale clip resampled or filtered overshoots 1 a
+# little; past +6 dBFS they are on another scale (int16 PCM as float peaks in the thousands), a voice no error names.
 MAX_FLOAT_PEAK = 2.0
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
 SF_ERR_SYSTEM = 2  # libsndfile's code for a failed system call ("System error.")
@@ -121,9 +121,13 @@ def _caller_level() -> int:
 
 
 def check_samples(wav: np.ndarray, name: str) -> None:
-    """AudioError unless a reference clip's samples are finite and not silent (manifest checks use it too)."""
+    """AudioError unless a reference clip's samples are finite, on the scale of audio (`MAX_FLOAT_PEAK`) and not
+    silent (manifest checks use it too)."""
     if not np.isfinite(wav).all():
         raise AudioError(f"{name}: reference audio contains NaN or infinite samples")
+    if (peak := float(np.abs(wav).max(initial=0))) > MAX_FLOAT_PEAK:
+        raise AudioError(f"{name}: float samples peak at {peak:g}; audio is in [-1, 1] (integer PCM cast to or stored "
+                         "as float? divide int16 values by 32768, or give the integer samples themselves)")
     if float(np.abs(wav).max()) < 1e-4:
         raise AudioError(f"{name}: reference audio is silent")
 
@@ -154,12 +158,7 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
         elif wav.dtype.kind == "c":  # numpy would keep the real part with only a ComplexWarning
             raise AudioError(f"{name}: samples of dtype {wav.dtype} are complex; give real float samples in [-1, 1] "
                              "(a spectrum is not audio: take its inverse transform's real part yourself)")
-        else:
-            wav = np.asarray(wav, dtype=np.float32)
-            finite = np.abs(wav[np.isfinite(wav)])  # NaN and infinity: `check_samples` names them
-            if finite.size and (peak := float(finite.max())) > MAX_FLOAT_PEAK:
-                raise AudioError(f"{name}: float samples peak at {peak:g}; float audio is in [-1, 1] (integer PCM "
-                                 "cast to float? give the integer array itself, or divide int16 samples by 32768)")
+        wav = np.asarray(wav, dtype=np.float32)
     except (TypeError, ValueError) as exc:
         raise AudioError(f"{name}: samples must be an array of numbers ({exc})") from None
     if wav.ndim == 2 and wav.shape[1] > wav.shape[0]:
