@@ -158,7 +158,7 @@ class TTS:
             raise RequestError(f"ref_audio: voice cloning needs a Base checkpoint; this one is {ckpt.config.model_type}")
         _check_reference(ref_audio)
         check_fields({"ref_text": ref_text, "x_vector_only": x_vector_only})  # types; a lone surrogate is no text
-        if not x_vector_only and not (ref_text or "").strip():
+        if not x_vector_only and (ref_text is None or empty_text(ref_text)):  # as a text: U+200B alone is none
             raise RequestError("ref_text: required for in-context cloning; give the transcript or set x_vector_only")
         codec_rate = ckpt.config.codec.input_sample_rate
         speaker_rate = ckpt.config.speaker_encoder.sample_rate

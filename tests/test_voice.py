@@ -151,6 +151,26 @@ def test_clone_voice_checks_its_arguments_as_a_request_does(tts_factory, ref_wav
         tts.synthesize("Hi.", voice=5, max_frames=3)
 
 
+def test_a_ref_text_of_only_invisible_characters_is_no_transcript(tts_factory, ckpt_dir, ref_wav, tmp_path):
+    """A text of only U+200B is empty (README), but a ref_text of it was taken as a transcript: clone_voice, synthesize
+    and a manifest line cloned in context from a transcript of nothing. It is refused as a missing ref_text is."""
+    from omnitts.errors import RequestError
+
+    tts = tts_factory("base")
+    for ref_text in ("\u200b", " \u200b\ufeff "):
+        with pytest.raises(RequestError, match=r"^ref_text: required for in-context cloning"):
+            tts.clone_voice(ref_wav, ref_text)
+        with pytest.raises(RequestError, match=r"^ref_text: required for in-context cloning"):
+            tts.synthesize("Hi.", ref_audio=ref_wav, ref_text=ref_text, max_frames=2)
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Hi.", "ref_audio": str(ref_wav), "ref_text": "\u200b"}) + "\n")
+    result = CliRunner().invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("base"))])
+    assert result.exit_code != 0 and "ref_text: required for in-context cloning" in result.output, result.output
+    result = CliRunner().invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(ref_wav),
+                                      "--ref-text", "\u200b", "--save", str(tmp_path / "v.safetensors")])
+    assert result.exit_code == 2 and "--ref-text is required for in-context cloning" in result.output, result.output
+
+
 @pytest.mark.parametrize("rate", [0, -1, "24000", 24000.0, True])
 def test_a_sample_rate_that_is_not_a_positive_integer_is_refused(tts_factory, rate):
     from omnitts.errors import AudioError
