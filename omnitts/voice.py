@@ -51,6 +51,7 @@ FORMAT_VERSION = 1
 MODES = ("icl", "x_vector_only")
 READ_CHUNK = 16 * 2**20
 NO_REF_TEXT = "an icl voice needs its ref_text, the transcript of its reference codes"
+REPR_TEXT = 60  # characters of ref_text a Voice shows
 
 
 @dataclass
@@ -73,9 +74,15 @@ class Voice:
         return self.ref_codes is not None
 
     def __repr__(self) -> str:
-        """One line (the tensors' values would fill a notebook cell): mode, reference, checkpoint."""
+        """One line (the tensors' values would fill a notebook cell, as a long transcript would: its first
+        `REPR_TEXT` characters and its length): mode, reference, checkpoint."""
         if self.icl:
-            mode = f"in-context, {len(self.ref_codes)} reference frames, ref_text={self.ref_text!r}"
+            text = self.ref_text
+            if isinstance(text, str) and len(text) > REPR_TEXT:
+                text = f"{text[:REPR_TEXT]!r}... ({len(text):,} characters)"
+            else:
+                text = repr(text)
+            mode = f"in-context, {len(self.ref_codes)} reference frames, ref_text={text}"
         else:
             mode = "x-vector only"
         return f"Voice({mode}, checkpoint={self.checkpoint!r})"

@@ -530,6 +530,10 @@ def test_a_voice_shows_as_one_line(tts_factory, ref_wav):
     assert repr(icl) == (f"Voice(in-context, {len(icl.ref_codes)} reference frames, ref_text={REF_TEXT!r}, "
                          f"checkpoint={tts.identity!r})")
     assert repr(xvec) == f"Voice(x-vector only, checkpoint={tts.identity!r})"
+    # A long transcript (one of a 30 s clip, hundreds of characters) filled the cell as the tensors would have
+    long = tts.clone_voice(ref_wav, "word " * 200)
+    assert repr(long) == (f"Voice(in-context, {len(long.ref_codes)} reference frames, ref_text={('word ' * 12)!r}... "
+                          f"(1,000 characters), checkpoint={tts.identity!r})")
 
 
 @pytest.fixture(scope="module")
