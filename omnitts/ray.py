@@ -41,7 +41,7 @@ from typing import Iterator
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
 from .batch.fingerprint import same_print
 from .batch.ledger import NAME as LEDGER_NAME
-from .errors import DeviceFailed, OmniTTSError, RequestError
+from .errors import DeviceFailed, OmniTTSError, RequestError, type_label
 from .io import user_path
 from .params import check_flag
 
@@ -351,6 +351,9 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
     options = inspect.signature(Synthesizer).bind(model, out, **kwargs)
     options.apply_defaults()
     _check_options(**{name: options.arguments[name] for name in CHECKED})
+    if not callable(getattr(ds, "map_batches", None)):  # a list of rows or a DataFrame, as TTS.stream takes
+        raise TypeError(f"ds: expected a Ray Dataset (ray.data.read_json(path), ray.data.from_items(rows), "
+                        f"ray.data.from_pandas(df)), got {type_label(type(ds))}")
     device = kwargs.get("device", "cpu")
     ask = {}
     if num_gpus is not None or (device == "cuda" and resources is None and num_cpus is None):

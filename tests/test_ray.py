@@ -273,6 +273,19 @@ def test_synthesize_dataset_checks_its_arguments_before_any_actor_starts():
         synthesize_dataset(None, "ckpt", "out", max_frame=5)
 
 
+def test_synthesize_dataset_of_no_ray_dataset_says_what_it_takes(ckpt_dir, tmp_path):
+    """A list of rows or a DataFrame (what `TTS.stream` takes) was "AttributeError: 'list' object has no attribute
+    'map_batches'"; a TypeError names the argument and how to make a Ray dataset of them."""
+    import pandas as pd
+
+    for ds, kind in (([{"id": "a", "text": "Hi.", "speaker": "ryan"}], "list"), (pd.DataFrame({"id": ["a"]}), "DataFrame"),
+                     (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"^ds: expected a Ray Dataset \(ray.data.read_json\(path\), "
+                                            rf"ray.data.from_items\(rows\), ray.data.from_pandas\(df\)\), got {kind}$"):
+            synthesize_dataset(ds, ckpt_dir("custom_voice"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_synthesize_dataset_gives_every_actor_the_runs_start(ckpt_dir, tmp_path):
     """Every actor's `since` is where the log ended as `synthesize_dataset` was called: each took its own start,
     so an actor started late took the others' records of this run for an earlier run's (a `force` redid them, a
