@@ -60,8 +60,11 @@ class Audio:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         """The samples, for numpy and what takes arrays: `np.asarray(audio)`, `sf.write(path, audio, rate)`
-        (numpy's protocol: `copy` None copies only where `dtype` needs it)."""
-        return np.array(self.samples, dtype=dtype, copy=copy)
+        (numpy 2's protocol: `copy` None copies only where `dtype` needs it, False never; numpy 1 passes no
+        `copy`, and its `np.array` takes no None)."""
+        if copy is False and dtype is not None and np.dtype(dtype) != self.samples.dtype:
+            raise ValueError(f"Audio: its {self.samples.dtype} samples cannot be {np.dtype(dtype)} without a copy")
+        return np.array(self.samples, dtype=dtype, copy=True) if copy else np.asarray(self.samples, dtype=dtype)
 
     @property
     def audio(self) -> np.ndarray:
