@@ -6,7 +6,6 @@ checkpoint reads a few kilobytes and loads no weights. Used by `TTS.info()` and 
 
 from __future__ import annotations
 
-import struct
 from dataclasses import asdict
 from math import prod
 from pathlib import Path
@@ -23,7 +22,7 @@ def read_shapes(files: list[Path]) -> dict[str, list[int]]:
     for path in files:
         try:
             header, _ = read_header(path)
-        except (OSError, struct.error, ValueError) as exc:
+        except (OSError, ValueError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
         shapes.update((name, entry["shape"]) for name, entry in header.items())
     return shapes

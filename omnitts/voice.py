@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,7 +42,7 @@ import torch
 from .errors import CheckpointError, VoiceError
 from .io import user_path
 from .io.atomic import atomic_write, file_mode
-from .models.safetensors_io import check_header, check_length, header_bytes
+from .models.safetensors_io import header_bytes, parse_header
 from .version import __version__
 
 FORMAT = "omnitts-voice"
@@ -119,10 +118,7 @@ def _hash_file(digest, path: Path, prefix: str) -> None:
     """Feed `path`'s safetensors header and the bytes of its tensors named `prefix`* into `digest`."""
     try:
         with open(path, "rb") as f:
-            raw = header_bytes(f)
-            header = json.loads(raw)
-            check_header(header)
-            check_length(header, len(raw), os.fstat(f.fileno()).st_size)
+            raw, header = parse_header(f)
             digest.update(path.name.encode() + b"\n" + raw)
             for name in sorted(k for k in header if k.startswith(prefix)):
                 start, end = header[name]["data_offsets"]
@@ -134,7 +130,7 @@ def _hash_file(digest, path: Path, prefix: str) -> None:
                         raise ValueError(f"tensor {name} runs past the end of the file")
                     digest.update(chunk)
                     left -= len(chunk)
-    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
@@ -193,7 +189,7 @@ def check_replaceable(path: Path) -> None:
     try:
         with open(path, "rb") as f:
             header = json.loads(header_bytes(f))
-    except (OSError, ValueError, struct.error):  # (a header past MAX_HEADER too)
+    except (OSError, ValueError):  # (a header past MAX_HEADER, or cut short, too)
         return  # no safetensors file
     others = sorted(set(header) - {"__metadata__", "x_vector", "ref_codes"}) if isinstance(header, dict) else []
     if others:

@@ -442,7 +442,7 @@ class Batch:
                          frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
                          seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
                          timings=outcome.timings, fingerprint=self._prints.pop(item_id, None),
-                         codes=f"{item_id}.codes.npy" if s.save_codes else None)
+                         codes=f"{item_id}.{CODES}" if s.save_codes else None)
             self.ledger.write(rec)
             written = True
         except BaseException as exc:

@@ -214,16 +214,14 @@ class CsvSource:
             except StopIteration:
                 return
             except csv.Error as exc:
-                if self.delimiter == "\t":  # TSV has no quoting of its own: a line not quoted as spreadsheets
-                    first = lines.record[0] if lines.record else ""  # quote is read as it is, as Common Voice's
-                    lines.again()  # loader reads its files (`"Hi," he said.`, `"Hello, he said.`)
-                    end = lines.number
-                    yield start, first.rstrip("\r\n").split("\t")
-                    continue
-                if not lines.ended:
-                    yield start, _malformed(exc, self.delimiter)
+                # TSV has no quoting of its own: a line not quoted as spreadsheets quote is read as it is, as
+                # Common Voice's loader reads its files (`"Hi," he said.`, `"Hello, he said.`); in a CSV it is bad
+                tsv = self.delimiter == "\t"
+                if tsv or not lines.ended:
+                    first = lines.record[0] if lines.record else ""
                     lines.again()
                     end = lines.number
+                    yield start, first.rstrip("\r\n").split("\t") if tsv else _malformed(exc, self.delimiter)
                     continue
                 cells = None  # strict: "unexpected end of data", inside quotes
             end = lines.number
@@ -433,7 +431,7 @@ def state(path) -> tuple | None:
     path = Path(path)
     try:
         if path.is_dir():
-            return tuple(sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns) for entry in
+            return tuple(sorted((entry.name, (info := entry.stat()).st_size, info.st_mtime_ns) for entry in
                                 os.scandir(path) if entry.is_file()))
         info = os.stat(path)
     except OSError:

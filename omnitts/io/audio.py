@@ -128,7 +128,7 @@ def check_samples(wav: np.ndarray, name: str) -> None:
     if (peak := float(np.abs(wav).max(initial=0))) > MAX_FLOAT_PEAK:
         raise AudioError(f"{name}: float samples peak at {peak:g}; audio is in [-1, 1] (integer PCM cast to or stored "
                          "as float? divide int16 values by 32768, or give the integer samples themselves)")
-    if float(np.abs(wav).max()) < 1e-4:
+    if peak < 1e-4:
         raise AudioError(f"{name}: reference audio is silent")
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +77,7 @@ def open_files(files: list[Path]) -> dict[Path, MappedFile]:
     for path in files:
         try:
             mapped[path] = MappedFile(path)
-        except (OSError, ValueError, struct.error) as exc:
+        except (OSError, ValueError) as exc:
             raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
     return mapped
 

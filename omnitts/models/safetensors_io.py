@@ -45,15 +45,21 @@ def header_bytes(handle) -> bytes:
 _INTERRUPTED = "; an interrupted copy or download?"
 
 
-def read_header(path: Path) -> tuple[dict, int]:
-    """(header without `__metadata__`, offset of the data section). Raises OSError/ValueError if malformed,
-    truncated included: a file shorter than its header says its tensors are."""
-    with open(path, "rb") as handle:
-        raw = header_bytes(handle)
-        size = os.fstat(handle.fileno()).st_size
+def parse_header(handle) -> tuple[bytes, dict]:
+    """(the JSON header's bytes, the header) of the safetensors file open as `handle`, checked: its entries
+    (`check_header`) and its length (`check_length`). Raises OSError/ValueError if malformed, truncated
+    included: a file shorter than its header says its tensors are."""
+    raw = header_bytes(handle)
     header = json.loads(raw)
     check_header(header)
-    check_length(header, len(raw), size)
+    check_length(header, len(raw), os.fstat(handle.fileno()).st_size)
+    return raw, header
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """(header without `__metadata__`, offset of the data section), checked as `parse_header` checks it."""
+    with open(path, "rb") as handle:
+        raw, header = parse_header(handle)
     header.pop("__metadata__", None)
     return header, 8 + len(raw)
 
