@@ -37,7 +37,7 @@ from .recipe import type_name, option_problem
 from .request import Request, Voice
 from .sampling import seed_word
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
-from .text import empty_text
+from .text import empty_text, no_transcript
 from .text.prompt import Prompt, PromptBuilder, not_text, resolve
 from .voice import check_fits, check_voice, checkpoint_identity, load_voice
 
@@ -158,7 +158,7 @@ class TTS:
             raise RequestError(f"ref_audio: voice cloning needs a Base checkpoint; this one is {ckpt.config.model_type}")
         _check_reference(ref_audio)
         check_fields({"ref_text": ref_text, "x_vector_only": x_vector_only})  # types; a lone surrogate is no text
-        if not x_vector_only and (ref_text is None or empty_text(ref_text)):  # as a text: U+200B alone is none
+        if not x_vector_only and no_transcript(ref_text):
             raise RequestError("ref_text: required for in-context cloning; give the transcript or set x_vector_only")
         codec_rate = ckpt.config.codec.input_sample_rate
         speaker_rate = ckpt.config.speaker_encoder.sample_rate

@@ -72,7 +72,7 @@ def voice_clone(
     from ..errors import RequestError
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
-    from ..text import empty_text
+    from ..text import no_transcript
     from ..text.prompt import not_text, resolve
     from ..voice import check_replaceable
 
@@ -111,7 +111,7 @@ def voice_clone(
             fail(f"--save {exc}")
     if x_vector_only and ref_text:
         fail("--ref-text and --x-vector-only exclude each other (x-vector-only cloning uses no transcript)")
-    if not x_vector_only and (ref_text is None or empty_text(ref_text)):  # as a text: U+200B alone is none
+    if not x_vector_only and no_transcript(ref_text):
         fail("--ref-text is required for in-context cloning; give the reference transcript, "
               "or use --x-vector-only")
     if ref_text and (problem := not_text(ref_text)):  # bytes that are not UTF-8 arrive as lone surrogates

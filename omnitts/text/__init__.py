@@ -16,6 +16,12 @@ def empty_text(text: str) -> str | None:
     return None
 
 
+def no_transcript(ref_text: str | None) -> bool:
+    """Whether a reference clip's `ref_text` says nothing: absent, or a text with no words (U+200B alone
+    is no transcript), so in-context cloning has none."""
+    return ref_text is None or empty_text(ref_text) is not None
+
+
 def lone_surrogate(text: str) -> int | None:
     """Where `text`'s first lone surrogate is (None: it has none): a character no encoding can write and no
     tokenizer reads. A JSON escape of half a pair ("\\ud83d") makes one; so does reading bytes that are not

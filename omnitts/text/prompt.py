@@ -23,7 +23,7 @@ import torch
 
 from ..errors import RequestError
 from ..request import Request, Voice
-from . import empty_text, lone_surrogate
+from . import empty_text, lone_surrogate, no_transcript
 
 
 @dataclass
@@ -94,7 +94,7 @@ def resolve(cfg, req: Request) -> Resolved:
     language_id = None if language == "auto" else tcfg.codec_language_id[language]
     speaker_id = None
     has_ref = req.voice is not None or req.ref_audio is not None
-    has_ref_text = req.ref_text is not None and not empty_text(req.ref_text)  # only U+200B is no transcript
+    has_ref_text = not no_transcript(req.ref_text)
     if kind != "base" and (has_ref or has_ref_text or req.x_vector_only):  # a cloning field would do nothing here;
         # said first: a voice given to a CustomVoice checkpoint is the line's mistake, not its missing speaker
         name = ("voice" if req.voice is not None else "ref_audio" if has_ref else "ref_text" if has_ref_text
