@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import numbers
 import random
@@ -133,10 +134,14 @@ class SamplingParams:
         if isinstance(tokens, bool) or not isinstance(tokens, INT) or tokens < 1:
             raise ValueError(f"max_new_tokens: must be an integer >= 1, got {tokens!r}")
         values["frame_cap"] = max(1, int(tokens) - 1)
-        names = {f.name for f in fields(cls)}
-        unknown = set(overrides) - names
-        if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {sorted(unknown)}; valid: {sorted(names)}")
+        names = {f.name for f in fields(cls)} - {"frame_cap"}  # the checkpoint's cap, not a request's to raise
+        if "frame_cap" in overrides:
+            raise ValueError(f"frame_cap: this checkpoint's ({values['frame_cap']} frames, from generation_config.json's "
+                             "max_new_tokens), not a request's; set max_frames (or max_seconds) below it")
+        if unknown := sorted(set(overrides) - names):
+            close = difflib.get_close_matches(unknown[0], names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"unknown sampling parameter(s) {unknown}{hint}; valid: {sorted(names)}")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -422,6 +422,18 @@ def test_a_stream_dict_takes_numpy_numbers(cv):
     assert cv.run(request, cv.default_params()).frames == 2 and type(request.max_seconds) is float
 
 
+def test_a_sampling_keyword_may_not_raise_the_checkpoints_frame_cap_and_a_typo_is_named(cv):
+    """frame_cap=20000 was taken from synthesize's keywords: max_frames past the checkpoint's 8191-frame cap then
+    ran (and was not cut), and a misspelt keyword listed frame_cap among the valid ones without a suggestion."""
+    with pytest.raises(ValueError, match=r"^frame_cap: this checkpoint's \(8191 frames, from generation_config.json's "
+                                         r"max_new_tokens\), not a request's; set max_frames"):
+        cv.synthesize("Hi.", speaker="ryan", max_frames=9000, frame_cap=20000)
+    with pytest.raises(ValueError, match=r"^unknown sampling parameter\(s\) \['tempreature'\] \(did you mean "
+                                         r"'temperature'\?\); valid: \['do_sample', 'max_frames', 'repetition_penalty',"):
+        cv.synthesize("Hi.", speaker="ryan", tempreature=0.5)
+    assert cv.default_params(max_frames=3).frame_cap == 8191
+
+
 def test_a_frame_cap_below_one_is_refused_naming_it():
     """frame_cap=0 was taken, then every budget was cut to 0 frames: "max_frames must be >= 1, got 0"."""
     with pytest.raises(ValueError, match=r"^frame_cap: must be >= 1 \(the most frames one utterance may take\), got 0$"):
