@@ -67,7 +67,7 @@ def test_an_explicit_budget_is_the_whole_items_and_its_pieces_share_it(tts_facto
     # The derived runaway budget stays per piece: each piece's from its own text.
     split.live = set()  # (what `run` sets up)
     item, _ = split._prepare(Job(Request(SENTENCES, speaker="ryan"), tts.default_params()))
-    budgets = [split._piece_params(item, i).max_frames for i in range(len(pieces))]
+    budgets = [item.piece_params(i).max_frames for i in range(len(pieces))]
     assert budgets == [40 + 10 * prompt.text_tokens for _, prompt in item.pieces]
 
 

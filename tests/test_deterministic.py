@@ -92,8 +92,8 @@ def test_on_the_cpu_only_the_codec_changes(cv, monkeypatch):
 
     tts = TTS(cv.ckpt, max_batch=4, deterministic=True)
     pipeline = Pipeline(tts)
-    assert tts.deterministic and not pipeline.full_batch and not pipeline.streams.fixed
-    assert pipeline.streams.max_rows == 1 and pipeline.streams.gather == 0
+    assert tts.deterministic and not pipeline.full_batch and not pipeline.audio.codec.fixed
+    assert pipeline.audio.codec.max_rows == 1 and pipeline.audio.codec.gather == 0
     rows = []
     step = StreamingCodec.step
     monkeypatch.setattr(StreamingCodec, "step", lambda self, codes, *a: (rows.append(codes.shape[0]),

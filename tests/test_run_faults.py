@@ -93,7 +93,7 @@ def test_a_fault_in_an_engine_step_fails_only_the_item_at_fault(tts_factory, mon
         _same_audio(outcomes[name], clean[name])
     assert len(raised) == 2 and len(raised[0]) == batch and "b" in raised[1]  # its batch, then its trial
     assert pipeline.engines_built == 3  # an engine that raised is not used again
-    assert not pipeline.decoding and not pipeline.streams.streams  # every codec stream freed
+    assert not pipeline.audio.decoding and not pipeline.audio.codec.streams  # every codec stream freed
     assert not pipeline.suspects and pipeline.failed_in_a_row == 0
 
 
@@ -207,7 +207,7 @@ def _codec_fails_for(target: str, pipeline, monkeypatch):
     run = CodecStreams._run
 
     def faulty(self, jobs):
-        owners = {state.sid: _item_of(seq) for seq, state in pipeline.decoding.items()}
+        owners = {state.sid: _item_of(seq) for seq, state in pipeline.audio.decoding.items()}
         if any(owners.get(sid) == target for sid, *_ in jobs):
             raise IndexError("index 2048 is out of bounds for dimension 0 with size 2048")
         return run(self, jobs)
@@ -229,7 +229,7 @@ def test_a_fault_decoding_one_item_fails_that_item_only(tts_factory, monkeypatch
                                    "size 2048")
     for name in "acde":
         _same_audio(outcomes[name], clean[name])
-    assert not pipeline.decoding and not pipeline.streams.streams and not pipeline.streams.broken
+    assert not pipeline.audio.decoding and not pipeline.audio.codec.streams and not pipeline.audio.codec.broken
 
 
 NOT_NUMBERS = ("FloatingPointError while decoding: the codec gave samples that are not numbers (NaN or infinity): a "
@@ -259,7 +259,7 @@ def test_samples_that_are_not_numbers_fail_their_item_only(tts_factory, monkeypa
 
     def overflowing(self, jobs):
         out = run(self, jobs)
-        owners = {state.sid: _item_of(seq) for seq, state in pipeline.decoding.items()}
+        owners = {state.sid: _item_of(seq) for seq, state in pipeline.audio.decoding.items()}
         for sid in out:
             if owners.get(sid) == "b":
                 out[sid] = [(_NaNCopy(copy), row, lo, hi) for copy, row, lo, hi in out[sid]]

@@ -33,7 +33,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..engine.pipeline import Job, Outcome
+from ..engine.jobs import Job, Outcome
 from ..errors import OmniTTSError
 from ..params import SamplingParams
 from .claims import Writer, sweep

@@ -16,7 +16,7 @@ What it owns, between the caller's jobs and the engine:
   budget (`max_frames`, a line's `max_seconds`) is the whole job's, shared by its pieces in
   proportion to their text tokens (`params.share_frames`); the derived runaway budget is per piece;
 - audio: frames are decoded while generation continues, in chunks batched across requests
-  (`CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead); a step's
+  (`decoding.AudioStreams` over `CodecStreams`; `stream_decode=False` decodes each utterance whole when it ends instead); a step's
   decoded audio is read from the device at the next step, once that step's frame is queued, so the
   host never waits for the codec while the device could run a frame (a finished item's last audio is
   read when it finishes); and
@@ -53,7 +53,7 @@ import time
 import warnings
 from collections import Counter, deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -61,85 +61,16 @@ import torch
 
 from ..device import get_backend, out_of_memory
 from ..device.copies import uploader
-from ..errors import OmniTTSError
+from ..errors import DeviceFailed, OmniTTSError, RequestError
 from ..models.codec_streams import CodecStreams
-from ..errors import DeviceFailed, RequestError
-from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, frames_in, share_frames
-from ..request import Request
+from ..params import SamplingParams
 from ..text.split import pieces_problem, split_text
+from .decoding import AudioStreams, finite
 from .engine import Engine, plan
+from .jobs import Job, JobState, Outcome
 from .join import StreamJoiner
 
-
-@dataclass
-class Job:
-    """One item to synthesize: what to say, how to sample, and the caller's handle (`key`)."""
-
-    request: Request
-    params: SamplingParams
-    key: object = None
-    prompt: object = None  # an already built Prompt (then the text is not split)
-    alone: bool = False  # run with no other item in the engine (its process died while it ran beside others)
-    fail: str | None = None  # fail at once with this message, nothing run (its process died while it ran alone)
-
-
-@dataclass
-class Outcome:
-    """A finished job: `result` (an `Audio`) or an `error` message."""
-
-    job: Job
-    result: object = None
-    error: str | None = None
-    exception: Exception | None = None  # what raised `error`
-    seed: int | None = None  # the item's seed (assigned when the job had none and samples)
-    seeds: list | None = None  # the seed each piece's kept attempt sampled with (derived from `seed`)
-    attempts: int = 1  # 1 + runaway retries
-    pieces: int = 1  # requests the text was split into
-    timings: dict = field(default_factory=dict)  # seconds: prepare, generate, decode, total
-    sink: object = None  # with a pipeline `sink`: the item's finished, uncommitted AudioSink
-    seconds: float = 0.0  # audio length
-    samples: int = 0  # audio length in samples
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-@dataclass(eq=False)
-class _Item:
-    """A job in flight: its pieces' prompts, finished pieces and bookkeeping."""
-
-    job: Job
-    params: SamplingParams
-    seed: int | None
-    pieces: list = field(default_factory=list)  # (Request, Prompt) per piece
-    shares: list | None = None  # frames per piece of an explicit budget shared by several pieces
-    done: dict = field(default_factory=dict)  # piece index -> (codes, finish_reason)
-    joiner: StreamJoiner | None = None  # pieces' audio -> the item's audio, in order
-    chunks: list = field(default_factory=list)  # the joined audio so far (without a sink)
-    sink: object = None
-    incremental: bool = True  # audio may leave before its piece ends (False if a retry could undo it)
-    tries: dict = field(default_factory=dict)  # piece index -> runaway retries so far
-    dropped: bool = False
-    admitted: bool = False  # a request of it has been admitted (`started` was told)
-    suspect: bool = False  # running again, alone among suspects, after an engine step failed with it
-    involved: int = 0  # engine failures it shared (it fails at MAX_INVOLVED, however the blame fell)
-    started: float = field(default_factory=time.perf_counter)
-    prepare_s: float = 0.0
-    decode_s: float = 0.0
-    first_added: float | None = None
-
-
-@dataclass
-class _Decoding:
-    """A sequence's codec stream: its id, audio held back (until the stream closes), frames pushed."""
-
-    sid: int
-    held: list = field(default_factory=list)
-    pushed: int = 0
-
-
-_NOTHING = _Decoding(-1)
+__all__ = ["Job", "Outcome", "Pipeline"]
 
 
 _END = object()  # a jobs source that has nothing more
@@ -180,22 +111,22 @@ class Pipeline:
         self.full_batch = alone and backend.supports_graphs
         self.warned_small = False  # a deterministic run warned that an engine had fewer rows than max_batch
         with _fitting(tts, "the codec's state for that many streams"):
-            self.streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
+            streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                          tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
                                          to_host=backend.to_host, gather=0 if alone else backend.codec_gather,
                                          fixed=fixed, max_rows=1 if alone else None,
                                          graphs=backend.call_graphs("codec", False if alone else None) if fixed
                                          else None, free_memory=backend.free_memory())
-                            if stream_decode else None)
-        self.decoding: dict = {}  # engine Sequence -> its _Decoding (codec stream)
-        self.unread: list = []  # (Sequence, codec_streams.Samples) decoded, not yet read from the device
+                       if stream_decode else None)
+        # The running sequences' codec streams (None: each utterance is decoded whole when it ends).
+        self.audio = AudioStreams(streams, self._decode_failed) if streams is not None else None
         self.starved = False  # the jobs source last said "nothing now" (None)
         self.in_engine: set = set()  # sequences added to the engine and not yet returned finished
         self.failures: deque = deque()  # outcomes of items that failed while running, not yet yielded
         self.suspects: deque = deque()  # items waiting for their trial (see `_engine_failed`)
-        self.on_trial: _Item | None = None  # the suspect now running (at most one at a time)
+        self.on_trial: JobState | None = None  # the suspect now running (at most one at a time)
         self.failed_in_a_row = 0  # engine failures since the last good step
-        self.solo: _Item | None = None  # the item of an `alone` job running, nothing beside it
+        self.solo: JobState | None = None  # the item of an `alone` job running, nothing beside it
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self, jobs: Iterable[Job]) -> Iterator[Outcome]:
@@ -251,7 +182,8 @@ class Pipeline:
             return []
         self.failed_in_a_row = 0
         self.in_engine.difference_update(finished)
-        self._stream(engine, finished)
+        if self.audio is not None:  # every sequence's new frames to its codec stream; what is ready decoded
+            self.audio.step(list(engine.scheduler.running), finished)
         return finished
 
     def _engine_failed(self, exc: Exception, ready: deque) -> None:
@@ -303,7 +235,7 @@ class Pipeline:
         raise DeviceFailed(f"{DEVICE_FAILURES} engines in a row failed on the {device} device with no good step "
                            f"between them (last: {fault}); it is taken for broken") from exc
 
-    def _again(self, item: _Item, ready: deque, error: str, exc: Exception, suspect: bool) -> None:
+    def _again(self, item: JobState, ready: deque, error: str, exc: Exception, suspect: bool) -> None:
         """Run `item` again from its start (its audio so far deleted): next in `ready`, or as a suspect
         waiting for its trial."""
         item.involved += 1
@@ -347,11 +279,11 @@ class Pipeline:
                 ready.extendleft(reversed(self._requests(item)))
                 return
 
-    def _requests(self, item: _Item) -> list:
+    def _requests(self, item: JobState) -> list:
         """`ready`'s entries for every piece of `item`."""
-        return [(item, index, self._piece_params(item, index)) for index in range(len(item.pieces))]
+        return [(item, index, item.piece_params(index)) for index in range(len(item.pieces))]
 
-    def _fail(self, item: _Item, error: str, exc: Exception) -> None:
+    def _fail(self, item: JobState, error: str, exc: Exception) -> None:
         """Fail `item` while it runs: its outcome is queued for `_failed`, its partial audio deleted, its
         requests not yet started forgotten (those running finish and are discarded, as dropped ones are)."""
         if item.dropped:
@@ -392,7 +324,7 @@ class Pipeline:
             ready.extend(self._requests(item))
         return failures, False
 
-    def _prepare(self, job: Job) -> tuple[_Item | None, Outcome | None]:
+    def _prepare(self, job: Job) -> tuple[JobState | None, Outcome | None]:
         started = time.perf_counter()
         params = job.params
         seed = params.seed
@@ -400,7 +332,7 @@ class Pipeline:
             seed = random.SystemRandom().randrange(2**31)  # recorded, so every result can be reproduced
         if job.fail is not None:
             return None, Outcome(job, error=job.fail, seed=seed, timings={"total": _since(started)})
-        item = _Item(job, replace(params, seed=seed), seed, started=started)
+        item = JobState(job, replace(params, seed=seed), seed, started=started)
         request = job.request
         try:
             if job.prompt is not None:
@@ -416,8 +348,8 @@ class Pipeline:
                 for text in texts:
                     piece = request if len(texts) == 1 else replace(request, text=text)
                     item.pieces.append((piece, self.tts.prepare(piece)))
-            item.shares = _shares(item)
-            if warning := _cut_budget(item):
+            item.shares = item.budget_shares()
+            if warning := item.budget_warning():
                 warnings.warn(warning, stacklevel=2)
             for index in range(len(item.pieces)):
                 self._check_fits_alone(item, index)
@@ -437,28 +369,21 @@ class Pipeline:
         self.live.add(item)
         return item, None
 
-    def _emit(self, item: _Item, chunk: np.ndarray) -> None:
+    def _emit(self, item: JobState, chunk: np.ndarray) -> None:
         """Joined audio of `item` that is final: to its sink (made when the item was prepared), or kept."""
         if item.sink is None:
             item.chunks.append(chunk)
             return
         item.sink.write(chunk)
 
-    def _check_fits_alone(self, item: _Item, index: int) -> None:
+    def _check_fits_alone(self, item: JobState, index: int) -> None:
         """Raise RequestError if this piece would not fit an engine even on its own (cache and prefill
         budgets, the talker's positions)."""
-        prompt, params = item.pieces[index][1], self._piece_params(item, index)
+        prompt, params = item.pieces[index][1], item.piece_params(index)
         tts = self.tts
         plan(tts.ckpt, prompt.embeds.shape[0] + params.max_frames + 1, 1, prompt.trailing.shape[0],
              tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets, tts.span_buckets,
              tts.max_prefill_tokens, prompt_positions=prompt.embeds.shape[0])
-
-    def _piece_params(self, item: _Item, index: int) -> SamplingParams:
-        request, prompt = item.pieces[index]
-        params = replace(item.params, seed=_piece_seed(item, index))
-        if item.shares is not None:
-            params = replace(params, max_frames=item.shares[index])
-        return params.with_budget(prompt.text_tokens, request.max_seconds)
 
     def _feed(self, ready: deque, exhausted: bool) -> None:
         """Move prepared requests into the engine, (re)building it when one does not fit. An `alone` job's
@@ -483,7 +408,7 @@ class Pipeline:
             item.first_added = item.first_added or time.perf_counter()
             self.in_engine.add(self.engine.add(item.pieces[index][1], params, tag=(item, index)))
 
-    def _fits(self, item: _Item, index: int, params: SamplingParams) -> bool:
+    def _fits(self, item: JobState, index: int, params: SamplingParams) -> bool:
         prompt, config = item.pieces[index][1], self.engine.config
         return (prompt.embeds.shape[0] + params.max_frames + 1 <= config.max_positions
                 and prompt.trailing.shape[0] <= config.max_text_tokens)
@@ -554,7 +479,7 @@ class Pipeline:
         stats = Counter(self._graphs_before)
         if self.engine is not None:
             stats.update(self.engine.graph_stats())
-        graphs = self.streams.graphs if self.streams is not None else None
+        graphs = self.audio.codec.graphs if self.audio is not None else None
         codec = {"codec_captures": graphs.captures, "codec_capture_seconds": graphs.capture_seconds} if graphs else {}
         return {**stats, **codec, "engines": self.engines_built}
 
@@ -585,7 +510,7 @@ class Pipeline:
                 and item.tries.get(index, 0) < self.retry_runaway):
             item.tries[index] = item.tries.get(index, 0) + 1
             self._discard_stream(seq)  # the abandoned attempt's audio
-            ready.appendleft((item, index, self._piece_params(item, index)))
+            ready.appendleft((item, index, item.piece_params(index)))
             return None
         started = time.perf_counter()
         codes = seq.codes()
@@ -598,79 +523,21 @@ class Pipeline:
             return None
         return self._complete(item)
 
-    def _stream(self, engine: Engine, finished: list) -> None:
-        """Feed every sequence's new frames to its codec stream; decode what is ready, batched."""
-        if self.streams is None:
-            return
-        self._read()  # the last step's audio: this step's frame is queued, the device has work meanwhile
-        seqs = [seq for seq in list(engine.scheduler.running) + finished if not seq.tag[0].dropped]
-        for seq in seqs:
-            if len(seq.frames) == self.decoding.get(seq, _NOTHING).pushed:
-                continue
-            if seq not in self.decoding:
-                self.decoding[seq] = _Decoding(self.streams.open(seq.prompt.ref_codes))
-            state = self.decoding[seq]
-            self.streams.push(state.sid, np.stack(seq.frames[state.pushed:]))
-            state.pushed = len(seq.frames)
-        for seq in finished:
-            if seq in self.decoding and not seq.tag[0].dropped:
-                self.streams.finish(self.decoding[seq].sid)
-        started = time.perf_counter()
-        decoded = self.streams.pump_later()
-        for seq in seqs:  # streams whose decode raised: their items fail, the others go on
-            state = self.decoding.get(seq)
-            if state is not None and state.sid in self.streams.broken:
-                self._decode_failed(seq, self.streams.broken[state.sid])
-        if not decoded:
-            return
-        share = _since(started) / len(decoded)
-        for seq in seqs:
-            state = self.decoding.get(seq)
-            if state is not None and state.sid in decoded and not seq.tag[0].dropped:
-                seq.tag[0].decode_s += share
-                self.unread.append((seq, decoded[state.sid]))
-
-    def _read(self, only=None) -> None:
-        """Hand decoded audio to its items, in decoding order (all of it, or `only` that sequence's):
-        this is where the host waits for the codec's copies. A sink's errors are the run's (they raise)."""
-        unread, self.unread = self.unread, []
-        for seq, samples in unread:
-            if only is not None and seq is not only:
-                self.unread.append((seq, samples))
-                continue
-            state, (item, index) = self.decoding.get(seq), seq.tag
-            if state is None or item.dropped:
-                continue
-            started = time.perf_counter()
-            try:
-                audio = _finite(samples.result())
-            except Exception as exc:  # noqa: BLE001 - a decode that fails when read fails its item only
-                self._decode_failed(seq, exc)
-                continue
-            item.decode_s += _since(started)
-            if item.incremental and seq.prompt.ref_codes is None:
-                item.joiner.add(index, audio)
-            else:  # ICL: a leading sample is only known at the end; retries: may be discarded
-                state.held.append(audio)
-
     def _last_audio(self, seq, codes: np.ndarray) -> bool:
         """Hand a finished sequence's remaining audio to its item's joiner; False if decoding it raised
         (the item has failed)."""
         item, index = seq.tag
-        if seq in self.decoding:
-            self._read(seq)  # its audio still unread: the item's one wait for the codec (sink errors: the run's)
+        if self.audio is not None and seq in self.audio:
+            self.audio.read(seq)  # its audio still unread: the item's one wait for the codec (sink errors: the run's)
             if item.dropped:
                 return False  # reading it failed the item
         try:
-            if self.streams is None:
+            if self.audio is None:
                 from .reference import decode_codes
 
-                audio = _finite(decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes))
-            elif seq in self.decoding:  # (no stream: EOS before the first frame, no audio)
-                state = self.decoding[seq]
-                end = self.streams.close(state.sid)
-                del self.decoding[seq]
-                audio = np.concatenate([_finite(end.head), *state.held, _finite(end.tail)])
+                audio = finite(decode_codes(self.tts.ckpt, torch.from_numpy(codes), seq.prompt.ref_codes))
+            elif seq in self.audio:  # (no stream: EOS before the first frame, no audio)
+                audio = self.audio.close(seq)
             else:
                 return True
         except Exception as exc:  # noqa: BLE001 - one item's decode fails that item only
@@ -687,11 +554,10 @@ class Pipeline:
 
     def _discard_stream(self, seq) -> None:
         """Forget `seq`'s codec stream, if it has one, without decoding the rest."""
-        if self.streams is not None and seq in self.decoding:
-            self.streams.discard(self.decoding.pop(seq).sid)
-            self.unread = [(s, samples) for s, samples in self.unread if s is not seq]
+        if self.audio is not None:
+            self.audio.discard(seq)
 
-    def _complete(self, item: _Item) -> Outcome:
+    def _complete(self, item: JobState) -> Outcome:
         from ..result import Audio
 
         assert item.joiner.finished
@@ -711,46 +577,10 @@ class Pipeline:
         timings = {"prepare": item.prepare_s, "generate": now - (item.first_added or now) - item.decode_s,
                    "decode": item.decode_s, "total": now - item.started}
         attempts = 1 + max(item.tries.values(), default=0)
-        seeds = None if item.seed is None else [_piece_seed(item, i) for i in range(len(item.pieces))]
+        seeds = None if item.seed is None else [item.piece_seed(i) for i in range(len(item.pieces))]
         return Outcome(item.job, result, seed=item.seed, seeds=seeds, attempts=attempts, pieces=len(item.pieces),
                        timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate,
                        samples=count)
-
-
-def _shares(item: _Item) -> list[int] | None:
-    """The frames each piece of `item` gets from its explicit budget (None: no explicit budget, or
-    one piece). RequestError when the budget is smaller than the number of pieces."""
-    request, params = item.job.request, item.params
-    if len(item.pieces) < 2 or (params.max_frames is None and request.max_seconds is None):
-        return None
-    # The whole item's budget (each share is then capped at frame_cap, as one utterance is).
-    total = params.max_frames
-    if total is None:
-        total = frames_in(request.max_seconds)
-    if total < len(item.pieces):
-        name = "max_frames" if params.max_frames is not None else "max_seconds"
-        frames = f"{total} frame{'' if total == 1 else 's'}"
-        raise RequestError(f"{name}: the item's budget of {frames} cannot be shared by its {len(item.pieces)} "
-                           "pieces (one frame each at least); raise the budget or split the line")
-    return share_frames(total, [prompt.text_tokens for _, prompt in item.pieces])
-
-
-def _cut_budget(item: _Item) -> str | None:
-    """What to warn of when `item`'s explicit budget gives a piece more frames than one utterance of the
-    checkpoint takes (`frame_cap`, from generation_config.json's max_new_tokens): the piece stops there, so
-    the budget asked for is not what it gets (its record's finish_reason `length` is the cap's). None else."""
-    request, params = item.job.request, item.params
-    if params.max_frames is None and request.max_seconds is None:
-        return None  # the derived budget is capped by design (docs/outputs.md)
-    most = max(item.shares) if item.shares is not None else (
-        params.max_frames if params.max_frames is not None else frames_in(request.max_seconds))
-    if most <= params.frame_cap:
-        return None
-    cap = params.frame_cap
-    asked = f"max_frames: {params.max_frames}" if params.max_frames is not None else \
-        f"max_seconds: {request.max_seconds:g} s"
-    return (f"{asked} is more than one utterance of this checkpoint takes: a piece stops at {cap} frames "
-            f"({cap / FRAMES_PER_SECOND:g} s: generation_config.json's max_new_tokens - 1), finish_reason length")
 
 
 def _covers(have, want) -> bool:
@@ -765,18 +595,6 @@ def _covers(have, want) -> bool:
                         max_text_tokens=want.max_text_tokens) == want)
 
 
-def _piece_seed(item: _Item, index: int) -> int | None:
-    """Piece 0 keeps the item's seed; later pieces and runaway retries derive theirs from it.
-
-    A retry reruns only the piece that ran away, so the pieces of one item stay independent.
-    """
-    seed = derive_seed(item.seed, "piece", index)
-    retries = item.tries.get(index, 0)
-    if seed is not None and retries:
-        seed = derive_seed(seed, "retry", retries)
-    return seed
-
-
 @contextmanager
 def _fitting(tts, what: str):
     """An allocation that does not fit on the device (`device.out_of_memory`) becomes one OmniTTSError saying
@@ -788,15 +606,6 @@ def _fitting(tts, what: str):
             raise
         raise OmniTTSError(f"max batch {tts.max_batch}: {what} does not fit in {tts.ckpt.device.type} memory "
                            f"({_one_line(exc)}); lower --max-batch (max_batch in a recipe or in omnitts.load)") from None
-
-
-def _finite(audio: np.ndarray) -> np.ndarray:
-    """`audio`, decoded, unless some sample is NaN or infinite: a file of those is noise or silence that no
-    error would name (soundfile writes NaN as full scale), so its item fails instead."""
-    if not np.isfinite(audio).all():
-        raise FloatingPointError("the codec gave samples that are not numbers (NaN or infinity): a damaged "
-                                 "checkpoint, or a --codec-dtype too narrow for it (float32 is the default)")
-    return audio
 
 
 def _one_line(exc: BaseException) -> str:

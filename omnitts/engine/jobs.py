@@ -1,0 +1,125 @@
+"""What goes through the pipeline: a `Job` in, an `Outcome` out, and a job's state while it runs (`JobState`:
+its pieces, their budgets and seeds)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+from ..errors import RequestError
+from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, frames_in, share_frames
+from ..request import Request
+from .join import StreamJoiner
+
+
+@dataclass
+class Job:
+    """One item to synthesize: what to say, how to sample, and the caller's handle (`key`)."""
+
+    request: Request
+    params: SamplingParams
+    key: object = None
+    prompt: object = None  # an already built Prompt (then the text is not split)
+    alone: bool = False  # run with no other item in the engine (its process died while it ran beside others)
+    fail: str | None = None  # fail at once with this message, nothing run (its process died while it ran alone)
+
+
+@dataclass
+class Outcome:
+    """A finished job: `result` (an `Audio`) or an `error` message."""
+
+    job: Job
+    result: object = None
+    error: str | None = None
+    exception: Exception | None = None  # what raised `error`
+    seed: int | None = None  # the item's seed (assigned when the job had none and samples)
+    seeds: list | None = None  # the seed each piece's kept attempt sampled with (derived from `seed`)
+    attempts: int = 1  # 1 + runaway retries
+    pieces: int = 1  # requests the text was split into
+    timings: dict = field(default_factory=dict)  # seconds: prepare, generate, decode, total
+    sink: object = None  # with a pipeline `sink`: the item's finished, uncommitted AudioSink
+    seconds: float = 0.0  # audio length
+    samples: int = 0  # audio length in samples
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(eq=False)
+class JobState:
+    """A job in flight (the pipeline's): its pieces' prompts, finished pieces and bookkeeping."""
+
+    job: Job
+    params: SamplingParams
+    seed: int | None
+    pieces: list = field(default_factory=list)  # (Request, Prompt) per piece
+    shares: list | None = None  # frames per piece of an explicit budget shared by several pieces
+    done: dict = field(default_factory=dict)  # piece index -> (codes, finish_reason)
+    joiner: StreamJoiner | None = None  # pieces' audio -> the item's audio, in order
+    chunks: list = field(default_factory=list)  # the joined audio so far (without a sink)
+    sink: object = None
+    incremental: bool = True  # audio may leave before its piece ends (False if a retry could undo it)
+    tries: dict = field(default_factory=dict)  # piece index -> runaway retries so far
+    dropped: bool = False
+    admitted: bool = False  # a request of it has been admitted (`started` was told)
+    suspect: bool = False  # running again, alone among suspects, after an engine step failed with it
+    involved: int = 0  # engine failures it shared (it fails at MAX_INVOLVED, however the blame fell)
+    started: float = field(default_factory=time.perf_counter)
+    prepare_s: float = 0.0
+    decode_s: float = 0.0
+    first_added: float | None = None
+
+    def piece_params(self, index: int) -> SamplingParams:
+        """How piece `index` samples: its seed (`piece_seed`), its share of an explicit budget, a definite
+        frame budget."""
+        request, prompt = self.pieces[index]
+        params = replace(self.params, seed=self.piece_seed(index))
+        if self.shares is not None:
+            params = replace(params, max_frames=self.shares[index])
+        return params.with_budget(prompt.text_tokens, request.max_seconds)
+
+    def piece_seed(self, index: int) -> int | None:
+        """Piece 0 keeps the item's seed; later pieces and runaway retries derive theirs from it.
+
+        A retry reruns only the piece that ran away, so the pieces of one item stay independent.
+        """
+        seed = derive_seed(self.seed, "piece", index)
+        retries = self.tries.get(index, 0)
+        if seed is not None and retries:
+            seed = derive_seed(seed, "retry", retries)
+        return seed
+
+    def budget_shares(self) -> list[int] | None:
+        """The frames each piece gets from its explicit budget (None: no explicit budget, or
+        one piece). RequestError when the budget is smaller than the number of pieces."""
+        request, params = self.job.request, self.params
+        if len(self.pieces) < 2 or (params.max_frames is None and request.max_seconds is None):
+            return None
+        # The whole item's budget (each share is then capped at frame_cap, as one utterance is).
+        total = params.max_frames
+        if total is None:
+            total = frames_in(request.max_seconds)
+        if total < len(self.pieces):
+            name = "max_frames" if params.max_frames is not None else "max_seconds"
+            frames = f"{total} frame{'' if total == 1 else 's'}"
+            raise RequestError(f"{name}: the item's budget of {frames} cannot be shared by its {len(self.pieces)} "
+                               "pieces (one frame each at least); raise the budget or split the line")
+        return share_frames(total, [prompt.text_tokens for _, prompt in self.pieces])
+
+    def budget_warning(self) -> str | None:
+        """What to warn of when the job's explicit budget gives a piece more frames than one utterance of the
+        checkpoint takes (`frame_cap`, from generation_config.json's max_new_tokens): the piece stops there, so
+        the budget asked for is not what it gets (its record's finish_reason `length` is the cap's). None else."""
+        request, params = self.job.request, self.params
+        if params.max_frames is None and request.max_seconds is None:
+            return None  # the derived budget is capped by design (docs/outputs.md)
+        most = max(self.shares) if self.shares is not None else (
+            params.max_frames if params.max_frames is not None else frames_in(request.max_seconds))
+        if most <= params.frame_cap:
+            return None
+        cap = params.frame_cap
+        asked = f"max_frames: {params.max_frames}" if params.max_frames is not None else \
+            f"max_seconds: {request.max_seconds:g} s"
+        return (f"{asked} is more than one utterance of this checkpoint takes: a piece stops at {cap} frames "
+                f"({cap / FRAMES_PER_SECOND:g} s: generation_config.json's max_new_tokens - 1), finish_reason length")
