@@ -310,7 +310,9 @@ def _present(value) -> bool:
 
 
 def _raw_id(value):
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    """The id a bad row names, as a good row's is read (`_typed_values`): an integer or a whole float (a pandas
+    integer column with gaps, 7.0) as its digits, so the bad row takes the id "7" as the good row would."""
+    return _typed_values({"id": value})["id"]
 
 
 def _pylist(batch) -> list[dict]:

@@ -155,6 +155,22 @@ def test_stage_maps_columns_and_turns_bad_rows_into_error_rows(ckpt_dir, tmp_pat
     stage.close()
 
 
+def test_a_bad_row_with_a_whole_float_id_takes_that_id_as_a_good_row_would(ckpt_dir, tmp_path):
+    """A pandas integer id column with gaps holds floats (7.0): a good row's is the id "7", so a bad row's is too:
+    recorded under it, and a later row with it is a duplicate, as in a manifest. The bad row was an error row
+    without an id, unrecorded, and the later row ran as "7"."""
+    import pyarrow as pa
+
+    stage = Synthesizer(ckpt_dir("custom_voice"), tmp_path / "out", dtype="float32", greedy=True, max_frames=4)
+    batch = pa.table({"id": [7.0, 8.0, 7.0], "text": ["Hi.", "Yo.", "Again."], "speaker": ["nobody", "ryan", "ryan"]})
+    rows = stage(batch).to_pylist()
+    stage.close()
+    assert [(r["id"], r["status"]) for r in rows] == [("7", "error"), ("8", "ok"), (None, "error")], rows
+    assert "'7' already used" in rows[2]["error"]
+    assert [(r["id"], r["status"]) for r in _records(tmp_path / "out")] == [("7", "error"), ("8", "ok")]
+    assert not (tmp_path / "out" / "7.wav").exists()
+
+
 
 def test_stage_takes_ids_alike_but_for_case_as_one_file_where_the_filesystem_folds_case(ckpt_dir, tmp_path,
                                                                                           monkeypatch):
