@@ -483,6 +483,23 @@ def test_typed_tables_accept_integer_ids_and_whole_float_seeds(tmp_path):
     assert c.message == f"{path}:row 3: seed: expected int, got float" and c.id == "12"
 
 
+def test_decimal_columns_are_numbers_and_whole_decimals_keep_every_digit(tmp_path):
+    """A SQL or Spark export stores numbers as DECIMAL (Parquet's decimal128): they are numbers, as floats are; a
+    whole one in an integer field (a seed past a float's 53 bits) is that integer exactly, and names an id as
+    7 does. They were refused ("max_seconds: expected number, got Decimal")."""
+    from decimal import Decimal
+
+    path = tmp_path / "d.parquet"
+    whole = pa.decimal128(20, 0)
+    pq.write_table(pa.table({"id": pa.array([Decimal(7), Decimal(8)], whole), "text": ["A.", "B."],
+                             "max_seconds": pa.array([Decimal("1.5"), None], pa.decimal128(5, 2)),
+                             "seed": pa.array([Decimal(12345678901234567), Decimal(3)], whole),
+                             "top_k": pa.array([Decimal(5), Decimal("2.5")], pa.decimal128(5, 1))}), path)
+    a, b = iter_manifest(path, None)
+    assert (a.request.id, a.request.max_seconds, a.seed, a.sampling) == ("7", 1.5, 12345678901234567, {"top_k": 5})
+    assert isinstance(b, BadLine) and b.message == f"{path}:row 2: top_k: expected int, got float" and b.id == "8"
+
+
 def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp_path):
     path = tmp_path / "m.csv"
     path.write_text('id,text,speaker,seed,max_seconds,x_vector_only,top_p\n'

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -255,8 +256,12 @@ def _whole(text: str) -> int:
 def _typed_values(row: dict) -> dict:
     """Typed values (JSON, Parquet, Arrow): integer ids become strings (a whole float too: an id column of
     integers with gaps, as pandas stores it), whole floats in integer fields become ints, as pandas writes them
-    (an integer column with gaps is stored as floats, `to_json` writes 7.0)."""
+    (an integer column with gaps is stored as floats, `to_json` writes 7.0), and decimals are numbers."""
     out = dict(row)
+    for name, value in out.items():  # a SQL or Spark DECIMAL column (Parquet's decimal128) holds numbers too
+        if isinstance(value, Decimal) and (name == "id" or FIELDS.get(name) in (int, NUMBER)):
+            whole = value.is_finite() and value == value.to_integral_value()  # exact: a float would round a seed
+            out[name] = int(value) if whole and FIELDS[name] is not NUMBER else float(value)
     if isinstance(out.get("id"), float) and out["id"].is_integer():
         out["id"] = int(out["id"])  # 7.0 is the id 7, "7", not "7.0"
     if isinstance(out.get("id"), int) and not isinstance(out["id"], bool):
