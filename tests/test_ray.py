@@ -453,6 +453,25 @@ def test_cli_ray_end_to_end(ckpt_dir, tmp_path):
     _assert_clean(out)
 
 
+@pytest.mark.slow
+def test_cli_ray_stopped_by_sigterm_exits_143_as_every_run_does(ckpt_dir, tmp_path):
+    """A scheduler's SIGTERM to `omnitts synth --ray` stops it as it stops a run without Ray: the interrupted line
+    and exit code 143. ray.init had taken SIGTERM over: the command exited 15 after a stack dump of Ray's."""
+    rows = [{"id": f"t{i:02d}", "text": f"Sentence {i} of the stop test.", "speaker": "ryan"} for i in range(32)]
+    out = tmp_path / "ray"
+    cmd = [sys.executable, "-m", "omnitts", "synth", str(_manifest(tmp_path / "m.jsonl", rows)), "-m",
+           str(ckpt_dir("custom_voice")), "-o", str(out), "--ray", "--max-frames", "40", "--dtype", "float32"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 300
+    while not ((out / "results.jsonl").exists() and (out / "results.jsonl").read_text()) and time.time() < deadline:
+        assert proc.poll() is None, proc.stderr.read()  # the run ended before any item was recorded
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 143, err
+    assert "SIGTERM received" not in err and f"interrupted: finished items are recorded in {out}" in err, err
+    assert max(Counter(r["id"] for r in _records(out)).values()) == 1
+
 
 @pytest.mark.slow
 def test_cli_ray_counts_a_damaged_file_as_the_one_process_run_does(ckpt_dir, tmp_path):

@@ -122,6 +122,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     stream back; the closing summary and exit code are the normal path's, with results.jsonl (which the
     actors write) the truth for which items have audio. Returns 130/143 if a signal stopped it, else None.
     """
+    import signal
     import warnings
 
     import ray
@@ -148,7 +149,11 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     init = dict(logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
     if address is None:
         init["include_dashboard"] = False
+    # ray.init takes SIGTERM over (its driver's handler exits with code 15, after a stack dump from its core
+    # worker): a scheduler's SIGTERM is ours, a stop that exits 143 as every run's does
+    previous = signal.getsignal(signal.SIGTERM)
     ray.init(address=address, **init)
+    signal.signal(signal.SIGTERM, previous)
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False
