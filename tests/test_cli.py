@@ -736,3 +736,17 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(ckpt_dir, tmp_p
     result = runner.invoke(app, [ckpt if a == "CKPT" else a for a in args])
     assert result.exit_code == 2 and "an empty path" in result.output, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]
+
+
+@pytest.mark.parametrize("args", [
+    ["voice-clone", "-m", "CKPT", "--ref-audio", "https://example.com/a.wav", "--x-vector-only", "--save", "v.safetensors"],
+    ["info", "https://huggingface.co/Qwen/Qwen3-TTS-12Hz-0.6B-Base"]])
+def test_a_url_is_refused_naming_the_option_not_looked_for_as_a_file(ckpt_dir, tmp_path, monkeypatch, args):
+    """`--ref-audio https://host/a.wav` (the official package downloads URLs) said "https:/host/a.wav: reference
+    audio file not found", a path nobody gave. A URL is refused as the option's bad value: omnitts reads local files."""
+    _no_load(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, [str(ckpt_dir("base")) if a == "CKPT" else a for a in args])
+    words = " ".join(result.output.replace("│", " ").split())  # the error box wraps its lines
+    assert result.exit_code == 2 and "is a URL; omnitts reads local files only" in words, result.output
+    assert "file not found" not in words, result.output

@@ -601,6 +601,28 @@ def test_an_empty_path_is_refused_by_the_library_naming_it_not_read_as_the_curre
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.jsonl"]
 
 
+def test_a_url_is_refused_as_a_url_not_looked_for_as_a_file(tts_factory, tmp_path):
+    """The official package downloads a `ref_audio` URL; omnitts runs offline, and pathlib kept a URL as a path of
+    one slash less: `clone_voice("https://host/a.wav")` said "https:/host/a.wav: reference audio file not found", a
+    manifest line looked for it beside the manifest. A URL (or a data: URI) is refused as such, naming the field."""
+    from omnitts.batch.manifest import parse_item
+    from omnitts.errors import RequestError
+
+    tts = tts_factory("base")
+    url, problem = "https://example.com/a.wav", "is a URL; omnitts reads local files only"
+    with pytest.raises(ValueError, match=re.escape(f"ref_audio: {url!r} {problem}")):
+        tts.clone_voice(url, x_vector_only=True)
+    with pytest.raises(ValueError, match=re.escape(f"path: 'https://huggingface.co/Qwen/x' {problem}")):
+        omnitts.load("https://huggingface.co/Qwen/x")
+    for fields in ({"ref_audio": url, "x_vector_only": True}, {"voice": "s3://bucket/v.safetensors"},
+                   {"ref_audio": "data:audio/wav;base64,UklGRiQAAAB=", "ref_text": REF_TEXT}):
+        name = next(iter(fields))
+        with pytest.raises(RequestError, match=rf"^{name}: '[^']+' {problem}"):
+            tts.synthesize("Hi.", max_frames=2, **fields)
+        with pytest.raises(RequestError, match=rf"^{name}: '[^']+' {problem}"):
+            parse_item({"id": "a", "text": "Hi.", **fields}, 1, tmp_path)
+
+
 def test_integer_pcm_samples_are_scaled_as_soundfile_reads_them(tts_factory, tmp_path):
     """A (samples, rate) pair of int16 (scipy.io.wavfile's) was taken unscaled, 32768 times too loud: the voice was
     silently another. Integer PCM is scaled as soundfile scales it; integer types without a PCM meaning are refused."""

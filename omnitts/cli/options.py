@@ -62,8 +62,12 @@ def path(value: str) -> Path:
     """The parser of every path argument and option (with callback=user_path): an empty one is refused, as
     Path("") is ".", so `-o "$OUT"` with OUT unset would write into the current folder. (Named `path`: help
     shows a parser's name as the type.)"""
+    from ..io import url_problem
+
     if not value:
         raise typer.BadParameter("an empty path (an unset shell variable?); give one, or '.' for the current folder")
+    if problem := url_problem(value):
+        raise typer.BadParameter(problem)
     return Path(value)
 
 

@@ -2,18 +2,33 @@
 (`user_path`, `unreachable`)."""
 
 import os
+import re
 from pathlib import Path
+
+_URL = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://|data:)")  # https://..., file:///..., s3://..., data:audio/wav;base64
+
+
+def url_problem(value) -> str | None:
+    """Why `value` is no path, where it is a URL (the official package downloads `ref_audio` URLs and decodes
+    data: URIs; omnitts runs offline), or None. pathlib keeps a URL as a path of one slash less
+    ("https:/host/a.wav"), so "file not found" named a file nobody gave."""
+    if isinstance(value, str) and _URL.match(value.strip()):
+        return (f"{value[:80]!r} is a URL; omnitts reads local files only (it runs offline): "
+                "download it first and give the file's path")
+    return None
 
 
 def user_path(value, name: str = "path") -> Path:
     """A path the user gave, `~` expanded as a shell would: every path omnitts takes reads "~/v.safetensors" as
     the one in the home folder. An unknown "~name" stays as written (its error then says "file not found").
     Anything but a string or path is a TypeError naming the argument `name` (pathlib's names none), an empty
-    one a ValueError."""
+    one or a URL a ValueError."""
     if not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name}: expected a path (a string or os.PathLike), got {type(value).__name__}")
     if os.fspath(value) == "":  # pathlib reads "" as ".": an unset variable would be the current folder
         raise ValueError(f"{name}: empty path (not read as the current folder); give a file or folder")
+    if problem := url_problem(value):
+        raise ValueError(f"{name}: {problem}")
     path = Path(value)
     try:
         return path.expanduser()

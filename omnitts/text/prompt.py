@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RequestError
+from ..io import url_problem
 from ..request import Request, Voice
 from . import empty_text, lone_surrogate, no_transcript
 
@@ -67,11 +68,13 @@ REFERENCE_PATHS = (("ref_audio", "a reference clip"), ("voice", "a saved .safete
 
 def check_reference_paths(field) -> None:
     """RequestError naming the field if `field(name)`, for ref_audio and voice, is a string of no path: an
-    empty one would be read as the current folder (or a manifest's)."""
+    empty one would be read as the current folder (or a manifest's), a URL as a file beside the manifest."""
     for name, what in REFERENCE_PATHS:
         value = field(name)
         if isinstance(value, str) and not value.strip():
             raise RequestError(f"{name}: empty; give the path of {what}")
+        if problem := url_problem(value):
+            raise RequestError(f"{name}: {problem}")
 
 
 def resolve(cfg, req: Request) -> Resolved:
