@@ -86,9 +86,26 @@ class Voice:
             mode = "x-vector only"
         return f"Voice({mode}, checkpoint={self.checkpoint!r})"
 
+    def __eq__(self, other) -> bool:
+        """Voices are equal where they speak alike: the same embedding, reference codes, transcript and checkpoint
+        (the dataclass's == compared the tensors with ==, "RuntimeError: Boolean value of Tensor with more than one
+        value is ambiguous"); `meta` (the clip's name, when the file was saved) is not compared, so a voice equals
+        itself saved and loaded."""
+        if not isinstance(other, Voice):
+            return NotImplemented
+        return (self.ref_text == other.ref_text and self.checkpoint == other.checkpoint
+                and _same_tensor(self.x_vector, other.x_vector) and _same_tensor(self.ref_codes, other.ref_codes))
+
     def save(self, path) -> Path:
         """Write this voice to `path` (.safetensors), atomically; see `save_voice`."""
         return save_voice(self, path)
+
+
+def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Both None, or tensors of one dtype and shape holding the same values (on any devices)."""
+    if a is None or b is None:
+        return a is b
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
 
 
 def checkpoint_identity(folder) -> str:

@@ -536,6 +536,20 @@ def test_a_voice_shows_as_one_line(tts_factory, ref_wav):
                           f"(1,000 characters), checkpoint={tts.identity!r})")
 
 
+def test_voices_compare_by_what_they_speak_saved_and_loaded_alike(tts_factory, ref_wav, tmp_path):
+    """`voice == tts.load_voice(path)` (or `voice in voices`) raised "RuntimeError: Boolean value of Tensor with
+    more than one value is ambiguous" (the dataclass's == of tensors). Voices compare by embedding, reference codes,
+    transcript and checkpoint; the file's meta (when it was saved) does not count."""
+    tts = tts_factory("base")
+    icl, xvec = tts.clone_voice(ref_wav, REF_TEXT), tts.clone_voice(ref_wav, x_vector_only=True)
+    loaded = tts.load_voice(icl.save(tmp_path / "v.safetensors"))
+    assert loaded.meta != icl.meta and loaded == icl and icl == tts.clone_voice(ref_wav, REF_TEXT)
+    assert icl != xvec and xvec == tts.load_voice(xvec.save(tmp_path / "x.safetensors")) and xvec in [icl, xvec]
+    assert icl != tts.clone_voice(ref_wav, "Other words.") and icl != "v.safetensors"
+    other = tts.clone_voice((0.5 * sf.read(ref_wav)[0], 24000), REF_TEXT)
+    assert other != icl and other.x_vector.shape == icl.x_vector.shape
+
+
 @pytest.fixture(scope="module")
 def long_clip(tmp_path_factory):
     """A 31 s clip (16 kHz): over the 30 s a reference may be; x-vector-only cloning uses its first 30 s."""
