@@ -334,6 +334,26 @@ def test_every_option_is_checked_before_the_checkpoint_loads(ckpt_dir, tmp_path,
         assert clone.exit_code == 2 and clone.output.strip() == f"error: {message}", clone.output
 
 
+@pytest.mark.parametrize("device, visible", [("cuda:1", "CUDA_VISIBLE_DEVICES=1"), ("npu:0", "ASCEND_RT_VISIBLE_DEVICES=0")])
+def test_a_device_with_an_index_says_how_to_pick_that_device(ckpt_dir, tmp_path, monkeypatch, device, visible):
+    """`--device cuda:1` (torch's name of one device) read "choose cpu, cuda or npu", naming no way to run on
+    device 1; `omnitts.load(device="cuda:1")` says how. The commands say it too: --devices (synth) or the variable."""
+    _no_load(monkeypatch)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    kind = device.partition(":")[0]
+    result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                 str(tmp_path / "o"), "--device", device])
+    assert result.exit_code == 2 and result.output.strip() == (
+        f"error: --device {device!r}: give the kind, {kind!r}; to run on device {device[-1]}: --devices {device}, "
+        f"or {visible} before the command with --device {kind}"), result.output
+    clone = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", "r.wav", "--x-vector-only",
+                                "--save", str(tmp_path / "v.safetensors"), "--device", device])
+    assert clone.exit_code == 2 and clone.output.strip() == (
+        f"error: --device {device!r}: give the kind, {kind!r}; to run on device {device[-1]}: "
+        f"{visible} before the command with --device {kind}"), clone.output
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("flag, value", [("--retry-runaway", "11"), ("--retry-runaway", "-1"), ("--max-batch", "0"),
                                          ("--max-frames", "0"), ("--split-chars", "-1")])
 def test_numbers_out_of_range_are_refused_before_the_checkpoint_loads(ckpt_dir, tmp_path, monkeypatch, flag, value):

@@ -31,12 +31,20 @@ def show_log(quiet: bool) -> None:
     logger.setLevel(logging.INFO)
 
 
-def check_engine(engine: dict, devices: str | None = None, recipe: Path | None = None) -> None:
+def check_engine(engine: dict, devices: str | None = None, recipe: Path | None = None,
+                 has_devices: bool = True) -> None:
     """Reject a bad device, dtype or codec dtype (and a device this machine lacks) before anything loads;
     `devices`: the --devices list the device kind came from, named in the error instead of --device; `recipe`:
-    the recipe it came from (no --device given), named instead (`--device cuda` was never typed)."""
+    the recipe it came from (no --device given), named instead (`--device cuda` was never typed); `has_devices`:
+    the command takes --devices (synth), which is how one picks a device by its index."""
     from ..recipe import CODEC_DTYPES, DEVICES, DTYPES
 
+    kind, _, index = str(engine["device"]).partition(":")
+    if kind in ("cuda", "npu") and index.isdigit():  # torch's name of one device ("choose cpu, cuda or npu" said)
+        visible = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ASCEND_RT_VISIBLE_DEVICES"
+        how = f"--devices {engine['device']}, or " if has_devices else ""
+        fail(f"--device {engine['device']!r}: give the kind, {kind!r}; to run on device {index}: {how}"
+             f"{visible}={index} before the command with --device {kind}")
     for flag, name, choices in (("--device", "device", DEVICES), ("--dtype", "dtype", DTYPES),
                                 ("--codec-dtype", "codec_dtype", CODEC_DTYPES)):
         if engine[name] not in choices:

@@ -77,7 +77,7 @@ def voice_clone(
     from ..voice import check_replaceable
 
     show_log(False)
-    check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype))
+    check_engine(dict(device=device, dtype=dtype, codec_dtype=codec_dtype), has_devices=False)
     audio_format = check_output(audio_format, None)
     if save is None and text is None and out is None:
         fail("nothing to do: give --save VOICE.safetensors, or --text \"...\" -o DIR, or both")
