@@ -296,6 +296,9 @@ def load_config(ckpt: Path) -> ModelConfig:
     path = ckpt / "config.json"
     top = read_json(path)
     tokenizer_type = top.get("tokenizer_type")
+    if tokenizer_type is None and top.get("model_type") == TOKENIZER_TYPE:  # "not supported" said of a good checkpoint
+        raise CheckpointError(f"{ckpt}: is a checkpoint's codec folder (its speech_tokenizer/); give the checkpoint "
+                              f"directory that holds it ({ckpt.resolve().parent})")
     if tokenizer_type != TOKENIZER_TYPE:
         raise CheckpointError(
             f"{path}: tokenizer_type={tokenizer_type!r} is not supported; omnitts runs "

@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
 
 import omnitts
 from omnitts.errors import CheckpointError
@@ -124,6 +125,20 @@ def test_unsupported_config_field(cv_copy, field, value, message):
     (cv_copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=message):
         omnitts.load(cv_copy)
+
+
+def test_a_checkpoints_codec_folder_is_named_as_such(ckpt_dir):
+    """`-m CKPT/speech_tokenizer` (or `load` of it) said "tokenizer_type=None is not supported; omnitts runs
+    'qwen3_tts_tokenizer_12hz' checkpoints", as if the checkpoint were of another kind: it names the folder above."""
+    from omnitts.cli import app
+
+    ckpt = ckpt_dir("custom_voice")
+    codec = ckpt / "speech_tokenizer"
+    message = f"{codec}: is a checkpoint's codec folder (its speech_tokenizer/); give the checkpoint directory that holds it"
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        omnitts.load(codec)
+    result = CliRunner().invoke(app, ["info", str(codec)])
+    assert result.exit_code == 2 and " ".join(result.output.split()) == f"error: {message} ({ckpt.resolve()})", result.output
 
 
 def test_bfloat16_keeps_codec_float32(ckpt_dir):
