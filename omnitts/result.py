@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import type_label
 from .io import user_path
-from .io.audio import write_audio
+from .io.audio import shape_problem, write_audio
 
 
 @dataclass(eq=False)  # samples are arrays: compare them explicitly
@@ -96,9 +96,11 @@ class Audio:
 
         Raises:
             ValueError: some samples are NaN or infinite, as `save` refuses them (soundfile writes them as
-                full-scale noise)."""
+                full-scale noise), or are not of shape (n,) or (n, channels)."""
         import soundfile as sf
 
+        if problem := shape_problem(self.samples):
+            raise ValueError(f"{problem}; no WAV was made")
         if not np.isfinite(self.samples).all():
             raise ValueError("samples: some are not numbers (NaN or infinity); no WAV was made")
         buffer = io.BytesIO()

@@ -387,6 +387,25 @@ def test_samples_that_are_not_numbers_make_no_wav_bytes_nor_player():
     assert "<audio" not in page and "no WAV was made" in page
 
 
+def test_samples_of_channels_by_time_are_refused_naming_the_shape(tmp_path):
+    """An Audio of (channels, n) samples, as librosa keeps them, failed save with soundfile's "Error opening
+    '.a.wav.omnitts-...tmp': Format not recognised" (n channels), naming a temporary file; `to_wav_bytes` (the
+    notebook's player) likewise. Both name the shape and the fix; (n, channels) is written as before."""
+    samples = (0.3 * np.sin(np.arange(4800) / 10)).astype(np.float32)
+    audio = omnitts.Audio(np.stack([samples, samples]), 24000)
+    shape = r"samples of shape \(2, 4800\) look like \(channels, n\); give mono samples, shape \(n,\), or \(n, channels\)"
+    for ext in ("wav", "flac", "ogg"):
+        with pytest.raises(ValueError, match=rf"a\.{ext}: {shape}: transpose them \(samples\.T\); nothing was written$"):
+            audio.save(tmp_path / f"a.{ext}")
+    with pytest.raises(ValueError, match=rf"^{shape}: transpose them \(samples\.T\); no WAV was made$"):
+        audio.to_wav_bytes()
+    assert "<audio" not in audio._repr_html_() and list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"samples of shape \(1, 2, 4800\); give mono samples"):
+        omnitts.Audio(audio.samples[None], 24000).save(tmp_path / "a.wav")
+    stereo = omnitts.Audio(audio.samples.T, 24000).save(tmp_path / "a.wav")
+    assert sf.info(stereo).channels == 2 and sf.info(stereo).frames == 4800
+
+
 def test_a_path_argument_that_is_no_path_is_named(cv, tmp_path):
     """Audio.save(3), TTS.load_voice(3) and read_results(None) raised pathlib's "expected str, bytes or os.PathLike
     object, not int", naming no argument (and saying bytes, which it refuses)."""

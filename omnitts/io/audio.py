@@ -186,10 +186,24 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(errno.ENOTDIR, "a folder on this path is a file", str(path)) from None
+    if problem := shape_problem(samples):
+        raise ValueError(f"{path}: {problem}; nothing was written")
     if not np.isfinite(samples).all():  # soundfile writes NaN as full scale: noise no error would name
         raise ValueError(f"{path}: some samples are not numbers (NaN or infinity); nothing was written")
     with atomic_write(path) as tmp, os_errors(path):
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
+
+
+def shape_problem(samples) -> str | None:
+    """Why samples to write are no (n,) or (n, channels) array, or None. soundfile takes a (channels, n) array, as
+    librosa keeps them, as n channels and failed "Error opening '.a.wav.omnitts-...tmp': Format not recognised"."""
+    shape = np.shape(samples)
+    if len(shape) == 2 and shape[1] > shape[0]:
+        return (f"samples of shape {shape} look like (channels, n); give mono samples, shape (n,), or (n, channels): "
+                "transpose them (samples.T)")
+    if len(shape) not in (1, 2):
+        return f"samples of shape {shape}; give mono samples, shape (n,), or (n, channels)"
+    return None
 
 
 @contextmanager
