@@ -33,7 +33,7 @@ from .info import checkpoint_info
 from .io import user_path
 from .io.audio import load_reference
 from .params import SamplingParams, check_flag, check_seed, fresh_seed
-from .recipe import type_name, option_problem
+from .recipe import VISIBLE, device_index, option_problem, type_name
 from .request import Request, Voice
 from .sampling import seed_word
 from .result import Audio, Result  # noqa: F401  (Result: the old name of Audio)
@@ -616,12 +616,11 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     elif device == "cuda" and not torch.cuda.is_available():
         raise OmniTTSError("device 'cuda': no CUDA device is visible to torch (load with device='cpu')")
     elif device not in ("cpu", "cuda"):
-        kind, _, index = str(device).partition(":")
-        if kind in ("cuda", "npu") and index.isdigit():  # "cuda" means the current device: one per process
-            visible = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ASCEND_RT_VISIBLE_DEVICES"
+        if one := device_index(device):  # "cuda" means the current device: one per process
+            kind, index = one
             raise OmniTTSError(f"device {device!r}: give the kind, {kind!r}, which runs on the process's current "
                                f"device: choose it first (torch.{kind}.set_device({index}) before loading, or "
-                               f"{visible}={index} before Python starts; on the command line: --devices {device})")
+                               f"{VISIBLE[kind]}={index} before Python starts; on the command line: --devices {device})")
         raise OmniTTSError(f"device {device!r}: choose cpu, cuda or npu")
     try:
         ckpt = load_checkpoint(path, device=device, dtype=dtype, official_tokenizer=official_tokenizer,

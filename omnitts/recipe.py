@@ -28,6 +28,14 @@ from pathlib import Path
 from .errors import OmniTTSError, type_label
 
 DEVICES = ("cpu", "cuda", "npu")
+VISIBLE = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}  # what picks a process's devices
+
+
+def device_index(device) -> tuple[str, str] | None:
+    """(kind, index) where `device` is torch's name of one accelerator ("cuda:1"), else None: omnitts takes the
+    kind, and a process runs on its current device (the variable in VISIBLE chooses which)."""
+    kind, _, index = str(device).partition(":")
+    return (kind, index) if kind in VISIBLE and index.isdigit() else None
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The codec decoder runs in float32 unless asked (the official package decodes in the model's dtype):
 # bfloat16 costs quality and, on CPUs with native bf16, is no faster than the Winograd float32 codec that

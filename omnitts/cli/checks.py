@@ -37,14 +37,13 @@ def check_engine(engine: dict, devices: str | None = None, recipe: Path | None =
     `devices`: the --devices list the device kind came from, named in the error instead of --device; `recipe`:
     the recipe it came from (no --device given), named instead (`--device cuda` was never typed); `has_devices`:
     the command takes --devices (synth), which is how one picks a device by its index."""
-    from ..recipe import CODEC_DTYPES, DEVICES, DTYPES
+    from ..recipe import CODEC_DTYPES, DEVICES, DTYPES, VISIBLE, device_index
 
-    kind, _, index = str(engine["device"]).partition(":")
-    if kind in ("cuda", "npu") and index.isdigit():  # torch's name of one device ("choose cpu, cuda or npu" said)
-        visible = "CUDA_VISIBLE_DEVICES" if kind == "cuda" else "ASCEND_RT_VISIBLE_DEVICES"
+    if one := device_index(engine["device"]):  # torch's name of one device ("choose cpu, cuda or npu" said)
+        kind, index = one
         how = f"--devices {engine['device']}, or " if has_devices else ""
         fail(f"--device {engine['device']!r}: give the kind, {kind!r}; to run on device {index}: {how}"
-             f"{visible}={index} before the command with --device {kind}")
+             f"{VISIBLE[kind]}={index} before the command with --device {kind}")
     for flag, name, choices in (("--device", "device", DEVICES), ("--dtype", "dtype", DTYPES),
                                 ("--codec-dtype", "codec_dtype", CODEC_DTYPES)):
         if engine[name] not in choices:
