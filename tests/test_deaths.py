@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -72,6 +73,34 @@ def test_a_stop_clears_the_running_marks_so_a_kill_after_it_counts_no_death(tmp_
     w.abandon_running()
     w.close()
     assert sweep(tmp_path) == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_writers_taken_down_by_a_stop_leave_no_death_and_earlier_marks_stay(tmp_path):
+    """A command stopped by Ctrl-C or SIGTERM on Ray: Ray ends its actors mid-item, their running claims stay,
+    unlocked. `clear_stopped` clears the marks stamped since the command began (deaths carried from before
+    stay), so the stop counts no death: two stops had an innocent item recorded failed ("died twice")."""
+    from omnitts.batch.claims import clear_stopped
+
+    earlier = Writer(tmp_path)  # a writer that died before the command began: its death counts
+    assert earlier.claim("old")
+    earlier.running("old")
+    earlier.abandon_running()
+    earlier.close()
+    since = time.time() + 0.01
+    time.sleep(0.02)
+    actor = Writer(tmp_path)
+    assert actor.claim("x") and actor.claim("old")  # old: run again (alone) by this command, one death carried
+    actor.running("x")
+    actor.running("old", alone=True)
+    live = Writer(tmp_path)  # another writer, still at work: its claim is not touched
+    assert live.claim("y")
+    live.running("y")
+    actor.abandon_running()  # Ray took it down
+    actor.close()
+    assert clear_stopped(tmp_path, since, wait=0.5) == 2
+    assert deaths_in(_stamp(tmp_path, "x")) == (0, False) and deaths_in(_stamp(tmp_path, "old")) == (1, False)
+    assert _stamp(tmp_path, "y")["running"] is True
+    live.close()
 
 
 def test_an_item_out_of_the_engine_counts_no_death(tmp_path):

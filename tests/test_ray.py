@@ -471,6 +471,11 @@ def test_cli_ray_stopped_by_sigterm_exits_143_as_every_run_does(ckpt_dir, tmp_pa
     assert proc.returncode == 143, err
     assert "SIGTERM received" not in err and f"interrupted: finished items are recorded in {out}" in err, err
     assert max(Counter(r["id"] for r in _records(out)).values()) == 1
+    from omnitts.batch.claims import CLAIM, deaths_in
+
+    # Ray took the actors down mid-item: the stop's doing, so no item carries a death into the next run
+    deaths = {p.name: deaths_in(json.loads(p.read_text())) for p in out.glob(f".*{CLAIM}")}
+    assert not any(count for count, _ in deaths.values()), deaths
 
 
 @pytest.mark.slow

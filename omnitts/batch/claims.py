@@ -286,6 +286,40 @@ def live_writers(out: Path) -> set[str]:
     return live
 
 
+def clear_stopped(out: Path, since: float, wait: float = 10.0) -> int:
+    """Clear the running marks that writers taken down by a stop left: the Ray actors of a command stopped by
+    Ctrl-C or SIGTERM (Ray ends them mid-item). As `Writer.stopping` does for a writer that stops itself, the
+    stop counts no death of their items (two stops had an innocent item recorded failed, "died twice"). Only
+    claims stamped running since `since` (the command's start, `time.time()`) are touched, each once its writer
+    is gone (its lock free), waiting up to `wait` seconds for writers still going down. Returns how many."""
+    deadline, cleared = time.monotonic() + wait, 0
+    while True:
+        pending = 0
+        for path in Path(out).glob(f".*{CLAIM}"):
+            try:
+                stamp = json.loads(path.read_bytes() or b"{}")
+            except (OSError, ValueError):
+                continue
+            if not (isinstance(stamp, dict) and stamp.get("running") is True
+                    and isinstance(stamp.get("since"), (int, float)) and stamp["since"] >= since):
+                continue
+            fd = open_locked(path, create=False) if path.is_file() and not path.is_symlink() else None
+            if fd is None:
+                pending += path.exists()  # its writer is still going down (or it was released just now)
+                continue
+            try:
+                stamp = _read_stamp(fd)  # as it is now that its writer is gone
+                if stamp.get("running") is True:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, json.dumps({k: v for k, v in stamp.items() if k not in ("running", "alone")}).encode(), 0)
+                    cleared += 1
+            finally:
+                os.close(fd)
+        if not pending or time.monotonic() > deadline:
+            return cleared
+        time.sleep(0.2)
+
+
 def sweep(out: Path, kept: set | None = None) -> int:
     """Delete what dead writers left in `out`: their temporary files and unreleased claims, except claims
     that carry an item's deaths (`deaths_in`: the next claimer of the item reads them; their ids are added

@@ -123,6 +123,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     actors write) the truth for which items have audio. Returns 130/143 if a signal stopped it, else None.
     """
     import signal
+    import time
     import warnings
 
     import ray
@@ -136,6 +137,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
         TimeElapsedColumn,
     )
 
+    from ..batch.claims import clear_stopped
     from ..batch.ledger import Ledger
     from ..ray import BATCH_ROWS, dataset_from_items, synthesize_dataset
 
@@ -151,7 +153,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
         init["include_dashboard"] = False
     # ray.init takes SIGTERM over (its driver's handler exits with code 15, after a stack dump from its core
     # worker): a scheduler's SIGTERM is ours, a stop that exits 143 as every run's does
-    previous = signal.getsignal(signal.SIGTERM)
+    previous, started = signal.getsignal(signal.SIGTERM), time.time()
     ray.init(address=address, **init)
     signal.signal(signal.SIGTERM, previous)
     try:
@@ -185,6 +187,8 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
                     _count_row(row, before, tally, console)
                 _advance(progress, tally)
     except KeyboardInterrupt:
+        ray.shutdown()  # takes the actors down mid-item: the stop's doing, not their items' (no death counted)
+        clear_stopped(batch.out, started)
         raise
     except Exception as exc:  # an actor that cannot start (checkpoint, device), a full disk in an actor, ...
         message = str(exc).strip().splitlines()
