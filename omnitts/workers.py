@@ -82,7 +82,7 @@ def parse_devices(devices: str | None, workers: int | None, device: str) -> list
     if len(kinds) > 1:
         raise DevicesError(f"--devices {devices!r}: mixes {' and '.join(kinds)}; one kind per run")
     if workers is not None and workers != len(listed):
-        raise DevicesError(f"--workers {workers} and --devices {devices!r} ({len(listed)} devices) disagree; "
+        raise DevicesError(f"--workers {workers} and --devices {devices!r} ({len(listed)} device{'' if len(listed) == 1 else 's'}) disagree; "
                            "give one of them")
     return listed
 

@@ -354,6 +354,30 @@ def test_a_device_with_an_index_says_how_to_pick_that_device(ckpt_dir, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
+def test_device_and_dtype_names_are_read_in_any_case_as_format_is(ckpt_dir, tmp_path, monkeypatch):
+    """`--device CPU` and `--dtype FLOAT32` were refused ("choose cpu, cuda or npu") while `--format WAV` was
+    taken: the names are read in lower case, so the engine gets exactly the settings the lower-case flags give."""
+    import omnitts.api
+
+    seen = []
+
+    def load(path, **kwargs):
+        seen.append({k: kwargs.get(k) for k in ("device", "dtype", "codec_dtype")})
+        raise omnitts.api.OmniTTSError("stop here")
+
+    monkeypatch.setattr(omnitts.api, "load", load)
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    base = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o")]
+    for flags in (["--device", "CPU", "--dtype", "FLOAT32", "--codec-dtype", "BFloat16"],
+                  ["--device", "cpu", "--dtype", "float32", "--codec-dtype", "bfloat16"]):
+        runner.invoke(app, base + flags)
+    assert seen == [dict(device="cpu", dtype="float32", codec_dtype="bfloat16")] * 2, seen
+    many = runner.invoke(app, base + ["--devices", "CPU,Cpu", "--workers", "3"])
+    assert many.exit_code == 2 and "--devices 'cpu,cpu' (2 devices) disagree" in many.output, many.output
+    one = runner.invoke(app, base + ["--devices", "cpu", "--workers", "2"])
+    assert one.exit_code == 2 and "--devices 'cpu' (1 device) disagree" in one.output, one.output
+
+
 @pytest.mark.parametrize("flag, value", [("--retry-runaway", "11"), ("--retry-runaway", "-1"), ("--max-batch", "0"),
                                          ("--max-frames", "0"), ("--split-chars", "-1")])
 def test_numbers_out_of_range_are_refused_before_the_checkpoint_loads(ckpt_dir, tmp_path, monkeypatch, flag, value):

@@ -96,11 +96,17 @@ TextMaxFrames = Annotated[Optional[int], option("--max-frames", panel=DECODING, 
                                                 help="Frame budget of --text (12.5 frames/s).")]
 TextSeed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N", callback=_seed,
                                            help="Seed of --text (64-bit; the line printed gives the one drawn).")]
-Dtype = Annotated[Optional[str], option("--dtype", panel=ENGINE, metavar="TYPE",
+def _folded(value: str | None) -> str | None:
+    """A name option's callback: `--device CUDA`, `--dtype BFloat16` mean their lower-case names, as `--format WAV`
+    means wav (the names are all lower case; a recipe's values are checked as written)."""
+    return None if value is None else value.strip().lower()
+
+
+Dtype = Annotated[Optional[str], option("--dtype", panel=ENGINE, metavar="TYPE", callback=_folded,
                                          help="auto, float32, bfloat16 or float16. [default: auto]")]
-CodecDtype = Annotated[Optional[str], option("--codec-dtype", panel=ENGINE, metavar="TYPE",
+CodecDtype = Annotated[Optional[str], option("--codec-dtype", panel=ENGINE, metavar="TYPE", callback=_folded,
                                               help="float32, or bfloat16 (faster, lossier). [default: float32]")]
-Device = Annotated[Optional[str], option("--device", panel=ENGINE, metavar="NAME",
+Device = Annotated[Optional[str], option("--device", panel=ENGINE, metavar="NAME", callback=_folded,
                                           help="cpu, cuda, npu. [default: cpu]")]
 MaxBatch = Annotated[Optional[int], option("--max-batch", panel=ENGINE, metavar="N", min=1,
                                             help="Requests decoded together. [default: 8]")]
@@ -110,7 +116,7 @@ Deterministic = Annotated[bool, option("--deterministic", panel=ENGINE,
                                          help="Bitwise audio in any batch.")]
 Workers = Annotated[Optional[int], option("--workers", panel=ENGINE, metavar="N",
                                           help="Engine processes, one per device (cpu: up to one per core); with --ray: actors.")]
-Devices = Annotated[Optional[str], option("--devices", panel=ENGINE, metavar="LIST",
+Devices = Annotated[Optional[str], option("--devices", panel=ENGINE, metavar="LIST", callback=_folded,
                                            help="One worker per device: cuda:0,cuda:1 / npu:0-7 / cpu,cpu.")]
 RecipeOpt = Annotated[Optional[Path], option("--recipe", "-r", callback=user_path, parser=path, panel=ENGINE, metavar="FILE",
                                               help="TOML settings; flags win.")]
