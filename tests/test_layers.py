@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnitts.device.cpu_weights import PackedLinear, Widener, can_pack
+from omnitts.models.kv_cache import KVCache
 from omnitts.models.layers import (
     Attention,
     DecoderStack,
     GatedMLP,
-    KVCache,
     RMSNorm,
     RopeTable,
     apply_rope,

@@ -22,7 +22,8 @@ from omnitts.device.npu import FusionAttention, torch_npu_mismatch
 from omnitts.engine import Engine, EngineConfig
 from omnitts.engine.reference import predict_residuals, predictor_cache, predictor_frame_cache
 from omnitts.errors import OmniTTSError
-from omnitts.models.layers import FrameKVCache, StaticKVCache, sdpa_attention
+from omnitts.models.kv_cache import FrameKVCache, StaticKVCache
+from omnitts.models.layers import sdpa_attention
 from omnitts.params import RowParams, SamplingParams
 from omnitts.request import Request
 from omnitts.sampling import Plan

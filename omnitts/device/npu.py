@@ -78,7 +78,7 @@ def auto_dtype() -> str:
 class FusionAttention:
     """`torch_npu.npu_fusion_attention` as an attention kernel `(q, k, v, mask, causal) -> out`.
 
-    Meant for `models.layers.StaticKVCache`: q (B, N, T, D) against all S positions of the fixed
+    Meant for `models.kv_cache.StaticKVCache`: q (B, N, T, D) against all S positions of the fixed
     K/V buffers (B, Nkv, S, D), with a boolean (1, 1, T, S) mask (True = attend). Every call of a
     frame has the same shapes and no per-call lengths (`actual_seq_qlen/kvlen` stay unset), so a
     captured NPU graph replays it without parameter updates.

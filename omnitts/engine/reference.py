@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from .. import sampling
-from ..models.layers import FrameKVCache, KVCache, StaticKVCache
+from ..models.kv_cache import FrameKVCache, KVCache, StaticKVCache
 from ..params import RowParams, SamplingParams, fresh_seed
 from ..text.prompt import Prompt
 

@@ -16,7 +16,7 @@ import torch
 
 from .. import sampling
 from ..device.copies import upload
-from ..models.layers import FrameKVCache, StaticKVCache
+from ..models.kv_cache import FrameKVCache, StaticKVCache
 from .reference import predict_residuals
 from .state import SlotCache, SlotState
 
