@@ -5,6 +5,7 @@ can, says how to fix it. The CLI prints the message alone (no traceback) and exi
 """
 
 import builtins
+import difflib
 
 
 def type_label(kind: type) -> str:
@@ -14,6 +15,12 @@ def type_label(kind: type) -> str:
     if kind.__module__ != "builtins" and hasattr(builtins, name):
         return f"{kind.__module__}.{name}"
     return name
+
+
+def did_you_mean(name: str, valid) -> str:
+    """' (did you mean 'speaker'?)' when `name` is close to one of `valid` (a typo), else ''."""
+    close = difflib.get_close_matches(str(name), list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class OmniTTSError(Exception):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import numbers
 import random
@@ -10,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from .errors import type_label
+from .errors import did_you_mean, type_label
 from .sampling import seed_word
 
 FRAMES_PER_SECOND = 12.5
@@ -139,9 +138,8 @@ class SamplingParams:
             raise ValueError(f"frame_cap: this checkpoint's ({values['frame_cap']} frames, from generation_config.json's "
                              "max_new_tokens), not a request's; set max_frames (or max_seconds) below it")
         if unknown := sorted(set(overrides) - names):
-            close = difflib.get_close_matches(unknown[0], names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"unknown sampling parameter(s) {unknown}{hint}; valid: {sorted(names)}")
+            raise ValueError(f"unknown sampling parameter(s) {unknown}{did_you_mean(unknown[0], sorted(names))}; "
+                             f"valid: {sorted(names)}")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import OmniTTSError, type_label
+from .errors import OmniTTSError, did_you_mean, type_label
 
 DEVICES = ("cpu", "cuda", "npu")
 VISIBLE = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}  # what picks a process's devices
@@ -170,7 +170,8 @@ def load_recipe(path) -> Recipe:
         raise RecipeError(f"{path}: not valid TOML ({exc})") from None
     unknown = [key for key in data if key not in KEYS]
     if unknown:
-        raise RecipeError(f"{path}: {unknown[0]}: unknown key; valid keys are {', '.join(KEYS)}")
+        raise RecipeError(f"{path}: {unknown[0]}: unknown key{did_you_mean(unknown[0], KEYS)}; valid keys are "
+                          f"{', '.join(KEYS)}")
     return Recipe(**data, path=path)
 
 

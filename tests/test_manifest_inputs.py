@@ -41,6 +41,7 @@ BAD = [
     ({"id": "blank", "text": "   ", "speaker": "ryan"}, "text: empty"),
     ({"id": "unseen", "text": "\u200b\ufeff \u200d", "speaker": "ryan"}, "text: empty (only invisible characters such as U+200B)"),
     ({"id": "extra", "text": "Hi.", "speaker": "ryan", "volume": 3}, "volume: unknown field"),
+    ({"id": "typo", "text": "Hi.", "speakr": "ryan"}, "speakr: unknown field (did you mean 'speaker'?); valid fields"),
     ({"id": "seedtype", "text": "Hi.", "speaker": "ryan", "seed": "7"}, "seed: expected int, got str"),
     ({"id": "flag", "text": "Hi.", "speaker": "ryan", "non_streaming": "yes"}, "non_streaming: expected bool, got str"),
     ({"id": "spk", "text": "Hi.", "speaker": "bob"}, "speaker: 'bob' is not known"),
@@ -473,6 +474,8 @@ def test_table_errors_name_rows_fields_and_columns(ckpt_dir, tmp_path):
         "one with --text-column NAME"), taken.output
     bad_option = runner.invoke(app, ["validate", str(path), "-m", model, "--column", "pitch=sentence"])
     assert bad_option.exit_code == 2 and "unknown field 'pitch'" in bad_option.output
+    typo = runner.invoke(app, ["validate", str(path), "-m", model, "--column", "langauge=lang"])
+    assert typo.exit_code == 2 and "unknown field 'langauge' (did you mean 'language'?)" in typo.output, typo.output
 
 
 def test_typed_tables_accept_integer_ids_and_whole_float_seeds(tmp_path):

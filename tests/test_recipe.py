@@ -43,7 +43,7 @@ def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
     path = _recipe(tmp_path, 'device = "cpu"\nmax_batchs = 4\n')
     with pytest.raises(RecipeError) as err:
         load_recipe(path)
-    assert str(err.value) == f"{path}: max_batchs: unknown key; valid keys are {', '.join(KEYS)}"
+    assert str(err.value) == f"{path}: max_batchs: unknown key (did you mean 'max_batch'?); valid keys are {', '.join(KEYS)}"
     assert "max_batch" in KEYS and "env" in KEYS and "path" not in KEYS
 
 

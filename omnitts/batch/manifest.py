@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import OmniTTSError, RequestError, type_label
+from ..errors import OmniTTSError, RequestError, did_you_mean, type_label
 from ..io import unreachable, user_path
 from ..params import LARGEST, seed_problem
 from ..request import Request
@@ -93,7 +93,8 @@ def column_map(specs=(), id_column: str | None = None, text_column: str | None =
         if not name or not column:
             raise OmniTTSError(f"--column {spec!r}: expected FIELD=COLUMN, e.g. text=sentence")
         if name not in FIELDS:
-            raise OmniTTSError(f"--column {spec!r}: unknown field {name!r}; valid fields are {', '.join(FIELDS)}")
+            raise OmniTTSError(f"--column {spec!r}: unknown field {name!r}{did_you_mean(name, FIELDS)}; valid "
+                               f"fields are {', '.join(FIELDS)}")
         if mapping.get(name, column) != column:
             raise OmniTTSError(f"{name}: mapped to two columns, {mapping[name]!r} and {column!r}")
         other = next((f for f, c in mapping.items() if c == column and f != name), None)
@@ -108,7 +109,8 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
     columns = columns or {}
     unknown = sorted(set(obj) - set(FIELDS))
     if unknown:
-        raise RequestError(f"{unknown[0]}: unknown field; valid fields are {', '.join(FIELDS)}")
+        raise RequestError(f"{unknown[0]}: unknown field{did_you_mean(unknown[0], FIELDS)}; valid fields are "
+                           f"{', '.join(FIELDS)}")
     check_fields(obj)
     item_id = obj.get("id")
     if not item_id:
