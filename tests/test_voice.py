@@ -380,7 +380,8 @@ def test_cli_text_writes_a_playable_file_and_the_voice(ckpt_dir, ref_wav, tmp_pa
                                  "--format", "flac", "--language", "english", "--greedy", "--max-frames", "6",
                                  "--save", str(voice)])
     assert result.exit_code == 0, result.output
-    assert f"wrote {out} (" in result.output
+    # (finish_reason "length" read as a word of the line: the budget is named)
+    assert f"wrote {out} (0.48 s, 6 frames, cut at the frame budget; x-vector only voice)" in result.output, result.output
     audio, rate = sf.read(out)
     assert rate == 24000 and audio.shape == (6 * 1920,) and np.abs(audio).max() > 0
     assert load_voice(voice)[1]["mode"] == "x_vector_only"

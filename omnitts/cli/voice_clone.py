@@ -142,8 +142,8 @@ def voice_clone(
                                         seed=seed)
             path = result.save(out / f"{item_id}.{audio_format}")
             seeded = "" if result.seed is None else f"; seed {result.seed}"  # None: greedy, nothing drawn
-            typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {result.finish_reason}; "
-                       f"{mode} voice{seeded})")
+            ended = "ended by the model" if result.finish_reason == "eos" else "cut at the frame budget"
+            typer.echo(f"wrote {path} ({result.duration:.2f} s, {result.frames} frames, {ended}; {mode} voice{seeded})")
         made = []
     except RequestError as exc:
         fail(_flag_named(str(exc)))
