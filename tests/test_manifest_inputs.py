@@ -527,6 +527,19 @@ def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp
     assert all(e.message.startswith(f"{path}:{e.line}: ") for e in entries if isinstance(e, BadLine))
 
 
+def test_a_csv_nul_byte_past_the_first_64_kib_is_refused_on_its_line(ckpt_dir, tmp_path):
+    """A NUL byte in a CSV's first 64 KiB refuses the file as binary; one further on went into the text without a
+    word. Now that line is bad, naming its column, and the lines around it are read."""
+    path = tmp_path / "m.csv"
+    filler = "".join(f"{i},{'x' * 100},ryan\n" for i in range(1000))  # > 64 KiB before the NUL
+    path.write_text("id,text,speaker\n" + filler + "nul,Bad\0text.,ryan\nz,Hi.,ryan\n", encoding="utf-8")
+    *_, bad, last = iter_manifest(path, load_config(ckpt_dir("custom_voice")))
+    assert isinstance(bad, BadLine)
+    assert bad.message == (f"{path}:1002: text: a NUL byte at character 4 is not text (the file may be damaged or "
+                           "have binary data pasted in; remove it)")
+    assert isinstance(last, Item) and last.request.id == "z"
+
+
 def test_csv_cells_lose_the_spaces_around_them_as_the_header_does(ckpt_dir, tmp_path):
     """"a, Hello., ryan" is a common way to write CSV: the speaker is ryan, not ' ryan' (unknown); a cell of
     spaces is empty, so absent."""

@@ -53,6 +53,17 @@ def _not_utf8(text: str) -> str | None:
     return f"not UTF-8 text ({what} at column {at + 1}; save the file as UTF-8)"
 
 
+def _nul_cell(columns: list[str], cells: list[str]) -> str | None:
+    """What is wrong with a CSV record holding a NUL byte (None: nothing): `_check_text` refuses a file with one
+    in its first 64 KiB as binary; one further on is refused on its line, naming the column, not read into a text."""
+    for i, cell in enumerate(cells):
+        if "\0" in cell:
+            name = columns[i] if i < len(columns) and columns[i] else f"cell {i + 1}"
+            return (f"{name}: a NUL byte at character {cell.index(chr(0)) + 1} is not text (the file may be damaged "
+                    "or have binary data pasted in; remove it)")
+    return None
+
+
 class _TwiceGiven(Exception):
     """A JSON object naming a key twice (json.loads would keep the last value without a word)."""
 
@@ -239,6 +250,8 @@ class CsvSource:
                 if isinstance(cells, str):
                     yield number, cells
                 elif (problem := _not_utf8(self.delimiter.join(cells))) is not None:
+                    yield number, problem
+                elif (problem := _nul_cell(self.columns, cells)) is not None:
                     yield number, problem
                 elif len(cells) > width:
                     yield number, (f"{len(cells)} cells but the header names {width} columns "
