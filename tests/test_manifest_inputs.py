@@ -570,6 +570,19 @@ def test_csv_and_tsv_integer_cells_take_whole_floats_as_pandas_writes_them(ckpt_
         assert e.message == f"{path}:6: top_k: expected an integer, got '2.5'"
 
 
+def test_csv_number_cells_are_read_as_json_numbers(ckpt_dir, tmp_path):
+    """Python's int() and float() read "1_000" and other scripts' digits; a JSON line refuses them, and so does a
+    CSV cell now (1e3 is a JSON number, read as 1000 as in a JSON line)."""
+    path = tmp_path / "m.csv"
+    path.write_text("id,text,speaker,seed,temperature\n"
+                    "a,Hi.,ryan,1_000,\nb,Hi.,ryan,\u0661\u0662,\nc,Hi.,ryan,,1_0\nd,Hi.,ryan,1e3,0.5\n", encoding="utf-8")
+    a, b, c, d = iter_manifest(path, load_config(ckpt_dir("custom_voice")))
+    assert [x.message for x in (a, b, c)] == [f"{path}:2: seed: expected an integer, got '1_000'",
+                                              f"{path}:3: seed: expected an integer, got '\u0661\u0662'",
+                                              f"{path}:4: temperature: expected a number, got '1_0'"]
+    assert isinstance(d, Item) and d.seed == 1000 and d.sampling == {"temperature": 0.5}
+
+
 def test_json_lines_take_integer_ids_and_whole_floats_as_tables_do(ckpt_dir, tmp_path):
     """pandas' `to_json(orient="records", lines=True)` writes an integer column with gaps as 7.0 and an
     integer id as 7: read as Parquet's are; a fraction where an integer is expected is still refused."""

@@ -233,14 +233,22 @@ def _from_text(row: dict) -> dict:
                     raise ValueError
                 value = text.lower() in _TRUE
             elif kind is int:
-                value = _whole(text)
+                value = _whole(_json_number(text))
             elif kind == NUMBER:
-                value = float(text)
+                value = float(_json_number(text))
         except ValueError:
             expected = {bool: "true or false", int: "an integer"}.get(kind, "a number")
             raise RequestError(f"{name}: expected {expected}, got {value!r}") from None
         out[name] = value
     return out
+
+
+def _json_number(text: str) -> str:
+    """`text` where it is written as a JSON number may be, else ValueError: Python's int() and float() also read
+    "1_000" and other scripts' digits ("\u0661\u0662", Arabic-Indic 12), which a JSON line refuses."""
+    if "_" in text or not text.isascii():
+        raise ValueError(text)
+    return text
 
 
 def _whole(text: str) -> int:
