@@ -204,6 +204,20 @@ def test_ids_alike_but_for_case_are_duplicates_only_where_the_output_folder_fold
     assert [e.request.id for e in kept if isinstance(e, Item)] == ["alice", "ALICE", "bob", "Carol"]
 
 
+def test_validate_warns_of_ids_alike_but_for_case(ckpt_dir, tmp_path):
+    """validate knows no OUT: ids alike but for case, which synth refuses on a case-folding OUT (macOS, Windows),
+    were two good lines without a word. Now a warning on stderr names both lines; they stay good (exit 0)."""
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(_line({"id": i, "text": "Hi.", "speaker": "ryan"}) + "\n" for i in ("alice", "bob", "ALICE")),
+                    encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(path), "-m", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{path}: 3 good, 0 bad\n"
+    assert result.stderr == (f"warning: {path}:3: id: 'ALICE' differs only in case from line 1's 'alice': one file "
+                             "where OUT's filesystem folds case (macOS, Windows, vfat/exFAT, SMB), where synth refuses "
+                             "this line; give it another id\n")
+
+
 def _voice_file(path, ckpt, identity=None, hidden=None):
     """A saved x-vector voice for checkpoint `ckpt` (its identity and hidden size unless given), no model needed."""
     import torch

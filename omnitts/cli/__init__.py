@@ -382,6 +382,7 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     from ..config import load_config
 
     good = bad = 0
+    folded: dict[str, tuple[int, str]] = {}  # id.lower() -> (line, id): synth refuses the later on a case-folding OUT
     try:
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
         for entry in iter_manifest(manifest, cfg, columns, split_chars):
@@ -390,8 +391,14 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
             if isinstance(entry, BadLine):
                 bad += 1
                 typer.echo(entry.message)
-            else:
-                good += 1
+                continue
+            good += 1
+            item_id = entry.request.id
+            line, first = folded.setdefault(item_id.lower(), (entry.line, item_id))
+            if first != item_id:
+                typer.echo(f"warning: {manifest}:{entry.line}: id: {item_id!r} differs only in case from line {line}'s "
+                           f"{first!r}: one file where OUT's filesystem folds case (macOS, Windows, vfat/exFAT, SMB), "
+                           "where synth refuses this line; give it another id", err=True)
     except OmniTTSError as exc:
         fail(str(exc))
     typer.echo(f"{manifest}: {good} good, {bad} bad")
