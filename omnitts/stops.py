@@ -23,13 +23,22 @@ def interrupt(signum, frame):
 
 def install() -> None:
     """SIGINT and SIGTERM stop at once (`interrupt`): SIGTERM as Ctrl-C does, and Ctrl-C also where the shell
-    started omnitts with SIGINT ignored (a background job). synth's graceful stop takes both over once items run."""
+    started omnitts with SIGINT ignored (a background job). SIGHUP (the terminal closed) stops as SIGTERM does,
+    exit 129, unless it is ignored (`nohup`): then it stays so. synth's graceful stop takes them over once items
+    run."""
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
+    if hangup_stops():
+        signal.signal(signal.SIGHUP, interrupt)
+
+
+def hangup_stops() -> bool:
+    """Whether SIGHUP is ours to handle: it is not ignored (`nohup omnitts ...` ignores it, to run on)."""
+    return signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
 
 
 def exit_code(exc: KeyboardInterrupt) -> int:
-    """A stop's exit code: 130 for Ctrl-C, 143 for SIGTERM (`Interrupt` carries it)."""
+    """A stop's exit code: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP (`Interrupt` carries it)."""
     return getattr(exc, "exit_code", 130)
 
 

@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import DeviceFailed, OmniTTSError
+from .stops import hangup_stops
 
 ACCELERATORS = ("cuda", "npu")
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_CODES = tuple(128 + s for s in _STOP_SIGNALS)  # a worker's exit code after one of them: 130, 143, 129
 MAX_WORKERS = 1024  # worker processes on one machine at most: a list of a billion (a typo) is refused, not built
 _ENTRY = re.compile(r"^(cpu|cuda|npu)(?::(\d+)(?:-(\d+))?)?$")
 
@@ -161,7 +163,8 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     when a signal stopped it, 2 for an omnitts error (bad checkpoint, device), 1 for any other."""
     stop = _Stop()
     for signum in _STOP_SIGNALS:
-        signal.signal(signum, stop.handle)
+        if signum != signal.SIGHUP or hangup_stops():  # nohup's ignored SIGHUP stays ignored
+            signal.signal(signum, stop.handle)
 
     sending = threading.Lock()  # the main thread (warnings) and the saver thread (records) both send
 
@@ -461,11 +464,11 @@ class Pool:
             return None
         if code < 0:
             reason = f"killed by {signal.Signals(-code).name}"
-        elif code in (130, 143):
-            reason = f"stopped by {'SIGINT' if code == 130 else 'SIGTERM'}"
+        elif code in STOP_CODES:
+            reason = f"stopped by {signal.Signals(code - 128).name}"
         else:
             reason = f"exited with code {code}"
-        return Ended(index, self.devices[index], reason, stopped=bool(self.stopping) and code in (130, 143))
+        return Ended(index, self.devices[index], reason, stopped=bool(self.stopping) and code in STOP_CODES)
 
     def all_finished(self) -> bool:
         """Every worker ended normally (exit code 0): each walked the whole manifest."""

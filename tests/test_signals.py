@@ -38,12 +38,13 @@ def _manifest(path, long_seconds: float, count: int):
 class _Synth:
     """`python -m omnitts synth` in a subprocess, its stderr collected line by line as it comes."""
 
-    def __init__(self, manifest, ckpt, out):
+    def __init__(self, manifest, ckpt, out, nohup: bool = False):
         cmd = [sys.executable, "-m", "omnitts", "synth", str(manifest), "-m", str(ckpt), "-o", str(out), "--greedy",
                "--max-batch", str(BATCH), "--quiet"]
         self.out = out
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"))
+                                     env=dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200"),
+                                     preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None)
         self.err: list[str] = []
         self.reader = threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True)
         self.reader.start()
@@ -69,7 +70,8 @@ class _Synth:
 SIGNALS = pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["int", "term"])
 
 
-@SIGNALS
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+                         ids=["int", "term", "hup"])
 def test_one_sigint_finishes_the_running_items_and_starts_no_more(ckpt_dir, tmp_path, sig, code):
     rows = _manifest(tmp_path / "m.jsonl", long_seconds=6.4, count=LONG)  # 80 frames each
     run = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out")
@@ -122,6 +124,18 @@ def test_a_second_sigint_drops_the_running_items_and_the_run_resumes(ckpt_dir, t
     for r in records:
         assert sf.info(run.out / r["path"]).frames == r["frames"] * 1920
     assert not list(run.out.glob(".*.tmp"))
+
+
+def test_sighup_under_nohup_is_ignored_and_the_run_goes_on(ckpt_dir, tmp_path):
+    """SIGHUP stops a run as SIGTERM does (exit 129, above), but not one started with it ignored (`nohup`): the
+    terminal closing must not stop it."""
+    rows = _manifest(tmp_path / "m.jsonl", long_seconds=0.4, count=3)
+    run = _Synth(tmp_path / "m.jsonl", ckpt_dir("custom_voice"), tmp_path / "out", nohup=True)
+    run.wait_for(lambda: run.records(), "the first record")
+    run.proc.send_signal(signal.SIGHUP)
+    err = run.finish()
+    assert run.proc.returncode == 0, err
+    assert sorted(r["id"] for r in run.records()) == sorted(r["id"] for r in rows)
 
 
 SLOW_IMPORT = """

@@ -250,7 +250,8 @@ def test_a_write_error_in_a_worker_ends_the_run_with_one_line_naming_the_file(ck
     _check_directory(out, ids)
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["term", "int"])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)],
+                         ids=["term", "int", "hup"])
 def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code):
     manifest, ids = _manifest(tmp_path, count=24)
     out = tmp_path / "out"
@@ -278,7 +279,8 @@ if "spawn_main" in open("/proc/self/cmdline", "rb").read().decode(errors="replac
 """
 
 
-@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["term", "int"])
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)],
+                         ids=["term", "int", "hup"])
 def test_a_signal_while_the_workers_are_still_starting_stops_them_cleanly(ckpt_dir, tmp_path, monkeypatch, sig,
                                                                             code):
     """A stop that the parent passes on before a worker has its handlers (still importing, as on a loaded

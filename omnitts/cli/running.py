@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from ..errors import DeviceFailed, OmniTTSError
-from ..stops import Interrupt, exit_code
+from ..stops import Interrupt, exit_code, hangup_stops
 from .options import fail, plural, warning_line, warnings_as_lines
 
 
@@ -452,10 +452,11 @@ def _quiet(progress, quiet: bool):
 class _GracefulStop:
     """First Ctrl-C or SIGTERM: stop starting items, finish the running ones. Second: interrupt at once.
 
-    SIGTERM (what `kill`, schedulers and `docker stop` send) is handled as Ctrl-C is: the run exits 143.
+    SIGTERM (what `kill`, schedulers and `docker stop` send) is handled as Ctrl-C is: the run exits 143;
+    SIGHUP (the terminal closed) too, exit 129, unless it is ignored (`nohup`).
     """
 
-    SIGNALS = ("SIGINT", "SIGTERM")
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
     def __init__(self, console, progress=None):
         self.console = console
@@ -475,7 +476,7 @@ class _GracefulStop:
         self.exit_code = 128 + signum
         if self.progress is not None:
             _stop_eta(self.progress)
-        again = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM or Ctrl-C"
+        again = "Ctrl-C" if signum == signal.SIGINT else f"{signal.Signals(signum).name} or Ctrl-C"
         self.console.print(f"stopping: finishing the items in progress ({again} again to drop them)")
 
     def __enter__(self):
@@ -486,6 +487,8 @@ class _GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for name in self.SIGNALS:
                 number = getattr(signal, name)
+                if number == signal.SIGHUP and not hangup_stops():
+                    continue  # nohup: a closed terminal does not stop the run
                 self.previous[number] = signal.signal(number, self._handle)
         return self
 
