@@ -269,6 +269,44 @@ def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code)
         assert sf.read(out / record["path"])[0].size == record["samples"]
 
 
+_FULL_DISK = """
+import errno, os
+
+if os.environ.get("TEST_FULL_DISK"):  # every worker's disk is full from the item named on: ENOSPC at its rename
+    from omnitts.io import audio
+
+    commit = audio.AudioSink.commit
+
+    def full(sink):
+        if sink.path.stem >= os.environ["TEST_FULL_DISK"]:
+            raise OSError(errno.ENOSPC, "No space left on device", str(sink.path))
+        return commit(sink)
+
+    audio.AudioSink.commit = full
+"""
+
+
+def test_a_full_disk_under_workers_is_one_closing_line_not_each_workers_errno(ckpt_dir, tmp_path, monkeypatch):
+    """A full disk under --workers said, per worker, `error: worker 1 (cpu): [Errno 28] No space left on device:
+    '.../item-05.wav'` and `worker 1 (cpu) died: exited with code 1; the others take over its items` (no other
+    could) before the closing `no space left on OUT` line. Now each worker is said to have stopped for it, the
+    closing line says what to do, exit 1, and the same command resumes once there is space."""
+    manifest, ids = _manifest(tmp_path)
+    out, hooks = tmp_path / "out", tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(_FULL_DISK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("TEST_FULL_DISK", "item-04")
+    code, err = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")
+    flat = " ".join(err.split())  # the console wraps long lines
+    assert code == 1 and "Errno" not in flat and "died" not in flat, err
+    assert re.search(rf"worker \d \(cpu\) stopped; no space left on {re.escape(str(out))}", flat), err
+    assert re.search(rf"error: no space left on {re.escape(str(out))}: \d+ items? done in this run", flat), err
+    monkeypatch.delenv("TEST_FULL_DISK")
+    assert _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")[0] == 0
+    _check_directory(out, ids)
+
+
 _SLOW_START = """
 import os
 import time

@@ -354,7 +354,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                 progress.add_task("synthesizing", total=good + bad, rate="")
             elif kind == "record" and event[3] != "ok":
                 console.print(f"error: {event[2]}: {event[4]}")
-            elif kind == "error":
+            elif kind == "error" and event[3] != "disk":  # a full disk: said once, by the closing line
                 console.print(f"error: {who}: {event[2]}")
             elif kind == "warning":
                 warning_line(event[2], set() if shown is None else shown)
@@ -367,6 +367,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                 else:
                     rest = "its items are left for the next run"
                 how = "stopped" if ended.broke else f"died: {ended.reason}"
+                if pool.errors.get(index, ("", ""))[1] == "disk":  # not a death: the closing line says what to do
+                    how, rest = "stopped", f"no space left on {batch.out}"
                 console.print(f"{who} {how}; {rest}")
             if progress.task_ids:
                 _advance(progress, tally)
