@@ -152,8 +152,7 @@ def synth(
 
     Exit code 0 when every item has audio; 1 when some have none (failed in this run or an
     earlier one), a write failed (a full disk...) or MANIFEST changed during the run; 2 for a usage error, a bad
-    file or --out, or a bad line with --strict; 130 on Ctrl-C; 143 on SIGTERM; 129 on SIGHUP (the terminal closed;
-    nohup keeps it ignored).
+    file or --out, or a bad line with --strict; 130 on Ctrl-C; 143 on SIGTERM; 129 on SIGHUP.
     """
     from ..batch.ledger import NAME as LEDGER_NAME
     from ..batch.manifest import BadLine, column_map, iter_manifest
