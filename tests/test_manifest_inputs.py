@@ -218,6 +218,20 @@ def test_validate_warns_of_ids_alike_but_for_case(ckpt_dir, tmp_path):
                              "this line; give it another id\n")
 
 
+def test_validate_warns_of_ids_that_windows_reserves_as_device_names(ckpt_dir, tmp_path):
+    """CON, NUL, COM1... (whatever follows the first dot) are devices on Windows: OUT/CON.wav, a file here, cannot
+    be made or copied there. validate said nothing; now a warning names the line (the line stays good)."""
+    path = tmp_path / "m.jsonl"
+    ids = ("a", "CON", "nul.take2", "com1", "console", "COM10", "lpt9.x")
+    path.write_text("".join(_line({"id": i, "text": "Hi.", "speaker": "ryan"}) + "\n" for i in ids), encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", str(path), "-m", str(ckpt_dir("custom_voice"))])
+    assert result.exit_code == 0 and result.stdout == f"{path}: 7 good, 0 bad\n", result.output
+    warned = [line.split(": id: ")[1].split(" ")[0] for line in result.stderr.splitlines()]
+    assert warned == ["'CON'", "'nul.take2'", "'com1'", "'lpt9.x'"], result.stderr
+    assert result.stderr.splitlines()[0] == (f"warning: {path}:2: id: 'CON' is a device name on Windows: its CON.wav "
+                                             "cannot be made or copied there; give it another id if OUT goes there")
+
+
 def _voice_file(path, ckpt, identity=None, hidden=None):
     """A saved x-vector voice for checkpoint `ckpt` (its identity and hidden size unless given), no model needed."""
     import torch

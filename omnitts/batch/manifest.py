@@ -62,6 +62,11 @@ class BadLine:
     message: str  # "file:line: field: problem" (or "file:row N: field: problem")
 
 
+# Device names Windows reserves whatever follows their first dot ("NUL.tar.gz" is NUL): an id so named makes a file
+# that cannot be created or copied there (CON.wav), though it is a file here
+WINDOWS_DEVICES = re.compile(r"(CON|PRN|AUX|NUL|COM[0-9]|LPT[0-9])(\.|\Z)", re.IGNORECASE)
+
+
 def id_problem(item_id: str) -> str | None:
     """Why `item_id` cannot name an output file (None when it can): what is wrong, with the id shortened."""
     if SAFE_ID.match(item_id):

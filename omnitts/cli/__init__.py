@@ -378,7 +378,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars the
     synth will run with: how many pieces a long text makes depends on it.
     """
-    from ..batch.manifest import BadLine, column_map, iter_manifest
+    from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest
+    from ..batch.sources import open_source
     from ..config import load_config
 
     good = bad = 0
@@ -395,10 +396,17 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
             good += 1
             item_id = entry.request.id
             line, first = folded.setdefault(item_id.lower(), (entry.line, item_id))
+            if first != item_id or WINDOWS_DEVICES.match(item_id):
+                unit = open_source(manifest).unit
+                where = f"{manifest}:{entry.line}" if unit == "line" else f"{manifest}:{unit} {entry.line}"
             if first != item_id:
-                typer.echo(f"warning: {manifest}:{entry.line}: id: {item_id!r} differs only in case from line {line}'s "
+                typer.echo(f"warning: {where}: id: {item_id!r} differs only in case from {unit} {line}'s "
                            f"{first!r}: one file where OUT's filesystem folds case (macOS, Windows, vfat/exFAT, SMB), "
                            "where synth refuses this line; give it another id", err=True)
+            if WINDOWS_DEVICES.match(item_id):
+                typer.echo(f"warning: {where}: id: {item_id!r} is a device name on Windows: its "
+                           f"{item_id}.wav cannot be made or copied there; give it another id if OUT goes there",
+                           err=True)
     except OmniTTSError as exc:
         fail(str(exc))
     typer.echo(f"{manifest}: {good} good, {bad} bad")
