@@ -20,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -139,14 +140,25 @@ def _stop_signals_held() -> Iterator[None]:
 # -- the worker process ------------------------------------------------------------------------------
 
 class _Stop:
-    """A worker's signals: the first SIGINT/SIGTERM finishes the running items, a second stops at once.
-    A worker whose parent is gone stops as after a first signal (no one would see its reports)."""
+    """A worker's signals: the first SIGINT/SIGTERM/SIGHUP finishes the running items, a second stops at once.
+    A worker whose parent is gone stops as after a first signal (no one would see its reports).
+
+    One stop may reach a worker twice: sent to the whole process group (Slurm's scancel signals every process
+    of the step, `kill -TERM -PGID`, a closed terminal's SIGHUP) and passed on by the parent too. The same
+    signal again within `ECHO` seconds is that echo, not a second stop: counted, it dropped the running items."""
+
+    ECHO = 0.5  # seconds; the parent passes a signal on within milliseconds, a person's second Ctrl-C takes longer
 
     def __init__(self):
         self.count, self.exit_code, self.orphaned = 0, 0, False
         self.parent = os.getppid()
+        self._last = (None, 0.0)  # (signal, time.monotonic()) of the last one counted
 
     def handle(self, signum, frame):
+        now = time.monotonic()
+        if self._last[0] == signum and now - self._last[1] < self.ECHO:
+            return
+        self._last = (signum, now)
         self.count += 1
         self.exit_code = 128 + signum
         if self.count > 1:

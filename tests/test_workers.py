@@ -269,6 +269,40 @@ def test_a_signal_to_the_parent_stops_the_workers(ckpt_dir, tmp_path, sig, code)
         assert sf.read(out / record["path"])[0].size == record["samples"]
 
 
+def test_a_signal_to_the_whole_group_is_one_stop_not_two(ckpt_dir, tmp_path):
+    """Slurm's scancel (and `kill -TERM -PGID`, a closed terminal's SIGHUP) signals every process of the group: each
+    worker had the stop from it and again from the parent, counted that as a second stop and dropped its running
+    items ("stopping at once"). The echo is one stop: the running items finish, as after a signal to the parent."""
+    manifest, ids = _manifest(tmp_path, count=24)
+    out = tmp_path / "out"
+    proc = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2", frames=10, wait=False)
+    _wait(lambda: len(_records(out)) >= 1, proc, "a first record")
+    _wait(lambda: _running(out), proc, "an item in the engine")
+    workers, running = _worker_pids(proc.pid), _running(out)
+    os.killpg(proc.pid, signal.SIGTERM)  # the command leads its own group (_synth): it and its workers
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err
+    assert "stopped early" in err and "died" not in err, err
+    assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")], "a worker outlived the parent"
+    done = [r["id"] for r in _records(out)]
+    assert len(done) == len(set(done)) < len(ids)
+    assert running <= set(done), f"items in the engine at the stop were dropped: {sorted(running - set(done))}"
+
+
+def _running(out) -> set[str]:
+    """The ids whose claims say they are in the engine now (claims.py)."""
+    from omnitts.batch.claims import CLAIM
+
+    running = set()
+    for path in out.glob(f".*{CLAIM}"):
+        try:
+            if json.loads(path.read_text() or "{}").get("running") is True:
+                running.add(path.name[1:-len(CLAIM)])
+        except (OSError, ValueError):
+            pass  # released (deleted) or being written as we look
+    return running
+
+
 _FULL_DISK = """
 import errno, os
 
