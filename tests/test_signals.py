@@ -197,17 +197,18 @@ def test_the_progress_bar_gives_no_eta_once_a_stop_is_asked_for():
 
     from rich.console import Console
 
-    from omnitts.cli.running import _GracefulStop, _progress
+    from omnitts.cli.display import progress_bar
+    from omnitts.cli.stopping import GracefulStop
 
     console = Console(file=io.StringIO(), width=200)
-    progress = _progress(console, quiet=False)
+    progress = progress_bar(console, quiet=False)
     task = progress.add_task("synthesizing", total=30, rate="")
     for done in (1, 2):
         progress.update(task, completed=done)
         time.sleep(0.05)
     eta = progress.columns[5]
     assert str(eta.render(progress.tasks[0])) not in ("-:--:--", "")  # an estimate while the run goes on
-    stop = _GracefulStop(console, progress)
+    stop = GracefulStop(console, progress)
     stop._handle(signal.SIGINT, None)
     assert stop.requested() and stop.exit_code == 130
     assert str(eta.render(progress.tasks[0])) == "-:--:--"

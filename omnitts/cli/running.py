@@ -1,6 +1,7 @@
 """What `omnitts synth` does once its manifest has been read: run the pending items (in this process, in one
-worker process per device, or on Ray) behind a progress bar, handle Ctrl-C and SIGTERM, print the closing
-summary, and turn filesystem errors into one line and an exit code."""
+worker process per device, or on Ray) behind a progress bar, stopping cleanly on a signal, then print the closing
+summary (display.py: what the terminal shows; stopping.py: the signals), and turn filesystem errors into one line
+and an exit code."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 import typer
 
 from ..errors import DeviceFailed, OmniTTSError
-from ..stops import Interrupt, exit_code, hangup_stops
+from ..stops import exit_code
+from .display import advance, graph_line, loading_line, progress_bar, quiet_bar, stopped_early, summary
 from .options import fail, plural, warning_line, warnings_as_lines
+from .stopping import ForwardingStop, GracefulStop
 
 
 def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engine, official_tokenizer,
@@ -180,12 +183,12 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
                                   batch_size=rows, **options)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[rate]}"))
-        with _quiet(Progress(*columns, console=console, disable=quiet), quiet) as progress:
+        with quiet_bar(Progress(*columns, console=console, disable=quiet), quiet) as progress:
             progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
             for rows in meta.iter_batches(batch_size=None, batch_format="pyarrow"):
                 for row in rows.to_pylist():
                     _count_row(row, before, tally, console)
-                _advance(progress, tally)
+                advance(progress, tally)
     except KeyboardInterrupt:
         ray.shutdown()  # takes the actors down mid-item: the stop's doing, not their items' (no death counted)
         clear_stopped(batch.out, started)
@@ -199,7 +202,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     batch.ledger = Ledger(batch.out)  # results.jsonl as the actors left it: the truth for the exit code and export
     failed = batch.ledger.failed  # items whose last record is a failure are reported as such by the summary
     missing = sum(1 for item in mine() if not batch.is_current(item) and item.request.id not in failed)
-    _summary(console, batch)
+    summary(console, batch)
     if missing > 0:
         console.print(f"{plural(missing, 'item')} of the manifest still {'has' if missing == 1 else 'have'} no "
                       f"audio in {batch.out}: run the same command again")
@@ -276,13 +279,13 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, 
 
     console = Console(stderr=True)
     tally = batch.tally
-    progress = _progress(console, quiet)
-    stopping = _GracefulStop(console, progress)
+    progress = progress_bar(console, quiet)
+    stopping = GracefulStop(console, progress)
 
     with ExitStack() as stack:
         def loaded():  # only when some item is pending: then the bar and the signal handlers start
             if not quiet:
-                console.print(_loading(load_kwargs), soft_wrap=True)
+                console.print(loading_line(load_kwargs), soft_wrap=True)
             tts = load(model, **load_kwargs)
             stack.enter_context(stopping)
             stack.enter_context(progress)
@@ -292,30 +295,17 @@ def _run(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bool, 
         def report(rec: dict) -> None:
             if rec["status"] != "ok":
                 console.print(f"error: {rec['id']}: {rec['error']}")
-            _advance(progress, tally)
+            advance(progress, tally)
 
         stats = {}
         run_items(batch, items, loaded, stopping.requested, report, stats)
     stopped = stopping.exit_code if stopping.count else None
     if stopped:
-        _stopped_early(console, batch, total)
-    _summary(console, batch)
+        stopped_early(console, batch, total)
+    summary(console, batch)
     if verbose and stats:
-        console.print(_graph_line(stats))
+        console.print(graph_line(stats))
     return stopped
-
-
-def _graph_line(stats: dict) -> str:
-    """The --verbose lines: what capturing frame graphs (and the prefill's and codec's call graphs) cost this run
-    (`Pipeline.graph_stats`)."""
-    engines = plural(stats["engines"], "engine")
-    calls = "".join(f"\n{what} graph capture: {plural(stats[f'{what}_captures'], 'graph')} in "
-                    f"{stats[f'{what}_capture_seconds']:.2f} s" for what in ("prefill", "codec")
-                    if stats.get(f"{what}_captures"))
-    if not stats["captures"]:
-        return f"graph capture: none (frames ran eagerly; {engines} built){calls}"
-    return (f"graph capture: {plural(stats['captures'], 'graph')} in {stats['capture_seconds']:.2f} s, "
-            f"{plural(stats['warmup_frames'], 'eager warm-up frame')} ({engines} built){calls}")
 
 
 def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bool,
@@ -336,8 +326,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
     console = Console(stderr=True)
     tally = batch.tally
     pool = Pool(plan, devices, tally, batch.ledger)
-    progress = _progress(console, quiet)
-    stopping = _ForwardingStop(console, pool, progress)
+    progress = progress_bar(console, quiet)
+    stopping = ForwardingStop(console, pool, progress)
     with ExitStack() as stack:
         stack.enter_context(stopping)
         stack.callback(pool.shutdown)  # after a second Ctrl-C: the workers get a moment to end, then are killed
@@ -349,7 +339,7 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
             who = name(index, devices[index])
             if kind == "loading" and not progress.task_ids:
                 if not quiet:
-                    console.print(_loading(plan.load_kwargs), soft_wrap=True)
+                    console.print(loading_line(plan.load_kwargs), soft_wrap=True)
                 stack.enter_context(progress)
                 progress.add_task("synthesizing", total=good + bad, rate="")
             elif kind == "record" and event[3] != "ok":
@@ -371,17 +361,17 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
                     how, rest = "stopped", f"no space left on {batch.out}"
                 console.print(f"{who} {how}; {rest}")
             if progress.task_ids:
-                _advance(progress, tally)
+                advance(progress, tally)
     stopped = stopping.exit_code if stopping.count else None
     if stopped:
-        _stopped_early(console, batch, good + bad)
+        stopped_early(console, batch, good + bad)
     elif pool.all_finished():
         # Each worker counts its siblings' items as "others"; a writer outside this command recorded
         # what no worker ran and no earlier run finished.
         tally.others = max(0, good - tally.skipped - tally.done - (tally.failed - bad))
-    _summary(console, batch)
+    summary(console, batch)
     if verbose and pool.graphs:
-        console.print(_graph_line(pool.graphs))
+        console.print(graph_line(pool.graphs))
     kinds = {kind for _, kind in pool.errors.values()}
     if "disk" in kinds:
         fail(f"no space left on {batch.out}: {plural(tally.done, 'item')} done in this run "
@@ -394,177 +384,4 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
         raise typer.Exit(2)  # every worker refused to start (each said why): nothing could run
     return stopped
 
-
-def _advance(progress, tally) -> None:
-    """Show `tally` on a run's progress bar (its one task): items accounted for, audio written, speed."""
-    progress.update(progress.task_ids[0], completed=tally.done + tally.failed + tally.skipped + tally.others,
-                    rate=f"{tally.seconds:.1f} s audio, {tally.realtime:.2f}x realtime")
-
-
-def _loading(load_kwargs: dict) -> str:
-    """"loading checkpoint: cpu, bfloat16 (auto), codec float32, max batch 8": what the run is about to
-    use, with `--dtype auto` resolved (bfloat16 on a CPU with native bf16, float32 on another)."""
-    from ..device.features import resolve_dtype
-
-    device, asked = load_kwargs["device"], load_kwargs["dtype"]
-    dtype = resolve_dtype(asked, device) + (" (auto)" if asked == "auto" else "")
-    return f"loading checkpoint: {device}, {dtype}, codec {load_kwargs['codec_dtype']}, max batch {load_kwargs['max_batch']}"
-
-
-def _progress(console, quiet: bool):
-    """The progress bar of a run (items, elapsed, ETA, audio seconds and speed); not started yet."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.text import Text
-
-    class Eta(TimeRemainingColumn):
-        """The time left, or none once a stop was asked for: the run will not run the items it counts."""
-
-        stopped = False
-
-        def render(self, task):
-            return Text("-:--:--", style="progress.remaining") if self.stopped else super().render(task)
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), Eta(), TextColumn("{task.fields[rate]}"))
-    return _quiet(Progress(*columns, console=console, disable=quiet), quiet)
-
-
-def _stop_eta(progress) -> None:
-    """Turn `progress`'s ETA off (a stop was asked for): at 2 of 30 items it said 0:00:01 while 28 were dropped."""
-    for column in progress.columns:
-        if hasattr(column, "stopped"):
-            column.stopped = True
-
-
-def _quiet(progress, quiet: bool):
-    """`progress`, which with `quiet` is never started or stopped: rich 13.0 ends even a disabled bar
-    with a blank line when the console is not a terminal (newer releases do not)."""
-    if quiet:
-        progress.start = progress.stop = lambda: None
-    return progress
-
-
-class _GracefulStop:
-    """First Ctrl-C or SIGTERM: stop starting items, finish the running ones. Second: interrupt at once.
-
-    SIGTERM (what `kill`, schedulers and `docker stop` send) is handled as Ctrl-C is: the run exits 143;
-    SIGHUP (the terminal closed) too, exit 129, unless it is ignored (`nohup`).
-    """
-
-    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-
-    def __init__(self, console, progress=None):
-        self.console = console
-        self.progress = progress  # its ETA goes at the first signal
-        self.count = 0
-        self.exit_code = 130
-
-    def requested(self) -> bool:
-        return self.count > 0
-
-    def _handle(self, signum, frame):
-        self.count += 1
-        if self.count > 1:
-            raise Interrupt(signum)
-        import signal
-
-        self.exit_code = 128 + signum
-        if self.progress is not None:
-            _stop_eta(self.progress)
-        again = "Ctrl-C" if signum == signal.SIGINT else f"{signal.Signals(signum).name} or Ctrl-C"
-        self.console.print(f"stopping: finishing the items in progress ({again} again to drop them)")
-
-    def __enter__(self):
-        import signal
-        import threading
-
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                number = getattr(signal, name)
-                if number == signal.SIGHUP and not hangup_stops():
-                    continue  # nohup: a closed terminal does not stop the run
-                self.previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        import signal
-
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
-
-
-class _ForwardingStop(_GracefulStop):
-    """The parent of --workers: stops as _GracefulStop does, and passes SIGTERM on to the workers (and a
-    SIGINT the terminal did not already deliver to them: `kill -INT PID`, no terminal)."""
-
-    def __init__(self, console, pool, progress=None):
-        super().__init__(console, progress)
-        self.pool = pool
-
-    def _handle(self, signum, frame):
-        import signal
-
-        from ..workers import terminal_signals_group
-
-        self.pool.stopping = self.pool.stopping or signum  # workers ending 130/143 now were stopped, not died
-        if signum != signal.SIGINT or not terminal_signals_group():
-            self.pool.forward(signum)
-        super()._handle(signum, frame)
-
-
-def _stopped_early(console, batch, total: int) -> None:
-    """The line a stopped run closes with: how many of its `total` items it left, and how to go on."""
-    t = batch.tally
-    left = max(0, total - t.done - t.failed - t.skipped - t.others)
-    console.print(f"stopped early, {plural(left, 'item')} not run yet: run the same command again to resume "
-                  f"({batch.out}/results.jsonl keeps what is done)")
-
-
-def _summary(console, batch) -> None:
-    """The closing table, the failures, and why items were skipped (with the flag that runs them)."""
-    from rich.table import Table
-
-    t = batch.tally
-    table = Table(title=f"omnitts synth -> {batch.out}", show_header=True)
-    for name in ("done", "failed", "skipped", "audio", "wall time", "speed"):
-        table.add_column(name, justify="right")
-    table.add_row(str(t.done), str(t.failed), str(t.skipped), _hms(t.seconds), _hms(t.wall),
-                  f"{t.realtime:.2f}x realtime" if t.done else "-")
-    console.print(table)
-    for item_id, message in t.errors:
-        console.print(f"  failed {item_id}: {message}")
-    if t.failed > len(t.errors):
-        console.print(f"  ... and {t.failed - len(t.errors)} more (see {batch.out}/results.jsonl)")
-    if t.others:
-        console.print(f"{plural(t.others, 'item')} recorded by other writers of {batch.out} during this run "
-                      "(not run here)")
-    done_before = t.skipped - t.earlier_failed
-    if done_before:
-        console.print(f"{plural(done_before, 'item')} already done in {batch.out}: skipped (--force redoes "
-                      f"{'it' if done_before == 1 else 'them'})")
-    if t.changed:
-        its, changed = "its" if t.changed == 1 else "their", t.changed - t.damaged
-        why = (f"{its} line or the options changed since the earlier run" if not t.damaged
-               else f"{its} file damaged or missing" if not changed
-               else f"{changed} with the line or the options changed since the earlier run, {t.damaged} with the "
-                    "file damaged or missing")
-        console.print(f"{plural(t.changed, 'item')} run again: {why} (each file replaced)")
-    if t.earlier_failed:
-        one = t.earlier_failed == 1
-        console.print(f"{plural(t.earlier_failed, 'item')} failed in an earlier run and still "
-                      f"{'has' if one else 'have'} no audio: --retry-failed runs {'it' if one else 'them'} again "
-                      f"(errors in {batch.out}/results.jsonl)")
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(round(seconds))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
