@@ -681,21 +681,21 @@ def test_synth_writes_into_out_and_nowhere_else(ckpt_dir, tmp_path, monkeypatch)
 def test_the_case_probe_says_tmp_keeps_case_and_leaves_nothing(tmp_path, monkeypatch):
     """The probe behind case-insensitive duplicate ids: this machine's /tmp tells `Alice` from `alice`, and
     no probe file (nor a folder made for it) stays behind, even when the probe fails."""
-    from omnitts.batch import outdir
+    from omnitts.batch import folder
 
-    assert outdir.folds_case(tmp_path) is False
+    assert folder.folds_case(tmp_path) is False
     assert list(tmp_path.iterdir()) == []
-    assert outdir.case_folding(tmp_path / "new" / "out") is None  # --strict: before Batch makes OUT
+    assert folder.case_folding(tmp_path / "new" / "out") is None  # --strict: before Batch makes OUT
     assert list(tmp_path.iterdir()) == []
 
     def broken(a, b):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(outdir.os.path, "samefile", broken)
+    monkeypatch.setattr(folder.os.path, "samefile", broken)
     with pytest.raises(PermissionError):
-        outdir.folds_case(tmp_path)
-    with pytest.raises(outdir.OutDirError, match="cannot be written"):
-        outdir.case_folding(tmp_path / "new")
+        folder.folds_case(tmp_path)
+    with pytest.raises(folder.OutDirError, match="cannot be written"):
+        folder.case_folding(tmp_path / "new")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -712,9 +712,9 @@ def test_ids_alike_but_for_case_are_duplicates_where_the_filesystem_folds_case(c
     """On a case-insensitive OUT (macOS, Windows, vfat, SMB) `alice` would overwrite `Alice.wav`: it is a bad
     line naming the line it collides with, and one file is written, by the normal run and by --strict alike.
     Workers (spawned: the patched probe is not theirs) take the parent's answer."""
-    from omnitts.batch import outdir
+    from omnitts.batch import folder
 
-    monkeypatch.setattr(outdir, "folds_case", lambda folder: True)
+    monkeypatch.setattr(folder, "folds_case", lambda path: True)
     manifest, args = _alice_twice(ckpt_dir, tmp_path)
     args += workers
     out = tmp_path / "out"

@@ -95,12 +95,12 @@ def test_an_out_that_is_a_file_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkey
 def test_an_out_on_a_read_only_filesystem_is_one_line_and_exit_2(ckpt_dir, tmp_path, monkeypatch):
     import os
 
-    from omnitts.batch import outdir
+    from omnitts.batch import folder
 
     class ReadOnly:
         f_flag = os.ST_RDONLY
 
-    monkeypatch.setattr(outdir.os, "statvfs", lambda path: ReadOnly())
+    monkeypatch.setattr(folder.os, "statvfs", lambda path: ReadOnly())
     line = _bad_out(ckpt_dir, tmp_path, tmp_path / "new" / "out", monkeypatch)
     assert line.endswith(f"{tmp_path} is on a read-only filesystem (choose a writable --out)")
     assert not (tmp_path / "new").exists()  # nothing created

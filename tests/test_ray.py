@@ -179,10 +179,10 @@ def test_stage_takes_ids_alike_but_for_case_as_one_file_where_the_filesystem_fol
     overwritten. On a case-sensitive one both run."""
     import pyarrow as pa
 
-    from omnitts.batch import outdir
+    from omnitts.batch import folder
 
     rows = [{"id": i, "text": f"Sentence {n}.", "speaker": "ryan"} for n, i in enumerate(("Alice", "alice", "bob"))]
-    monkeypatch.setattr(outdir, "folds_case", lambda folder: True)
+    monkeypatch.setattr(folder, "folds_case", lambda path: True)
     stage = Synthesizer(ckpt_dir("custom_voice"), tmp_path / "folded", dtype="float32", greedy=True, max_frames=4)
     got = stage(pa.Table.from_pylist(rows)).to_pylist()
     stage.close()
@@ -190,7 +190,7 @@ def test_stage_takes_ids_alike_but_for_case_as_one_file_where_the_filesystem_fol
     assert "'alice' names the same file as another row's 'Alice' on this case-insensitive filesystem" in got[1]["error"]
     assert [r["id"] for r in _records(tmp_path / "folded")] == ["Alice", "bob"]
 
-    monkeypatch.setattr(outdir, "folds_case", lambda folder: False)
+    monkeypatch.setattr(folder, "folds_case", lambda path: False)
     stage = Synthesizer(ckpt_dir("custom_voice"), tmp_path / "plain", dtype="float32", greedy=True, max_frames=4)
     assert [r["status"] for r in stage(pa.Table.from_pylist(rows)).to_pylist()] == ["ok"] * 3
     stage.close()

@@ -156,7 +156,8 @@ def synth(
     """
     from ..batch.ledger import NAME as LEDGER_NAME
     from ..batch.manifest import BadLine, column_map, iter_manifest
-    from ..batch.outdir import Batch, Settings, case_folding, check_out
+    from ..batch.folder import case_folding, check_out
+    from ..batch.outdir import Batch, Settings
     from ..batch.shard import in_shard, parse_shard
     from ..batch.sources import check_rereadable, state
     from ..config import load_config
@@ -497,7 +498,7 @@ def demo(
     """
     import json
 
-    from ..batch.outdir import check_out
+    from ..batch.folder import check_out
     from ..config import load_config
     from ..io.atomic import atomic_write
 

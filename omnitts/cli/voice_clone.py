@@ -196,7 +196,7 @@ def _flag_advice(message: str) -> str:
 def _check_clone_out(out: Path, flag: str = "-o", given: Path | None = None) -> None:
     """voice-clone's -o (or the folder of its --save file, `given`), checked with the arguments: a directory, or
     a path one can be made at, that can be written."""
-    from ..batch.outdir import check_out
+    from ..batch.folder import check_out
 
     try:
         check_out(out, flag, given)
