@@ -85,9 +85,13 @@ class Audio:
         """Write the audio to `path`, atomically (a temporary name, then a rename).
 
         The format comes from the suffix: .wav and .flac (16-bit PCM) or .ogg (Vorbis). Missing
-        folders are created; `~` is the home folder. Returns the path.
+        folders are created; `~` is the home folder. Returns the path. Audio of no samples saves as .wav or .ogg;
+        .flac refuses it (ValueError): libsndfile writes an empty FLAC as a 0-byte file nothing can read.
         """
         path = user_path(path)
+        if path.suffix.lower() == ".flac" and np.size(self.samples) == 0 and not path.is_dir():
+            raise ValueError(f"{path}: the audio has no samples, and an empty FLAC file cannot be read back "
+                             "(libsndfile writes 0 bytes); save it as .wav or .ogg; nothing was written")
         write_audio(path, self.samples, self.sample_rate)
         return path
 

@@ -112,6 +112,18 @@ def test_save_refuses_samples_that_are_not_numbers(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_empty_audio_saves_as_wav_and_ogg_and_flac_refuses_it(tmp_path):
+    """libsndfile writes an empty FLAC as a 0-byte file that soundfile itself cannot open ("Format not
+    recognised"): save wrote it without complaint. wav and ogg hold 0 samples and read back."""
+    empty = omnitts.Audio(np.zeros(0, np.float32), 24000)
+    for suffix in (".wav", ".ogg"):
+        samples, rate = sf.read(empty.save(tmp_path / f"a{suffix}"))
+        assert (samples.size, rate) == (0, 24000)
+    with pytest.raises(ValueError, match=r"a\.flac: the audio has no samples, .* save it as \.wav or \.ogg; nothing"):
+        empty.save(tmp_path / "a.flac")
+    assert not (tmp_path / "a.flac").exists()
+
+
 def test_result_is_the_old_name_of_audio(cv):
     assert omnitts.Result is omnitts.Audio
     audio = cv.synthesize("Old name.", speaker="ryan", greedy=True, max_frames=2)
