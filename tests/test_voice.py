@@ -171,13 +171,28 @@ def test_a_ref_text_of_only_invisible_characters_is_no_transcript(tts_factory, c
     assert result.exit_code == 2 and "--ref-text is required for in-context cloning" in result.output, result.output
 
 
-@pytest.mark.parametrize("rate", [0, -1, "24000", 24000.0, True])
+@pytest.mark.parametrize("rate", [0, -1, "24000", -24000.0, float("nan"), True])
 def test_a_sample_rate_that_is_not_a_positive_integer_is_refused(tts_factory, rate):
     from omnitts.errors import AudioError
 
     samples = 0.3 * np.sin(np.arange(48000) / 10).astype(np.float32)
     with pytest.raises(AudioError, match=rf"^ref_audio: sample rate must be a positive integer, got {rate!r}$"):
         tts_factory("base").clone_voice((samples, rate), x_vector_only=True)
+
+
+def test_a_whole_float_sample_rate_is_that_rate_and_a_fraction_is_refused(tts_factory):
+    """Some libraries return the rate as a float: (samples, 24000.0) was refused, "ref_audio: sample rate must be
+    a positive integer, got 24000.0", where (samples, 24000) was taken. A whole float is that rate; 24000.5 no rate."""
+    from omnitts.errors import AudioError
+
+    tts = tts_factory("base")
+    samples = 0.3 * np.sin(np.arange(48000) / 10).astype(np.float32)
+    as_int = tts.clone_voice((samples, 24000), x_vector_only=True)
+    for rate in (24000.0, np.float32(24000)):
+        assert tts.clone_voice((samples, rate), x_vector_only=True) == as_int
+    with pytest.raises(AudioError, match=r"^ref_audio: sample rate 24000.5 is not a whole number of samples per "
+                                         r"second; give the file's rate as an integer \(e.g. 24000\)$"):
+        tts.clone_voice((samples, 24000.5), x_vector_only=True)
 
 
 def test_a_pair_in_scipys_rate_then_data_order_is_refused_saying_so(tts_factory, tmp_path):

@@ -145,6 +145,12 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
     if isinstance(samples, numbers.Integral) and np.ndim(sr) > 0:  # scipy.io.wavfile.read's order, given as it came
         raise AudioError(f"{name}: got (sample_rate, samples), the order scipy.io.wavfile.read returns; give "
                          "(samples, sample_rate): rate, samples = wavfile.read(path); (samples, rate)")
+    # A whole float rate (24000.0, as some libraries return it) is that rate; 22050.5 is no rate at all
+    if isinstance(sr, numbers.Real) and not isinstance(sr, (bool, numbers.Integral)) and np.isfinite(sr) and sr > 0:
+        if sr != int(sr):
+            raise AudioError(f"{name}: sample rate {sr!r} is not a whole number of samples per second; give "
+                             f"the file's rate as an integer (e.g. {round(sr)})")
+        sr = int(sr)
     if isinstance(sr, bool) or not isinstance(sr, numbers.Integral) or sr <= 0:
         raise AudioError(f"{name}: sample rate must be a positive integer, got {sr!r}")
     try:
