@@ -215,6 +215,19 @@ def check_replaceable(path: Path) -> None:
                          "voice is not written over; give another file name, or remove that file first")
 
 
+_AUDIO_MAGIC = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"ID3", b"FORM", b"\xff\xfb", b"\xff\xf3", b"\xff\xf2")
+
+
+def _is_audio(path: Path) -> bool:
+    """Whether `path` starts as an audio file does (WAV, FLAC, Ogg, MP3, AIFF): a reference clip, not a voice."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4)
+    except OSError:
+        return False
+    return head.startswith(_AUDIO_MAGIC)
+
+
 def load_voice(path) -> tuple[Voice, dict]:
     """Read a voice file -> (Voice, its metadata). Raises VoiceError naming the file if it is not one.
 
@@ -231,6 +244,11 @@ def load_voice(path) -> tuple[Voice, dict]:
             meta = dict(f.metadata() or {})
             tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as exc:  # safetensors raises its own error types for corrupt files
+        if _is_audio(path):  # the reference clip itself ("header too large" said nothing of that)
+            raise VoiceError(f"{path}: is an audio file, not a saved voice: give it as ref_audio (a reference "
+                             "clip), or clone it once and give the saved voice (TTS.clone_voice(ref_audio)"
+                             ".save('v.safetensors'); command line: omnitts voice-clone --ref-audio CLIP --save "
+                             "v.safetensors)") from None
         raise VoiceError(f"{path}: not a saved voice (unreadable safetensors file: {exc})") from None
     if meta.get("format") != FORMAT:
         raise VoiceError(f"{path}: not a saved voice (no format={FORMAT} metadata); "

@@ -277,6 +277,20 @@ def test_voice_from_another_checkpoint_is_refused(tts_factory, other_base, ref_w
         other.synthesize("Hi.", voice=in_memory, max_frames=4)
 
 
+def test_a_reference_clip_given_as_a_voice_is_named_as_audio(tts_factory, ckpt_dir, ref_wav, tmp_path):
+    """`voice="ref.wav"` (the clip, where a saved voice goes) said "unreadable safetensors file: Error while
+    deserializing header: header too large"; it names the clip as audio and both ways to use it. (A manifest's
+    voice field takes .safetensors files only, and says so.)"""
+    tts = tts_factory("base")
+    flac = tmp_path / "ref.flac"
+    sf.write(flac, sf.read(ref_wav)[0], 24000)
+    for clip in (ref_wav, flac):
+        with pytest.raises(VoiceError) as info:
+            tts.synthesize("Hi.", voice=str(clip), max_frames=2)
+        assert str(info.value).startswith(f"{clip}: is an audio file, not a saved voice: give it as ref_audio"), info.value
+        assert "omnitts voice-clone --ref-audio CLIP --save v.safetensors" in str(info.value)
+
+
 def test_malformed_files_are_refused_naming_the_file(tts_factory, ckpt_dir, ref_wav, tmp_path):
     from safetensors.torch import save_file
 
