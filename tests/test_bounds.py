@@ -139,6 +139,22 @@ def test_plan_rejects_a_prompt_whose_prefill_is_over_the_budget(tts_factory):
         plan(ckpt, 5100, 1, 1, 2**40, prompt_positions=5000, prefill_budget_bytes=need - 1)
 
 
+def test_a_prompt_too_long_for_its_instruction_names_instruct(tts_factory):
+    """An instruction of some 12,000 tokens was reported as `text: a prompt of 12018 positions needs about 3.1 GiB to
+    prefill, ...; split the text`, for a one-word text: the prompt is named by the field that makes most of it."""
+    tts = tts_factory("voice_design")
+    long = tts.prepare(Request("Hello.", instruct="very loud " * 3000))
+    assert long.longest_part == "instruct" and long.instruct_tokens > 6000
+    assert tts.prepare(Request("A sentence of some length, with words.", instruct="Loud.")).longest_part == "text"
+    pipeline = Pipeline(tts)
+    (outcome,) = pipeline.run([Job(Request("Hello.", instruct="very loud " * 3000),
+                                   tts.default_params(max_frames=3, greedy=True))])
+    assert outcome.error.startswith("instruct: a prompt of ") and outcome.error.endswith(
+        "budget; shorten the instruction (an instruction is not split)"), outcome.error
+    with pytest.raises(RequestError, match=r"^text: .*; split the text$"):
+        plan(tts.ckpt, 5100, 1, 1, 2**40, prompt_positions=5000, prefill_budget_bytes=1)
+
+
 def test_admission_keeps_each_prefill_within_its_memory_budget(tts_factory):
     tts = tts_factory("custom_voice")
     prompts = [tts.prepare(Request(text, speaker="ryan")) for text in ("One.", "Two words.", "Three words here.")]

@@ -95,23 +95,27 @@ def prefill_bytes(talker, rows: int, length: int, itemsize: int) -> int:
 def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_bytes: int,
          device: str = "cpu", eager: bool = False, graph_buckets=None, span_buckets=None,
          max_prefill_tokens: int | None = EngineConfig.max_prefill_tokens, prompt_positions: int = 0,
-         prefill_budget_bytes: int | None = PREFILL_BUDGET_BYTES, full_batch: bool = False) -> EngineConfig:
+         prefill_budget_bytes: int | None = PREFILL_BUDGET_BYTES, full_batch: bool = False,
+         longest_part: str = "text") -> EngineConfig:
     """Size an engine for requests needing up to `positions` talker positions and `text_tokens` of text.
 
     The talker K/V cache is the big allocation (layers x 2 x slots x kv_heads x positions x head_dim);
     slots are reduced until it fits `kv_budget_bytes`. Raises RequestError if not even one fits, if
     `positions` exceed the talker's `max_position_embeddings`, or if prefilling the longest prompt
-    (`prompt_positions`) alone is estimated over `prefill_budget_bytes` (`prefill_bytes`).
+    (`prompt_positions`) alone is estimated over `prefill_budget_bytes` (`prefill_bytes`); a prompt too long is
+    named by `longest_part`, the request field that makes most of it (`Prompt.longest_part`).
     """
     t = ckpt.config.talker
     itemsize = ckpt.cache_dtype.itemsize
+    shorten = "split the text" if longest_part == "text" else "shorten the instruction (an instruction is not split)"
     if positions > t.max_position_embeddings:
-        raise RequestError(f"text: the prompt and its frame budget need {positions} talker positions, over the "
-                           f"model's {t.max_position_embeddings}; split the text or lower max_frames")
+        raise RequestError(f"{longest_part}: the prompt and its frame budget need {positions} talker positions, over "
+                           f"the model's {t.max_position_embeddings}; {shorten} or lower max_frames")
     prefill = prefill_bytes(t, 1, prompt_positions, ckpt.model.talker.dtype.itemsize)
     if prefill_budget_bytes is not None and prefill > prefill_budget_bytes:
-        raise RequestError(f"text: a prompt of {prompt_positions} positions needs about {prefill / 2**30:.1f} GiB to "
-                           f"prefill, over the {prefill_budget_bytes / 2**30:.1f} GiB budget; split the text")
+        raise RequestError(f"{longest_part}: a prompt of {prompt_positions} positions needs about "
+                           f"{prefill / 2**30:.1f} GiB to prefill, over the {prefill_budget_bytes / 2**30:.1f} GiB "
+                           f"budget; {shorten}")
     # Round up: fewer distinct shapes, a little headroom (never past the model's positions).
     positions = min(-(-positions // 64) * 64, t.max_position_embeddings)
     per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * positions * itemsize

@@ -383,7 +383,7 @@ class Pipeline:
         tts = self.tts
         plan(tts.ckpt, prompt.embeds.shape[0] + params.max_frames + 1, 1, prompt.trailing.shape[0],
              tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets, tts.span_buckets,
-             tts.max_prefill_tokens, prompt_positions=prompt.embeds.shape[0])
+             tts.max_prefill_tokens, prompt_positions=prompt.embeds.shape[0], longest_part=prompt.longest_part)
 
     def _feed(self, ready: deque, exhausted: bool) -> None:
         """Move prepared requests into the engine, (re)building it when one does not fit. An `alone` job's

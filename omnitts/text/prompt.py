@@ -34,6 +34,13 @@ class Prompt:
     pad: torch.Tensor  # (hidden,) tts_pad, added once the trailing text is used up
     ref_codes: torch.Tensor | None  # (R, 16) prepended at decode time and cut from the audio (ICL)
     text_tokens: int = 0  # tokens of the text to speak (sizes the runaway guard)
+    instruct_tokens: int = 0  # tokens of the instruction (0: none); a prompt too long for them names instruct
+
+    @property
+    def longest_part(self) -> str:
+        """The request field that makes most of the prompt, to name when the prompt is too long: "text" (split
+        it) or "instruct" (an instruction is never split)."""
+        return "instruct" if self.instruct_tokens > self.text_tokens else "text"
 
 
 @dataclass
@@ -180,8 +187,9 @@ class PromptBuilder:
         role = talker.embed_text(text_ids[:, :3])  # <|im_start|>assistant\n
         text_side = torch.cat((tts_pad.expand(-1, codec.shape[1] - 2, -1), tts_bos), dim=1)
         parts = [role, text_side + codec[:, :-1]]
-        if r.instruct:
-            parts.insert(0, talker.embed_text(ids(tok.instruct_ids(r.instruct))))
+        instruct = tok.instruct_ids(r.instruct) if r.instruct else []
+        if instruct:
+            parts.insert(0, talker.embed_text(ids(instruct)))
 
         if voice is not None and voice.icl:
             icl, trailing = self._icl(text_ids, voice, tts_eos, tts_pad, r.non_streaming)
@@ -196,7 +204,7 @@ class PromptBuilder:
             trailing = torch.cat((talker.embed_text(text_ids[:, 4:-5]), tts_eos), dim=1)
         embeds = torch.cat(parts, dim=1)
         ref_codes = voice.ref_codes if voice is not None and voice.icl else None
-        return Prompt(embeds[0], trailing[0], tts_pad[0, 0], ref_codes, text_ids.shape[1] - 8)
+        return Prompt(embeds[0], trailing[0], tts_pad[0, 0], ref_codes, text_ids.shape[1] - 8, len(instruct))
 
     def _icl(self, text_ids, voice: Voice, tts_eos, tts_pad, non_streaming: bool):
         """In-context cloning: reference text + target text against bos + reference codes."""
