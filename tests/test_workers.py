@@ -192,15 +192,23 @@ if os.environ.get("TEST_BREAK_ONE"):  # the first worker to run a step gets a de
 """
 
 
+def _hook_workers(tmp_path, monkeypatch, code: str, **environ) -> None:
+    """Run `code` first in every Python the test starts (a sitecustomize.py on PYTHONPATH: the spawned workers
+    are not patched by monkeypatch), with `environ` set."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(code)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+
 def test_a_worker_whose_device_breaks_stops_and_the_other_finishes_its_items(ckpt_dir, tmp_path, monkeypatch):
     """A sticky device error in one worker: it stops (its running items unrecorded, not failed) and is started
     again (a new process, a new device context: this one works), and the run ends with every item done once."""
     manifest, ids = _manifest(tmp_path)
-    out, hooks = tmp_path / "out", tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(_BREAK_ONE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TEST_BREAK_ONE", str(tmp_path / "broken-worker"))
+    out = tmp_path / "out"
+    _hook_workers(tmp_path, monkeypatch, _BREAK_ONE, TEST_BREAK_ONE=str(tmp_path / "broken-worker"))
     code, err = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")
     err = " ".join(err.split())  # the console wraps long lines
     who = re.search(r"error: (worker \d \(cpu\)): the cpu device stopped working \(RuntimeError: CUDA error: an "
@@ -233,11 +241,8 @@ def test_a_write_error_in_a_worker_ends_the_run_with_one_line_naming_the_file(ck
     name) and the error, exit 1. It said `[Errno 13] Permission denied: '.../.item-03.wav.omnitts-....tmp'` per
     worker, then that the items had no audio because a worker died."""
     manifest, ids = _manifest(tmp_path)
-    out, hooks = tmp_path / "out", tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(_REFUSE_ONE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TEST_REFUSE", "item-03")
+    out = tmp_path / "out"
+    _hook_workers(tmp_path, monkeypatch, _REFUSE_ONE, TEST_REFUSE="item-03")
     code, err = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")
     last = " ".join(err.split()).rsplit("error: ", 1)[-1]  # the console wraps long lines
     assert code == 1 and re.fullmatch(
@@ -326,11 +331,8 @@ def test_a_full_disk_under_workers_is_one_closing_line_not_each_workers_errno(ck
     could) before the closing `no space left on OUT` line. Now each worker is said to have stopped for it, the
     closing line says what to do, exit 1, and the same command resumes once there is space."""
     manifest, ids = _manifest(tmp_path)
-    out, hooks = tmp_path / "out", tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(_FULL_DISK)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TEST_FULL_DISK", "item-04")
+    out = tmp_path / "out"
+    _hook_workers(tmp_path, monkeypatch, _FULL_DISK, TEST_FULL_DISK="item-04")
     code, err = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2")
     flat = " ".join(err.split())  # the console wraps long lines
     assert code == 1 and "Errno" not in flat and "died" not in flat, err
@@ -358,12 +360,9 @@ def test_a_signal_while_the_workers_are_still_starting_stops_them_cleanly(ckpt_d
     """A stop that the parent passes on before a worker has its handlers (still importing, as on a loaded
     machine) waits for them: the worker stops as asked, not killed mid-import with a traceback."""
     manifest, _ = _manifest(tmp_path)
-    out, hooks, starting = tmp_path / "out", tmp_path / "hooks", tmp_path / "starting"
-    hooks.mkdir()
+    out, starting = tmp_path / "out", tmp_path / "starting"
     starting.mkdir()
-    (hooks / "sitecustomize.py").write_text(_SLOW_START)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv("TEST_SLOW_START", str(starting))
+    _hook_workers(tmp_path, monkeypatch, _SLOW_START, TEST_SLOW_START=str(starting))
     proc = _synth(manifest, ckpt_dir("custom_voice"), out, "--greedy", "--workers", "2", wait=False)
     _wait(lambda: len(os.listdir(starting)) == 2, proc, "two workers starting")
     proc.send_signal(sig)
