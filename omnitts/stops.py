@@ -1,4 +1,4 @@
-"""How a command stops on a signal that stops at once: Ctrl-C (SIGINT) or SIGTERM, exit 130 or 143.
+"""How a command stops on a signal that stops at once: Ctrl-C (SIGINT), SIGTERM or SIGHUP, exit 130, 143 or 129.
 
 No import beyond the standard library: the entry point (`launch`) installs `interrupt` before anything else
 is imported."""
@@ -21,20 +21,22 @@ def interrupt(signum, frame):
     raise Interrupt(signum)
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # the signals that stop a command: exit 130, 143, 129
+
+
+def taken() -> list[int]:
+    """The stop signals a handler takes over: all of `STOPS`, but SIGHUP where it is ignored (`nohup omnitts ...`
+    ignores it, to run on after the terminal closes: it stays ignored). The same rule for `install`, synth's
+    graceful stop and each --workers worker."""
+    return [s for s in STOPS if s != signal.SIGHUP or signal.getsignal(s) is not signal.SIG_IGN]
+
+
 def install() -> None:
     """SIGINT and SIGTERM stop at once (`interrupt`): SIGTERM as Ctrl-C does, and Ctrl-C also where the shell
     started omnitts with SIGINT ignored (a background job). SIGHUP (the terminal closed) stops as SIGTERM does,
-    exit 129, unless it is ignored (`nohup`): then it stays so. synth's graceful stop takes them over once items
-    run."""
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGINT, interrupt)
-    if hangup_stops():
-        signal.signal(signal.SIGHUP, interrupt)
-
-
-def hangup_stops() -> bool:
-    """Whether SIGHUP is ours to handle: it is not ignored (`nohup omnitts ...` ignores it, to run on)."""
-    return signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN
+    exit 129, unless it is ignored (`taken`). synth's graceful stop takes them over once items run."""
+    for signum in taken():
+        signal.signal(signum, interrupt)
 
 
 def exit_code(exc: KeyboardInterrupt) -> int:

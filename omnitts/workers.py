@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import DeviceFailed, OmniTTSError
-from .stops import hangup_stops
+from .stops import STOPS, taken
 
 ACCELERATORS = ("cuda", "npu")
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-STOP_CODES = tuple(128 + s for s in _STOP_SIGNALS)  # a worker's exit code after one of them: 130, 143, 129
+STOP_CODES = tuple(128 + s for s in STOPS)  # a worker's exit code after one of them: 130, 143, 129
 MAX_WORKERS = 1024  # worker processes on one machine at most: a list of a billion (a typo) is refused, not built
 _ENTRY = re.compile(r"^(cpu|cuda|npu)(?::(\d+)(?:-(\d+))?)?$")
 
@@ -85,8 +84,8 @@ def parse_devices(devices: str | None, workers: int | None, device: str) -> list
     if len(kinds) > 1:
         raise DevicesError(f"--devices {devices!r}: mixes {' and '.join(kinds)}; one kind per run")
     if workers is not None and workers != len(listed):
-        raise DevicesError(f"--workers {workers} and --devices {devices!r} ({len(listed)} device{'' if len(listed) == 1 else 's'}) disagree; "
-                           "give one of them")
+        counted = f"{len(listed)} device" + ("" if len(listed) == 1 else "s")
+        raise DevicesError(f"--workers {workers} and --devices {devices!r} ({counted}) disagree; give one of them")
     return listed
 
 
@@ -130,7 +129,7 @@ def name(index: int, device: str) -> str:
 def _stop_signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM blocked in this thread meanwhile (one that comes waits, pending, until they are
     unblocked); the signal mask is then restored as it was."""
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         yield
     finally:
@@ -174,9 +173,8 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     """A worker process: the single-process loop on `device`, reporting over `conn`; exits 0, or 130/143
     when a signal stopped it, 2 for an omnitts error (bad checkpoint, device), 1 for any other."""
     stop = _Stop()
-    for signum in _STOP_SIGNALS:
-        if signum != signal.SIGHUP or hangup_stops():  # nohup's ignored SIGHUP stays ignored
-            signal.signal(signum, stop.handle)
+    for signum in taken():  # (nohup's ignored SIGHUP stays ignored)
+        signal.signal(signum, stop.handle)
 
     sending = threading.Lock()  # the main thread (warnings) and the saver thread (records) both send
 
@@ -193,7 +191,7 @@ def worker_main(index: int, device: str, plan: Plan, conn) -> None:
     warnings.showwarning = lambda message, *args, **kwargs: send("warning", index, str(message))
     try:
         # Started with them held (Pool._spawn): one that came meanwhile arrives now, to our handlers.
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)
         import torch
 
         if plan.threads is not None:  # before torch does any work: CPU workers split the cores

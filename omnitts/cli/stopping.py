@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import threading
 
-from ..stops import Interrupt, hangup_stops
+from ..stops import Interrupt, taken
 from .display import stop_eta
 
 
@@ -17,8 +17,6 @@ class GracefulStop:
     SIGTERM (what `kill`, schedulers and `docker stop` send) is handled as Ctrl-C is: the run exits 143;
     SIGHUP (the terminal closed) too, exit 129, unless it is ignored (`nohup`).
     """
-
-    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
     def __init__(self, console, progress=None):
         self.console = console
@@ -42,10 +40,7 @@ class GracefulStop:
     def __enter__(self):
         self.previous = {}
         if threading.current_thread() is threading.main_thread():
-            for name in self.SIGNALS:
-                number = getattr(signal, name)
-                if number == signal.SIGHUP and not hangup_stops():
-                    continue  # nohup: a closed terminal does not stop the run
+            for number in taken():  # (nohup's SIGHUP stays ignored: a closed terminal does not stop the run)
                 self.previous[number] = signal.signal(number, self._handle)
         return self
 
