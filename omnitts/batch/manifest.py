@@ -77,6 +77,11 @@ def id_problem(item_id: str) -> str | None:
     return f"{shown} is not a safe file name (ASCII letters, digits, '.', '_', '-'; not starting with '.' or '-')"
 
 
+def location(path, unit: str, number: int) -> str:
+    """Where line (or row) `number` of manifest `path` is, as its messages begin: "m.jsonl:3", "t.parquet:row 3"."""
+    return f"{path}:{number}" if unit == "line" else f"{path}:{unit} {number}"
+
+
 def placeholder(unit: str, number: int) -> str:
     """The id a bad line without a usable one is recorded under: "line:N" (or "row:N"). SAFE_ID never
     allows ':', so it cannot be a real item's id (or a file name on any system)."""
@@ -417,7 +422,6 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
             return
         rows = ((n, r if isinstance(r, str) else {f: r[c] for f, c in plan.items() if c in r})
                 for n, r in source.rows(sorted(set(plan.values()))))
-    where = (lambda n: f"{n}") if unit == "line" else (lambda n: f"row {n}")
     key = str.lower if fold_case else str  # what makes two ids one file name (ids are ASCII: SAFE_ID)
     seen: dict[str, int] = {}  # key(id) -> the line that took it
     spelled: dict[str, str] = {}  # key(id) -> that line's id where it differs (upper-case letters, fold_case)
@@ -451,7 +455,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
             if usable:  # the id is taken: a later line with it must not run in its place
                 _take(seen, spelled, key, raw_id, number)
                 taken_by_bad.add(key(raw_id))
-            yield BadLine(number, raw_id if usable else placeholder(unit, number), f"{path}:{where(number)}: {exc}")
+            yield BadLine(number, raw_id if usable else placeholder(unit, number), f"{location(path, unit, number)}: {exc}")
             continue
         _take(seen, spelled, key, item.request.id, number)
         yield item

@@ -379,12 +379,13 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars the
     synth will run with: how many pieces a long text makes depends on it.
     """
-    from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest
+    from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest, location
     from ..batch.sources import open_source
     from ..config import load_config
 
     good = bad = 0
     folded: dict[str, tuple[int, str]] = {}  # id.lower() -> (line, id): synth refuses the later on a case-folding OUT
+    unit = None  # "line" or "row": read from the source once a warning needs it
     try:
         cfg, columns = load_config(model), column_map(column, id_column, text_column)
         for entry in iter_manifest(manifest, cfg, columns, split_chars):
@@ -398,8 +399,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
             item_id = entry.request.id
             line, first = folded.setdefault(item_id.lower(), (entry.line, item_id))
             if first != item_id or WINDOWS_DEVICES.match(item_id):
-                unit = open_source(manifest).unit
-                where = f"{manifest}:{entry.line}" if unit == "line" else f"{manifest}:{unit} {entry.line}"
+                unit = unit or open_source(manifest).unit
+                where = location(manifest, unit, entry.line)
             if first != item_id:
                 typer.echo(f"warning: {where}: id: {item_id!r} differs only in case from {unit} {line}'s "
                            f"{first!r}: one file where OUT's filesystem folds case (macOS, Windows, vfat/exFAT, SMB), "
