@@ -273,7 +273,7 @@ class TTS:
                    instruct: str | None = None, ref_audio=None, ref_text: str | None = None,
                    x_vector_only: bool = False, voice: Voice | str | Path | None = None,
                    non_streaming: bool | None = None, greedy: bool = False, max_frames: int | None = None,
-                   seed: int | None = None, **sampling) -> Audio | list[Audio]:
+                   max_seconds: float | None = None, seed: int | None = None, **sampling) -> Audio | list[Audio]:
         """Speak `text`: one string, or a list of strings batched together.
 
         Args:
@@ -286,6 +286,7 @@ class TTS:
                 `top_k`, `top_p`, `repetition_penalty`, `subtalker_*`).
             max_frames: frame budget per item (12.5 frames per second; a split item's pieces share it);
                 None derives it from the text.
+            max_seconds: the budget in seconds instead (a manifest line's `max_seconds`); one of the two.
             seed: makes sampling reproducible; with a list, item i uses `seed + i` (as a 64-bit integer: past
                 2**63 - 1 it wraps to -2**63). Without one, each item's drawn seed is its `Audio.seed`.
 
@@ -298,10 +299,13 @@ class TTS:
                 item that fails is named by its index (`text[3]: 71,400 characters make 350 pieces ...`).
             TypeError, ValueError: `text` that is not a string or a list of them (`text[1]: expected a string`),
                 or `greedy`, `max_frames`, `seed` or a sampling keyword of the wrong type or range, named
-                (`seed: expected an int, got float`), as `SamplingParams` checks them.
+                (`seed: expected an int, got float`), as `SamplingParams` checks them; `max_frames` and
+                `max_seconds` together.
         """
         if not isinstance(text, (str, list, tuple)):
             raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
+        if max_frames is not None and max_seconds is not None:
+            raise ValueError("max_frames, max_seconds: give one budget, not both")
         check_seed(seed)
         seed = _python_int(seed)  # item i's seed + i: a numpy int32's would wrap at 32 bits
         self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, for [] too
@@ -316,7 +320,8 @@ class TTS:
                 raise RequestError(f"{where}: {problem}")
         # The keywords; each text is checked above, named by its index. Against the checkpoint too, so that an
         # error of a keyword (an unknown speaker) is not taken for one of the first item's below.
-        keywords = Request("", language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice, non_streaming)
+        keywords = Request("", language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice, non_streaming,
+                           max_seconds=max_seconds)
         _check_request(keywords)
         if texts:
             resolve(self.ckpt.config, replace(keywords, text=texts[0]))
@@ -325,7 +330,7 @@ class TTS:
         jobs = []
         for i, item in enumerate(texts):
             request = Request(item, language, speaker, instruct, ref_audio, ref_text, x_vector_only, voice,
-                              non_streaming, id=str(i))
+                              non_streaming, id=str(i), max_seconds=max_seconds)
             item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
             jobs.append(Job(request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
         # Not `generate`: every field is checked above, and a voice cloned once for the list sits beside the

@@ -318,6 +318,19 @@ def test_stream_yields_results_in_the_order_they_finish(cv):
     assert [a.id for a in cv.stream(lines, greedy=True)] == ["short", "long"]
 
 
+def test_synthesize_takes_a_budget_in_seconds_as_a_manifest_line_does(cv):
+    """A manifest line and `stream`'s dicts have `max_seconds`; `synthesize` had only `max_frames`: 0.4 s is
+    5 frames at 12.5 frames/s, for one text and each text of a list; a bad value is named, both is refused."""
+    assert cv.synthesize("Hi there.", speaker="ryan", greedy=True, max_seconds=0.4).frames <= 5
+    assert [a.frames for a in cv.synthesize(["One.", "Two."], speaker="ryan", max_seconds=0.16, seed=3)] == [2, 2]
+    alone = cv.synthesize("Hi there.", speaker="ryan", seed=5, max_seconds=0.4)
+    assert np.array_equal(alone.codes, cv.synthesize("Hi there.", speaker="ryan", seed=5, max_frames=5).codes)
+    with pytest.raises(RequestError, match=r"^max_seconds: must be > 0, got -1$"):
+        cv.synthesize("Hi.", speaker="ryan", max_seconds=-1)
+    with pytest.raises(ValueError, match=r"^max_frames, max_seconds: give one budget, not both$"):
+        cv.synthesize("Hi.", speaker="ryan", max_frames=2, max_seconds=0.16)
+
+
 def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):
     """Before any arithmetic on them: a seed of the wrong type is not "can only concatenate str"."""
     with pytest.raises(TypeError, match=r"^seed: expected an int, got str$"):
