@@ -117,6 +117,7 @@ def test_export_dataset_has_an_audio_column_in_manifest_order(ckpt_dir, tmp_path
     assert rate == 24000 and np.array_equal(samples, sf.read(out / "u0.wav")[0])
     assert dataset.features["audio"].sampling_rate == 24000
     assert dataset["id"] == ["u0", "u1", "u2"] and dataset["text"] == ["Line 0.", "Line 1.", "Line 2."]
+    assert dataset["speaker"] == ["ryan"] * 3 and dataset["instruct"] == [None] * 3  # absent is null, not ''
     for row in dataset:
         assert row["audio"]["bytes"] == (out / f"{row['id']}.wav").read_bytes()
         assert row["frames"] == 3

@@ -165,8 +165,8 @@ def _write(out: Path, items: Iterable, work: Path, datasets, ArrowWriter):
             path = Path(out) / rec.path
             if rate is None and rec.samples != 0:  # (an empty flac or ogg file has no header)
                 rate = sf_rate(path)
-            writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker or "",
-                          "instruct": r.instruct or "", "audio": {"bytes": path.read_bytes(), "path": path.name},
+            writer.write({"id": r.id, "text": r.text, "language": r.language, "speaker": r.speaker,
+                          "instruct": r.instruct, "audio": {"bytes": path.read_bytes(), "path": path.name},
                           "seconds": float(rec.seconds), "frames": int(rec.frames), "seed": _seed(rec.seed)})
             count += 1
         writer.finalize()
