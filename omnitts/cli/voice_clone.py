@@ -51,9 +51,11 @@ def voice_clone(
     device: Device = "cpu",
     official_tokenizer: OfficialTok = False,
     save: Annotated[Optional[Path], option("--save", callback=user_path, parser=path, panel=OUTPUT, metavar="FILE",
-                                            help="Write the voice to this .safetensors file.")] = None,
+                                            help="Write the voice to this .safetensors file (an earlier voice file "
+                                                 "there is replaced).")] = None,
     out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
-                                           help="Output directory for --text: OUT/ID.wav.")] = None,
+                                           help="Output directory for --text: OUT/ID.wav (replaced if it exists: "
+                                                "--id names another).")] = None,
     item_id: Annotated[str, option("--id", panel=OUTPUT, metavar="ID", show_default=True,
                                     help="File name of the audio, as a manifest id.")] = "clone",
     audio_format: Format = "wav",
