@@ -51,8 +51,9 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     """Load checkpoint directory `path` for `device`. `dtype` applies to the LMs (`auto`: see
     device/features.py); `codec_dtype` (float32 or bfloat16) to the codec decoder; the speaker encoder
     and the codec's encoder stay float32. `max_batch`: the most rows an engine step will have (CPU
-    weights are laid out for it, see `device/cpu_weights.layout_batch`)."""
-    path = user_path(path)
+    weights are laid out for it, see `device/cpu_weights.layout_batch`). `path` is kept absolute: the identity and
+    `info` read its files later, after a notebook may have changed folder."""
+    path = user_path(path).absolute()
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")

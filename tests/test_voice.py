@@ -619,6 +619,21 @@ def test_paths_may_start_with_a_tilde(tts_factory, ref_wav, tmp_path, monkeypatc
     assert not (cwd / "~").exists()
 
 
+def test_a_checkpoint_loaded_by_a_relative_path_still_works_after_the_folder_changes(ckpt_dir, ref_wav, monkeypatch,
+                                                                                      tmp_path):
+    """A notebook loads `omnitts.load("ckpts/base")`, then changes folder (`%cd`, `os.chdir`): the checkpoint's
+    identity (read when the first voice is cloned) and `info()` read its files by the path as given, so cloning
+    failed "ckpts/base/config.json: cannot read (No such file or directory)". The path is the folder it named."""
+    folder = ckpt_dir("base")
+    monkeypatch.chdir(folder.parent)
+    tts = omnitts.load(folder.name, dtype="float32")
+    monkeypatch.chdir(tmp_path)
+    voice = tts.clone_voice(ref_wav, REF_TEXT)
+    assert voice.checkpoint == checkpoint_identity(folder)
+    assert tts.info()["kind"] == "base"
+    assert tts.ckpt.path == folder
+
+
 def test_an_empty_path_is_refused_by_the_library_naming_it_not_read_as_the_current_folder(tts_factory, ref_wav,
                                                                                              tmp_path, monkeypatch):
     """pathlib reads "" as ".": `read_results("")` read the current folder's results.jsonl, and `clone_voice("")`
