@@ -353,7 +353,7 @@ class TTS:
                 - a dict of manifest fields (`id`, `text`, `language`, `speaker`, `instruct`,
                   `ref_audio`, `ref_text`, `x_vector_only`, `non_streaming`, `seed`, `max_seconds`;
                   a relative `ref_audio` resolves against the current directory; read as a JSON manifest
-                  line is: an integer `id` is its digits, a whole float such as 3.0 an integer; a NaN, a
+                  line is: an integer `id` is its digits, a whole float such as 3.0 an integer; a NaN or pd.NA, a
                   DataFrame's empty cell, is absent: `df.to_dict("records")` gives a DataFrame's rows);
                 - a `(Request or dict, SamplingParams)` pair, whose parameters are used as given (its dict
                   may not set `seed`, `temperature`, `top_k`, `top_p` or `repetition_penalty` too).
@@ -418,11 +418,11 @@ class TTS:
         item_seed = None if seed is None else seed_word(seed + i)  # past 2**63 - 1: wrapped
         if isinstance(item, dict):
             # Read as a manifest line is: numpy's numbers (a seed from np.arange) as Python's, as the keyword
-            # arguments take them; NaN, a DataFrame row's empty cell (df.to_dict("records")), absent, as the null
-            # of a table manifest made from that DataFrame; an integer id its digits, a whole float an integer.
-            # Only a missing id is the position (the id 0 was taken for none)
+            # arguments take them; NaN or pandas' NA, a DataFrame row's empty cell (df.to_dict("records")), absent, as
+            # the null of a table manifest made from that DataFrame; an integer id its digits, a whole float an
+            # integer. Only a missing id is the position (the id 0 was taken for none)
             item = {k: v.item() if isinstance(v, (np.integer, np.floating)) else v for k, v in item.items()}
-            item = _typed_values({k: v for k, v in item.items() if not (isinstance(v, float) and math.isnan(v))})
+            item = _typed_values({k: v for k, v in item.items() if not _empty_cell(v)})
             if item.get("id") is None or (isinstance(item["id"], str) and not item["id"]):  # (an array's == is one)
                 item = {**item, "id": str(i)}
             for name in ("ref_audio", "voice"):  # a manifest line names files; objects go in a Request
@@ -475,6 +475,15 @@ def _requests_iterator(name: str, value) -> Iterator:
     except TypeError:
         raise TypeError(f"{name}: expected an iterable of requests (a list, a generator), got "
                         f"{type_label(type(value))}") from None
+
+
+def _empty_cell(value) -> bool:
+    """A DataFrame's empty cell: NaN (a float or object column's), or pandas' NA or NaT (a nullable column's,
+    `df.convert_dtypes()`; pandas 2's `to_dict` gives them as they are), told by type, without importing pandas."""
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    kind = type(value)
+    return kind.__name__ in ("NAType", "NaTType") and kind.__module__.startswith("pandas")
 
 
 def _python_int(value):

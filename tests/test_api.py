@@ -455,6 +455,17 @@ def test_stream_takes_a_dataframes_rows(cv):
         next(cv.stream(frame))
 
 
+def test_stream_takes_the_rows_of_a_dataframe_of_nullable_columns(cv):
+    """A DataFrame of pandas' nullable dtypes (`df.convert_dtypes()`, `read_parquet(..., dtype_backend=...)`) marks an
+    empty cell pd.NA, not NaN, and pandas 2's `to_dict("records")` gives it as that: such rows were "requests[1]: seed:
+    expected int, got NAType" (and "language: expected str, got NAType"), where a NaN cell is absent; pd.NA (and
+    pd.NaT) is absent as well."""
+    pd = pytest.importorskip("pandas")
+    rows = [{"id": "a", "text": "Hi.", "speaker": "ryan", "seed": 3, "language": pd.NA},  # as pandas 2 gives them
+            {"id": "b", "text": "Ho.", "speaker": "ryan", "seed": pd.NA, "language": "english", "instruct": pd.NaT}]
+    assert sorted((a.id, a.seed) for a in cv.stream(rows, max_frames=2, seed=10)) == [("a", 3), ("b", 11)]
+
+
 def test_a_stream_dict_takes_numpy_numbers(cv):
     """A seed from np.arange in a dict was "requests[0]: seed: expected int, got int64" (keywords took numpy's), a
     np.float32 max_seconds "max_seconds: expected number, got float32"."""
