@@ -51,9 +51,9 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     """Load checkpoint directory `path` for `device`. `dtype` applies to the LMs (`auto`: see
     device/features.py); `codec_dtype` (float32 or bfloat16) to the codec decoder; the speaker encoder
     and the codec's encoder stay float32. `max_batch`: the most rows an engine step will have (CPU
-    weights are laid out for it, see `device/cpu_weights.layout_batch`). `path` is kept absolute: the identity and
-    `info` read its files later, after a notebook may have changed folder."""
-    path = user_path(path).absolute()
+    weights are laid out for it, see `device/cpu_weights.layout_batch`). The loaded checkpoint keeps `path` absolute
+    (its config's too): the voice identity and `info` read its files later, after a notebook may have changed folder."""
+    path = user_path(path)
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
@@ -64,5 +64,6 @@ def load_checkpoint(path, device: str = "cpu", dtype: str = "auto", official_tok
     prepare_weights(models, dev, lm_dtype, codec_torch_dtype, max_batch)
     for module in (models.model, models.codec):
         module.eval().requires_grad_(False)  # the preparation may have swapped modules in
-    return Checkpoint(path, models.config, models.model, models.codec, models.codec_encoder,
-                      TextTokenizer(path, official_tokenizer), dev, lm_dtype)
+    tokenizer = TextTokenizer(path, official_tokenizer)
+    models.config.path = path = path.absolute()
+    return Checkpoint(path, models.config, models.model, models.codec, models.codec_encoder, tokenizer, dev, lm_dtype)
