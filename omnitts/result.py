@@ -86,7 +86,8 @@ class Audio:
 
         The format comes from the suffix: .wav and .flac (16-bit PCM) or .ogg (Vorbis). Missing
         folders are created; `~` is the home folder. Returns the path. Audio of no samples saves as .wav or .ogg;
-        .flac refuses it (ValueError): libsndfile writes an empty FLAC as a 0-byte file nothing can read.
+        .flac refuses it (ValueError): libsndfile writes an empty FLAC as a 0-byte file nothing can read. A rate the
+        format cannot hold (.ogg past 200 kHz, .flac past 655,350 Hz) is refused too (ValueError).
         """
         path = user_path(path)
         if path.suffix.lower() == ".flac" and np.size(self.samples) == 0 and not path.is_dir():

@@ -124,6 +124,27 @@ def test_empty_audio_saves_as_wav_and_ogg_and_flac_refuses_it(tmp_path):
     assert not (tmp_path / "a.flac").exists()
 
 
+@pytest.mark.parametrize("suffix, rate, most", [(".ogg", 200001, 200000), (".flac", 655351, 655350)])
+def test_a_rate_the_format_cannot_hold_is_refused_naming_the_file(tmp_path, suffix, rate, most):
+    """An Audio built by hand at a rate past what the format holds: libvorbis crashed the process (a notebook's kernel)
+    writing Vorbis above 200 kHz (leaving its temporary file), and FLAC above 655,350 Hz failed "Error opening
+    '.a.flac.omnitts-....tmp': flac does not support this sample rate". Run in a child process: the crash would end
+    this one."""
+    import subprocess
+    import sys
+
+    code = (f"import numpy as np, omnitts\n"
+            f"try:\n    omnitts.Audio(np.zeros(2400, np.float32), {rate}).save({str(tmp_path / ('a' + suffix))!r})\n"
+            f"except ValueError as exc:\n    print(exc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert re.fullmatch(rf".*a\{suffix}: a sample rate of {rate} Hz is past what {suffix} holds \({most:,} Hz at most\); "
+                        r"resample the audio, or save it as \.wav; nothing was written\n", done.stdout), done.stdout
+    assert list(tmp_path.iterdir()) == []
+    path = omnitts.Audio(np.zeros(2400, np.float32), most).save(tmp_path / f"b{suffix}")  # the limit itself is taken
+    assert sf.info(path).samplerate == most
+
+
 def test_result_is_the_old_name_of_audio(cv):
     assert omnitts.Result is omnitts.Audio
     audio = cv.synthesize("Old name.", speaker="ryan", greedy=True, max_frames=2)

@@ -39,6 +39,9 @@ MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
 # little; past +6 dBFS they are on another scale (int16 PCM as float peaks in the thousands), a voice no error names.
 MAX_FLOAT_PEAK = 2.0
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
+# The highest rate each holds (an Audio built by hand may have any): libsndfile refuses a FLAC one past it naming the
+# temporary file, and libvorbis crashes the process on a Vorbis one (WAV's header holds a 32-bit rate)
+MAX_RATES = {"wav": 2**31 - 1, "flac": 655350, "ogg": 200000}
 SF_ERR_SYSTEM = 2  # libsndfile's code for a failed system call ("System error.")
 # Integer PCM -> (offset, scale) to [-1, 1), as soundfile reads each subtype as float (uint8 is offset binary).
 PCM = {np.dtype(np.int8): (0, 2**7), np.dtype(np.int16): (0, 2**15), np.dtype(np.int32): (0, 2**31),
@@ -192,6 +195,10 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(errno.ENOTDIR, "a folder on this path is a file", str(path)) from None
+    if sample_rate > MAX_RATES[kind]:
+        wav = "" if kind == "wav" else ", or save it as .wav"
+        raise ValueError(f"{path}: a sample rate of {sample_rate} Hz is past what .{kind} holds ({MAX_RATES[kind]:,} Hz "
+                         f"at most); resample the audio{wav}; nothing was written")
     if problem := shape_problem(samples):
         raise ValueError(f"{path}: {problem}; nothing was written")
     if not np.isfinite(samples).all():  # soundfile writes NaN as full scale: noise no error would name
