@@ -189,6 +189,12 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file where a folder would be ("File exists" named neither)
+        in_way = next((folder for folder in path.parents if folder.exists() and not folder.is_dir()), path.parent)
+        raise VoiceError(f"{path}: {in_way} is a file, not a directory; nothing was written") from None
+    except OSError as exc:
+        raise VoiceError(f"{path}: cannot write the voice file ({exc.strerror or exc})") from None
+    try:
         with atomic_write(path) as tmp:
             save_file(tensors, tmp, metadata={k: str(v) for k, v in info.items()})
             os.chmod(tmp, file_mode())  # safetensors writes a new file of mode 0600

@@ -554,6 +554,18 @@ def test_cli_save_where_no_file_can_be_is_one_line_before_the_model_loads(ckpt_d
         result.output
 
 
+@pytest.mark.parametrize("save", ["afile/v.safetensors", "afile/sub/v.safetensors"])
+def test_voice_save_under_a_file_names_the_file_in_the_way(tts_factory, ref_wav, tmp_path, save):
+    """`Voice.save` into a folder that is a file said "cannot write the voice file (File exists)" (or "Not a
+    directory"): as --save says it, the file in the way is named."""
+    (tmp_path / "afile").write_text("a file")
+    voice = tts_factory("base").clone_voice(ref_wav, x_vector_only=True)
+    with pytest.raises(VoiceError, match=rf"^{re.escape(str(tmp_path / save))}: {re.escape(str(tmp_path / 'afile'))} is "
+                                         r"a file, not a directory; nothing was written$"):
+        voice.save(tmp_path / save)
+    assert (tmp_path / "afile").read_text() == "a file"
+
+
 def test_a_voice_shows_as_one_line(tts_factory, ref_wav):
     tts = tts_factory("base")
     icl, xvec = tts.clone_voice(ref_wav, REF_TEXT), tts.clone_voice(ref_wav, x_vector_only=True)
