@@ -133,6 +133,7 @@ class TTS:
             greedy: argmax decoding in talker and sub-talker instead of sampling (a bool).
             **overrides: any `SamplingParams` field (None keeps the default).
         """
+        greedy = greedy.item() if isinstance(greedy, np.bool_) else greedy  # numpy's, as its numbers are taken
         check_flag("greedy", greedy)
         params = SamplingParams.from_generation_config(self.ckpt.config.generation, **overrides)
         return params.greedy() if greedy else params
@@ -306,6 +307,9 @@ class TTS:
             raise TypeError(f"text: expected a string or a list of strings, got {type(text).__name__}")
         if max_frames is not None and max_seconds is not None:
             raise ValueError("max_frames, max_seconds: give one budget, not both")
+        if "id" in sampling:  # a manifest field, not a sampling keyword
+            raise TypeError("id: synthesize names its results by position ('0', '1', ...); give each item an id "
+                            "in a dict to stream instead")
         check_seed(seed)
         seed = _python_int(seed)  # item i's seed + i: a numpy int32's would wrap at 32 bits
         self.default_params(greedy, max_frames=max_frames, seed=seed, **sampling)  # each keyword, for [] too

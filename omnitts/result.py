@@ -89,11 +89,11 @@ class Audio:
         .flac refuses it (ValueError): libsndfile writes an empty FLAC as a 0-byte file nothing can read. A rate the
         format cannot hold (.ogg past 200 kHz, .flac past 655,350 Hz) is refused too (ValueError).
         """
-        path = user_path(path)
+        given, path = path, user_path(path)
         if path.suffix.lower() == ".flac" and np.size(self.samples) == 0 and not path.is_dir():
             raise ValueError(f"{path}: the audio has no samples, and an empty FLAC file cannot be read back "
                              "(libsndfile writes 0 bytes); save it as .wav or .ogg; nothing was written")
-        write_audio(path, self.samples, self.sample_rate)
+        write_audio(given, self.samples, self.sample_rate)  # as given: a folder's path ends in "/", a Path's not
         return path
 
     def to_wav_bytes(self) -> bytes:

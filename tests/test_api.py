@@ -90,6 +90,23 @@ def test_save_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "x.wav"]  # no temporary file left
 
 
+def test_save_to_a_name_without_a_suffix_says_what_the_name_lacks(tmp_path, monkeypatch):
+    """`save(".wav")` (pathlib reads it as a hidden file without a suffix), `save("new/")` (a folder not made
+    yet) and `save("noext")` all said "unsupported audio format ''"; each now says what is wrong, writing nothing."""
+    monkeypatch.chdir(tmp_path)
+    audio = omnitts.Audio(np.zeros(240, np.float32), 24000)
+    with pytest.raises(ValueError, match=r"^\.wav: '\.wav' is a suffix alone \(a hidden file's name\); use one of "
+                                         r"\.wav, \.flac, \.ogg \(e\.g\. a\.wav\)$"):
+        audio.save(".wav")
+    with pytest.raises(IsADirectoryError, match=r"is a folder's path \(it ends in /\); give the audio file's name"):
+        audio.save("new/")
+    with pytest.raises(IsADirectoryError, match=r"is a folder's path"):
+        audio.save(str(tmp_path / "x.wav") + "/")
+    with pytest.raises(ValueError, match=r"^noext: the file name has no suffix; use one of"):
+        audio.save("noext")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_audio_is_its_samples_to_numpy_and_the_libraries_that_take_arrays(tmp_path):
     """np.asarray(audio) was a 0-d object array holding the Audio, and sf.write(path, audio, rate) an IndexError
     from inside soundfile: an Audio converts to its samples (float32, shape (n,)), as arrays of audio do."""
@@ -350,6 +367,15 @@ def test_synthesize_takes_a_budget_in_seconds_as_a_manifest_line_does(cv):
         cv.synthesize("Hi.", speaker="ryan", max_seconds=-1)
     with pytest.raises(ValueError, match=r"^max_frames, max_seconds: give one budget, not both$"):
         cv.synthesize("Hi.", speaker="ryan", max_frames=2, max_seconds=0.16)
+
+
+def test_synthesize_takes_numpy_bools_and_says_where_ids_go(cv):
+    """numpy's ints were taken for seeds and budgets, its bool refused for greedy ('expected a bool, got
+    numpy.bool'); an `id` keyword was called an unknown sampling parameter."""
+    assert np.array_equal(cv.synthesize("Hi.", speaker="ryan", greedy=np.bool_(True), max_frames=3).codes,
+                          cv.synthesize("Hi.", speaker="ryan", greedy=True, max_frames=3).codes)
+    with pytest.raises(TypeError, match=r"^id: synthesize names its results by position .*stream instead$"):
+        cv.synthesize("Hi.", speaker="ryan", id="x")
 
 
 def test_arguments_of_the_wrong_type_are_type_errors_naming_them(cv):

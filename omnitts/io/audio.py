@@ -182,15 +182,19 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
     """Write `samples` atomically: to a temporary name in the same folder, then rename."""
     import soundfile as sf
 
+    folder = str(path).endswith(("/", os.sep))  # (a Path drops the slash that says so)
     path = user_path(path)
     # OSErrors as ever, naming `path` and what is wrong with it (not a temporary name, or "File exists" for
     # a parent that is a file); a folder first, whatever its suffix (not "unsupported audio format ''")
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a folder; give the audio file's name (e.g. a.wav) inside it",
-                                str(path))
+    if path.is_dir() or folder:
+        what = "is a folder" if path.is_dir() else "is a folder's path (it ends in /)"
+        raise IsADirectoryError(errno.EISDIR, f"{what}; give the audio file's name (e.g. a.wav) inside it", str(path))
     kind = path.suffix.lower().lstrip(".")
     if kind not in FORMATS:
-        raise ValueError(f"{path}: unsupported audio format {path.suffix!r}; use one of .{', .'.join(FORMATS)}")
+        problem = (f"unsupported audio format {path.suffix!r}" if path.suffix
+                   else f"{path.name!r} is a suffix alone (a hidden file's name)" if path.name.lower()[1:] in FORMATS
+                   else "the file name has no suffix")
+        raise ValueError(f"{path}: {problem}; use one of .{', .'.join(FORMATS)} (e.g. a.wav)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
