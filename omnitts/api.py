@@ -133,7 +133,6 @@ class TTS:
             greedy: argmax decoding in talker and sub-talker instead of sampling (a bool).
             **overrides: any `SamplingParams` field (None keeps the default).
         """
-        greedy = greedy.item() if isinstance(greedy, np.bool_) else greedy  # numpy's, as its numbers are taken
         check_flag("greedy", greedy)
         params = SamplingParams.from_generation_config(self.ckpt.config.generation, **overrides)
         return params.greedy() if greedy else params
