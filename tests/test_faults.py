@@ -245,6 +245,30 @@ def test_libsndfile_on_a_full_device_raises_enospc():
     assert caught.value.errno == errno.ENOSPC and caught.value.filename == "/dev/full"
 
 
+def test_a_full_disk_while_claiming_an_item_leaves_no_claim_file(ckpt_dir, tmp_path, monkeypatch):
+    """A claim file is created (an inode, no data) and then stamped: on a full disk the stamp fails. The
+    empty claim was left in OUT after the run (seen on a 400 KB tmpfs) and its descriptor stayed open."""
+    from omnitts.batch import claims
+
+    out, run = _full_disk_run(ckpt_dir, tmp_path)
+    stamp, stamped = claims._stamp, []
+
+    def full_at_the_second_claim(fd, **fields):
+        if "id" in fields and fields["id"] not in stamped:  # an item's first stamp: its claim
+            stamped.append(fields["id"])
+            if len(stamped) == 2:
+                raise _enospc(out / f".{fields['id']}{claims.CLAIM}")
+        stamp(fd, **fields)
+
+    monkeypatch.setattr(claims, "_stamp", full_at_the_second_claim)
+    result = run()
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1].startswith(
+        f"error: no space left on {out}: 0 items done"), result.output
+    assert not list(out.glob(f".*{claims.CLAIM}")) and not list(out.glob(".omnitts-writer-*"))
+    monkeypatch.setattr(claims, "_stamp", stamp)
+    _check_resumed(run(), out, [])
+
+
 def test_a_full_disk_while_recording_a_bad_line_is_one_line_before_the_model_loads(ckpt_dir, tmp_path, monkeypatch):
     import omnitts.api
     from omnitts.batch import ledger

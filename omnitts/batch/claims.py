@@ -174,9 +174,15 @@ class Writer:
             if fd is None:
                 return False
             deaths = deaths_in(_read_stamp(fd))
+            try:
+                _stamp(fd, id=item_id, **_history(deaths))
+            except BaseException:  # a full disk: the claim (created, unstamped) goes, unless it carries deaths
+                if not deaths[0]:
+                    self._claim_path(item_id).unlink(missing_ok=True)
+                os.close(fd)
+                raise
             if deaths[0]:
                 self.deaths[item_id] = deaths
-            _stamp(fd, id=item_id, **_history(deaths))
             self.claims[item_id] = fd
             return True
 
