@@ -125,6 +125,18 @@ def test_long_sentence_falls_back_to_clauses_then_spaces():
     assert all(len(p) <= 30 for p in pieces)
 
 
+def test_invisible_characters_alone_make_no_piece():
+    """A right-to-left mark (or U+200B, a BOM) after a sentence that fills a piece was a piece of its own; the
+    pipeline refuses such a piece as empty, so a 429-character text, which validate had passed, failed whole
+    ("text: empty (only invisible characters such as U+200F)")."""
+    last = "Word " + "word " * 48 + "end."  # 249 characters
+    for mark in ("\u200f", "\u200b", "\ufeff", "\u200b\u200e"):
+        pieces = split_text(f"Short one. {last} {mark}", 250)
+        assert pieces == ["Short one.", last], (mark, pieces)
+        assert split_text(f"{last}\n\n{mark}\n\n{last}", 250) == [last, last]  # a paragraph of its own
+    assert split_text(f"{last} a\u200f", 250) == [last, "a\u200f"]  # beside a word: kept
+
+
 def test_default_limits_follow_language_or_script():
     assert default_max_chars("Hello.", "english") == DEFAULT_MAX_CHARS
     assert default_max_chars("Hello.", "Chinese") == DEFAULT_MAX_CHARS_CJK

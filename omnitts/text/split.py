@@ -21,9 +21,11 @@ never say EOS. `split_text` cuts a long text into pieces of at most `max_chars` 
    So no piece is ever longer than `max_chars`: what one manifest line costs is bounded by its
    number of pieces, not by its longest word.
 
-Pieces are stripped, never empty, and keep their punctuation. They are contiguous slices of the
-input (`split_spans` gives the offsets), so removing whitespace from the joined pieces gives the
-input without whitespace; joining with a single space (Latin) or nothing (CJK) restores the text
+Pieces are stripped, never empty, and keep their punctuation. A run of invisible characters that would
+stand alone as a piece (a right-to-left mark or U+200B after a sentence that fills a piece) is dropped:
+it has nothing to speak, and the pipeline refuses an empty piece. Pieces are contiguous slices of the
+input (`split_spans` gives the offsets), so removing whitespace (and such runs) from the joined pieces
+gives the input without them; joining with a single space (Latin) or nothing (CJK) restores the text
 up to whitespace. Text that fits is returned as one piece; blank text as no piece.
 
 What one item may cost is bounded by its number of pieces: at most `MAX_PIECES` (256) per item
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
+
+from . import empty_text
 
 DEFAULT_MAX_CHARS = 250  # alphabetic scripts: ~21 s at ~12 characters/s
 DEFAULT_MAX_CHARS_CJK = 100  # Chinese/Japanese/Korean: ~20-25 s at 4-5 characters/s
@@ -104,7 +108,7 @@ def split_spans(text: str, max_chars: int | None = None, language: str | None = 
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     spans: list[tuple[int, int]] = []
     _split(text, 0, len(text), limit, 0, spans)
-    return spans
+    return [(a, b) for a, b in spans if empty_text(text[a:b]) is None]  # (a lone U+200F: nothing to speak)
 
 
 def _strip(text: str, start: int, end: int) -> tuple[int, int]:
