@@ -61,7 +61,8 @@ from .options import (
     user_path,
 )
 from ..stops import install, stopped
-from .checks import check_engine, check_out_apart, check_output, show_log
+from .checks import (Inputs, check_device_indices, check_engine, check_out_apart, check_output, check_ray,
+                     check_runaway, show_log, worker_devices)
 from .demo import DEMO_LINES, build_demo_checkpoint, demo_reference_wav
 from .running import os_error, run_synth
 
@@ -171,14 +172,14 @@ def synth(
         shard = parse_shard(shard) if shard is not None else None
     except OmniTTSError as exc:
         fail(str(exc))
-    _check_ray(use_ray, ray_address, devices, workers)
+    check_ray(use_ray, ray_address, devices, workers)
     # None: this process synthesizes (or Ray's actors do, `workers` of them)
-    workers_on = None if use_ray else _worker_devices(engine, device, workers, devices)
+    workers_on = None if use_ray else worker_devices(engine, device, workers, devices)
     check_engine(engine, devices, recipe if device is None else None)  # (the device is the recipe's, or cpu)
     if workers_on is not None:
-        _check_device_indices(workers_on)
+        check_device_indices(workers_on)
     audio_format = check_output(audio_format, loudness)
-    _check_runaway(retry_runaway, greedy, max_frames)
+    check_runaway(retry_runaway, greedy, max_frames)
     check_out_apart(out, model)
     try:
         check_out(out)
@@ -206,7 +207,7 @@ def synth(
             batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
             fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
             good = bad = 0
-            inputs = _Inputs(out, manifest, fold_case)
+            inputs = Inputs(out, manifest, fold_case)
             for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
                 inputs.add(entry)  # every shard's: this shard's items may write over another's reference
                 if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
@@ -246,57 +247,6 @@ def synth(
                    export_dataset, quiet, workers_on, ray, verbose, read_as)
 
 
-def _check_runaway(retries: int, greedy: bool, max_frames: int | None) -> None:
-    """--retry-runaway retries sampled items that ran out of the budget derived from their text: with --greedy or
-    --max-frames it could retry none, so the pair is refused rather than the retries silently not happening."""
-    if retries and greedy:
-        fail(f"--retry-runaway {retries} retries sampled items with new seeds; under --greedy a retry gives the "
-             "same audio (drop one of them)")
-    if retries and max_frames is not None:
-        fail(f"--retry-runaway {retries} retries items that ran out of the budget derived from their text; "
-             "--max-frames gives every item its own budget, so none would be (drop one of them)")
-
-
-class _Inputs:
-    """The files synth reads that lie in OUT itself (the manifest, a line's ref_audio), and the ids it
-    writes: an item's audio (or codes) named like one of them would replace it, or delete it as the file of an
-    earlier --format (`Batch._drop_earlier`): id "alice" with "ref_audio": "alice.wav" and the manifest's folder
-    as OUT destroyed the reference clip. Refused before anything is written."""
-
-    def __init__(self, out: Path, manifest: Path, fold_case):
-        self.out, self.manifest, self.folder, self.fold = out, manifest, out.resolve(), fold_case is not None
-        self.read: dict[str, tuple[str, str]] = {}  # a file's name in OUT (as the ids are compared) -> (name, reader)
-        self.ids: set[str] = set()
-        self._note(manifest, "the manifest")
-
-    def _key(self, name: str) -> str:
-        return name.lower() if self.fold else name
-
-    def _note(self, path, what: str) -> None:
-        if isinstance(path, (str, Path)) and (path := Path(path).resolve()).parent == self.folder:
-            self.read.setdefault(self._key(path.name), (path.name, what))
-
-    def add(self, entry) -> None:
-        request = getattr(entry, "request", None)
-        if request is not None:
-            self._note(request.ref_audio, f"the ref_audio of {self.manifest}:{entry.line}")  # (a voice: .safetensors)
-
-    def writes(self, entry) -> None:  # (the manifest pass holds each id already: the set adds no strings)
-        self.ids.add(self._key(entry.request.id))
-
-    def clobbered(self) -> str | None:
-        from ..io.audio import FORMATS
-
-        for key, (name, what) in self.read.items():
-            stem = key.removesuffix(".codes.npy") if key.endswith(".codes.npy") else key.rpartition(".")[0]
-            if stem in self.ids and (key.endswith(".codes.npy") or key.rpartition(".")[2] in FORMATS):
-                stem = name[:len(stem)]  # as the file spells it
-                return (f"--out {self.out}: {what}, {self.out / name}, is named as item {stem!r}'s output, which "
-                        "the run replaces (or deletes, under another --format); choose another --out (or rename the "
-                        "id or the file)")
-        return None
-
-
 @contextmanager
 def _unmade_unless_used(out: Path, batch_now):
     """Where synth's first pass ends the run (an unusable manifest or checkpoint), the OUT folder it made for
@@ -312,60 +262,6 @@ def _unmade_unless_used(out: Path, batch_now):
             with suppress(OSError):  # not empty, or gone: left as it is
                 out.rmdir()
         raise
-
-
-def _worker_devices(engine: dict, device: str | None, workers: int | None, devices: str | None):
-    """The device of each worker process (None: the single-process run); sets engine["device"] to their
-    kind. Refuses, with one line and exit 2, lists it cannot parse and flags that disagree."""
-    from ..workers import DevicesError, kind_of, parse_devices
-
-    try:
-        listed = parse_devices(devices, workers, engine["device"])
-    except DevicesError as exc:
-        fail(str(exc))
-    if listed is not None and devices is not None:
-        kind = kind_of(listed[0])
-        if device is not None and device != kind:
-            fail(f"--device {device} and --devices {devices!r} disagree; give one of them")
-        engine["device"] = kind
-    return listed
-
-
-def _check_device_indices(devices: list[str]) -> None:
-    """Each accelerator index names a device this machine has, and CPU workers have a core each (more only
-    share the cores and each loads its own copy of the model: slower, and a way to run out of memory)."""
-    import torch
-
-    from ..workers import cpu_cores, kind_of
-
-    kind = kind_of(devices[0])
-    if kind == "cpu":
-        if len(devices) > (cores := cpu_cores()):
-            fail(f"{len(devices)} CPU workers: omnitts may use {plural(cores, 'CPU core')} here, and CPU workers split "
-                 f"them (each loads its own copy of the model); give at most {cores}")
-        return
-    count = torch.cuda.device_count() if kind == "cuda" else torch.npu.device_count()
-    for name in devices:
-        if int(name.split(":")[1]) >= count:
-            fail(f"--devices: {name}: this machine has {plural(count, kind.upper() + ' device')} "
-                  f"({kind}:0 to {kind}:{count - 1})" if count else f"--devices: {name}: no {kind} device is visible")
-
-
-def _check_ray(use_ray: bool, address: str | None, devices: str | None, workers: int | None) -> None:
-    """--ray's options go together, and Ray must be importable (checked before anything loads)."""
-    if not use_ray:
-        if address is not None:
-            fail("--ray-address goes with --ray (it names the Ray cluster to run on)")
-        return
-    if devices is not None:
-        fail("--devices does not go with --ray: Ray places its actors (--workers N sets how many)")
-    if workers is not None and workers < 1:
-        fail(f"--workers {workers}: give 1 or more (with --ray: the number of actors)")
-    try:
-        import ray  # noqa: F401
-        import ray.data  # noqa: F401
-    except ImportError:
-        fail("--ray needs Ray: pip install 'omnitts[ray]'")
 
 
 @app.command(cls=Command)

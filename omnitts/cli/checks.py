@@ -1,5 +1,5 @@
-"""The checks every command makes before anything loads (device, dtypes, output format), and where the
-library's log lines go."""
+"""The checks the commands make before anything loads (device, dtypes, output format; synth's devices, Ray
+options, retries and the files in OUT it would replace), and where the library's log lines go."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from ..errors import OmniTTSError
-from .options import either, fail
+from .options import either, fail, plural
 
 
 class LogToStderr(logging.Handler):
@@ -87,3 +87,108 @@ def check_out_apart(out: Path, model: Path, flag: str = "--out") -> None:
     if out_at in (model_at, model_at / "speech_tokenizer"):
         what = "the checkpoint directory" if out_at == model_at else f"the codec folder of checkpoint {model}"
         fail(f"{flag} {out}: is {what}; write the outputs to a folder of their own")
+
+
+def check_runaway(retries: int, greedy: bool, max_frames: int | None) -> None:
+    """--retry-runaway retries sampled items that ran out of the budget derived from their text: with --greedy or
+    --max-frames it could retry none, so the pair is refused rather than the retries silently not happening."""
+    if retries and greedy:
+        fail(f"--retry-runaway {retries} retries sampled items with new seeds; under --greedy a retry gives the "
+             "same audio (drop one of them)")
+    if retries and max_frames is not None:
+        fail(f"--retry-runaway {retries} retries items that ran out of the budget derived from their text; "
+             "--max-frames gives every item its own budget, so none would be (drop one of them)")
+
+
+class Inputs:
+    """The files synth reads that lie in OUT itself (the manifest, a line's ref_audio), and the ids it
+    writes: an item's audio (or codes) named like one of them would replace it, or delete it as the file of an
+    earlier --format (`Batch._drop_earlier`): id "alice" with "ref_audio": "alice.wav" and the manifest's folder
+    as OUT destroyed the reference clip. Refused before anything is written."""
+
+    def __init__(self, out: Path, manifest: Path, fold_case):
+        self.out, self.manifest, self.folder, self.fold = out, manifest, out.resolve(), fold_case is not None
+        self.read: dict[str, tuple[str, str]] = {}  # a file's name in OUT (as the ids are compared) -> (name, reader)
+        self.ids: set[str] = set()
+        self._note(manifest, "the manifest")
+
+    def _key(self, name: str) -> str:
+        return name.lower() if self.fold else name
+
+    def _note(self, path, what: str) -> None:
+        if isinstance(path, (str, Path)) and (path := Path(path).resolve()).parent == self.folder:
+            self.read.setdefault(self._key(path.name), (path.name, what))
+
+    def add(self, entry) -> None:
+        request = getattr(entry, "request", None)
+        if request is not None:
+            self._note(request.ref_audio, f"the ref_audio of {self.manifest}:{entry.line}")  # (a voice: .safetensors)
+
+    def writes(self, entry) -> None:  # (the manifest pass holds each id already: the set adds no strings)
+        self.ids.add(self._key(entry.request.id))
+
+    def clobbered(self) -> str | None:
+        from ..io.audio import FORMATS
+
+        for key, (name, what) in self.read.items():
+            stem = key.removesuffix(".codes.npy") if key.endswith(".codes.npy") else key.rpartition(".")[0]
+            if stem in self.ids and (key.endswith(".codes.npy") or key.rpartition(".")[2] in FORMATS):
+                stem = name[:len(stem)]  # as the file spells it
+                return (f"--out {self.out}: {what}, {self.out / name}, is named as item {stem!r}'s output, which "
+                        "the run replaces (or deletes, under another --format); choose another --out (or rename the "
+                        "id or the file)")
+        return None
+
+
+def worker_devices(engine: dict, device: str | None, workers: int | None, devices: str | None):
+    """The device of each worker process (None: the single-process run); sets engine["device"] to their
+    kind. Refuses, with one line and exit 2, lists it cannot parse and flags that disagree."""
+    from ..workers import DevicesError, kind_of, parse_devices
+
+    try:
+        listed = parse_devices(devices, workers, engine["device"])
+    except DevicesError as exc:
+        fail(str(exc))
+    if listed is not None and devices is not None:
+        kind = kind_of(listed[0])
+        if device is not None and device != kind:
+            fail(f"--device {device} and --devices {devices!r} disagree; give one of them")
+        engine["device"] = kind
+    return listed
+
+
+def check_device_indices(devices: list[str]) -> None:
+    """Each accelerator index names a device this machine has, and CPU workers have a core each (more only
+    share the cores and each loads its own copy of the model: slower, and a way to run out of memory)."""
+    import torch
+
+    from ..workers import cpu_cores, kind_of
+
+    kind = kind_of(devices[0])
+    if kind == "cpu":
+        if len(devices) > (cores := cpu_cores()):
+            fail(f"{len(devices)} CPU workers: omnitts may use {plural(cores, 'CPU core')} here, and CPU workers split "
+                 f"them (each loads its own copy of the model); give at most {cores}")
+        return
+    count = torch.cuda.device_count() if kind == "cuda" else torch.npu.device_count()
+    for name in devices:
+        if int(name.split(":")[1]) >= count:
+            fail(f"--devices: {name}: this machine has {plural(count, kind.upper() + ' device')} "
+                  f"({kind}:0 to {kind}:{count - 1})" if count else f"--devices: {name}: no {kind} device is visible")
+
+
+def check_ray(use_ray: bool, address: str | None, devices: str | None, workers: int | None) -> None:
+    """--ray's options go together, and Ray must be importable (checked before anything loads)."""
+    if not use_ray:
+        if address is not None:
+            fail("--ray-address goes with --ray (it names the Ray cluster to run on)")
+        return
+    if devices is not None:
+        fail("--devices does not go with --ray: Ray places its actors (--workers N sets how many)")
+    if workers is not None and workers < 1:
+        fail(f"--workers {workers}: give 1 or more (with --ray: the number of actors)")
+    try:
+        import ray  # noqa: F401
+        import ray.data  # noqa: F401
+    except ImportError:
+        fail("--ray needs Ray: pip install 'omnitts[ray]'")
