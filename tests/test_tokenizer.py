@@ -88,6 +88,31 @@ def test_tokenizer_config_errors_name_the_file(folder, tmp_path, damage, message
     assert "tokenizer_config.json" in str(info.value)
 
 
+def test_a_missing_tokenizer_config_is_named_not_spelled_out(folder, tmp_path):
+    """tokenizer_config.json defines <|im_start|> and <|im_end|>: without it every prompt's markers became BPE pieces
+    (27, 91, 399...) and the checkpoint loaded and ran on garbled prompts."""
+    copy = _copy_files(folder, tmp_path)
+    (copy / "tokenizer_config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: file not found; it defines the tokens <\|im_start"):
+        TextTokenizer(copy)
+
+
+def test_a_tokenizer_file_without_the_chat_tokens_is_named(folder, tmp_path):
+    import json
+
+    copy = _copy_files(folder, tmp_path)
+    config = json.loads((copy / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["added_tokens_decoder"] = {}
+    (copy / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: defines no token <\|im_start\|>"):
+        TextTokenizer(copy)
+    document = json.loads(TextTokenizer(folder)._tok.to_str())  # a shipped tokenizer.json without them, too
+    document["added_tokens"] = [t for t in document["added_tokens"] if t["content"] != "<|im_end|>"]
+    (copy / "tokenizer.json").write_text(json.dumps(document), encoding="utf-8")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: defines no token <\|im_end\|>"):
+        TextTokenizer(copy)
+
+
 def test_a_malformed_merges_line_is_named(folder, tmp_path):
     copy = _copy_files(folder, tmp_path)
     lines = (copy / "merges.txt").read_text(encoding="utf-8").splitlines()

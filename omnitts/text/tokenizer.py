@@ -19,6 +19,7 @@ from ..errors import CheckpointError
 
 _FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "added_tokens.json")
+_CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")  # every prompt's role markers: one added token each
 _LOADED: dict[str, str] = {}  # digest of the tokenizer files -> tokenizer.json text (this process)
 
 # The Qwen2 pre-tokenizer regex, as the published checkpoints' tokenizer defines it (public regex, verbatim).
@@ -45,6 +46,7 @@ class TextTokenizer:
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
         # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
         self._tok = _backend(ckpt)
+        _check_chat_tokens(ckpt, self._tok)
         self.official_regex = official_regex
         if official_regex:
             pre = self._tok.pre_tokenizer
@@ -69,6 +71,20 @@ class TextTokenizer:
 
     def instruct_ids(self, instruct: str) -> list[int]:
         return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
+
+
+def _check_chat_tokens(ckpt: Path, tok) -> None:
+    """CheckpointError unless `tok` has <|im_start|> and <|im_end|> as tokens: without them (a checkpoint missing its
+    tokenizer_config.json, which defines them) every prompt's markers would be spelled out as BPE pieces, silently."""
+    missing = [token for token in _CHAT_TOKENS if tok.token_to_id(token) is None]
+    if not missing:
+        return
+    source = ckpt / ("tokenizer.json" if (ckpt / "tokenizer.json").is_file() else "tokenizer_config.json")
+    if not source.is_file():
+        raise CheckpointError(f"{source}: file not found; it defines the tokens {' and '.join(_CHAT_TOKENS)} every "
+                              f"prompt uses (copy it from the checkpoint's download)")
+    raise CheckpointError(f"{source}: defines no token {missing[0]}; every prompt uses {' and '.join(_CHAT_TOKENS)} "
+                          f"(is it this checkpoint's file?)")
 
 
 def _backend(ckpt: Path):
