@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
-from .io import unreachable
+from .io import broken_link, unreachable
 
 MODEL_TYPES = ("custom_voice", "voice_design", "base")
 CODEC_IDS = ("codec_eos_token_id", "codec_think_id", "codec_nothink_id", "codec_think_bos_id", "codec_think_eos_id",
@@ -27,6 +27,8 @@ TEXT_IDS = ("tts_pad_token_id", "tts_bos_token_id", "tts_eos_token_id")  # text 
 
 def read_json(path: Path) -> dict:
     """Read a JSON object from `path`, raising CheckpointError naming the file on any problem."""
+    if why := broken_link(path):
+        raise CheckpointError(f"{path}: {why}")
     if not path.is_file():
         raise CheckpointError(f"{path}: file not found (is this a Qwen3-TTS-12Hz checkpoint directory?)")
     try:

@@ -44,6 +44,25 @@ def test_missing_speech_tokenizer_weights(cv_copy):
         omnitts.load(cv_copy)
 
 
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "speech_tokenizer/model.safetensors", "vocab.json"])
+def test_a_link_to_a_missing_blob_is_named_as_such(cv_copy, tmp_path, name):
+    """A Hugging Face cache snapshot copied without its blobs/ (`cp -r snapshots/<hash> x`) holds links that lead
+    nowhere: "file not found" named a file `ls` shows."""
+    from omnitts.cli import app
+
+    (cv_copy / name).unlink()
+    (cv_copy / name).symlink_to("../../blobs/0123abcd")
+    message = (f"{cv_copy / name}: is a symbolic link to ../../blobs/0123abcd, which does not exist (a Hugging Face "
+               "cache snapshot copied without its blobs/? copy it with cp -rL, or give the snapshot folder in the cache)")
+    with pytest.raises(CheckpointError) as caught:
+        omnitts.load(cv_copy)
+    assert str(caught.value) == message
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "a", "text": "Hi.", "speaker": "ryan"}) + "\n")
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(cv_copy), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.output.endswith(f"error: {message}\n"), result.output
+
+
 def _safetensors(header: bytes) -> bytes:
     return len(header).to_bytes(8, "little") + header
 

@@ -1,5 +1,5 @@
 """Audio files: reading references, writing audio atomically, loudness normalization; and the paths users give
-(`user_path`, `unreachable`)."""
+(`user_path`, `unreachable`, `broken_link`)."""
 
 import os
 import re
@@ -47,3 +47,14 @@ def unreachable(path, follow: bool = True) -> str | None:
     except OSError as exc:
         return exc.strerror or str(exc)
     return None
+
+
+def broken_link(path) -> str | None:
+    """What a symbolic link `path` that leads nowhere points at, as the message to give instead of "file not found"
+    (the name is there, in `ls`), or None for anything else. A Hugging Face cache snapshot holds links into the
+    repository's blobs/ folder: `cp -r` of the snapshot alone copies the links, not the files."""
+    path = Path(path)
+    if not path.is_symlink() or path.exists():
+        return None
+    return (f"is a symbolic link to {os.readlink(path)}, which does not exist (a Hugging Face cache snapshot copied "
+            "without its blobs/? copy it with cp -rL, or give the snapshot folder in the cache)")

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import ModelConfig, load_config
 from ..errors import CheckpointError
+from ..io import broken_link
 from .codec import CodecDecoder
 from .codec_encoder import CodecEncoder
 from .safetensors_io import MappedFile
@@ -65,9 +66,14 @@ def safetensors_files(folder: Path, stem: str = "model") -> list[Path]:
             raise CheckpointError(f"{index}: unreadable shard index ({exc})") from None
         shards = [folder / name for name in sorted(set(weight_map.values()))]
         for shard in shards:
+            if why := broken_link(shard):
+                raise CheckpointError(f"{shard}: {why}")
             if not shard.is_file():
                 raise CheckpointError(f"{shard}: file not found (listed in {index.name})")
         return shards
+    for path in (single, index):
+        if why := broken_link(path):
+            raise CheckpointError(f"{path}: {why}")
     raise CheckpointError(f"{single}: file not found")
 
 

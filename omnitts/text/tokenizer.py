@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..io import broken_link
 
 _FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
           "added_tokens.json")
@@ -42,6 +43,9 @@ class TextTokenizer:
         import tokenizers
 
         ckpt = Path(ckpt)
+        for name in _FILES:
+            if why := broken_link(ckpt / name):
+                raise CheckpointError(f"{ckpt / name}: {why}")
         if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
         # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
