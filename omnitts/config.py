@@ -296,6 +296,9 @@ def load_config(ckpt: Path) -> ModelConfig:
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: checkpoint directory not found")
     path = ckpt / "config.json"
+    if not path.exists() and not path.is_symlink() and (snapshot := _hub_snapshot(ckpt)):
+        raise CheckpointError(f"{ckpt}: is a Hugging Face cache folder; give the checkpoint inside it, its snapshot "
+                              f"({snapshot})")
     top = read_json(path)
     tokenizer_type = top.get("tokenizer_type")
     if tokenizer_type is None and top.get("model_type") == TOKENIZER_TYPE:  # "not supported" said of a good checkpoint
@@ -343,6 +346,18 @@ def load_config(ckpt: Path) -> ModelConfig:
         **ids,
         path=ckpt,
     )
+
+
+def _hub_snapshot(folder: Path) -> Path | None:
+    """The snapshot a Hugging Face cache folder (`models--Qwen--X/`: blobs/, refs/, snapshots/<commit>/) holds the
+    checkpoint in: the one refs/main names, else the newest; None for another folder."""
+    try:
+        snapshots = sorted((p for p in (folder / "snapshots").iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        main = (folder / "refs" / "main").read_text().strip() if (folder / "refs" / "main").is_file() else ""
+    except OSError:
+        return None
+    named = [p for p in snapshots if main and p.name == main]
+    return (named or snapshots or [None])[-1]
 
 
 def _check_generation(generation: dict, path: Path) -> None:

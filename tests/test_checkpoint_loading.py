@@ -63,6 +63,28 @@ def test_a_link_to_a_missing_blob_is_named_as_such(cv_copy, tmp_path, name):
     assert result.exit_code == 2 and result.output.endswith(f"error: {message}\n"), result.output
 
 
+def test_a_hugging_face_cache_folder_names_its_snapshot(ckpt_dir, tmp_path):
+    """`models--Qwen--X/` (what `huggingface-cli download` leaves in the hub cache) holds the checkpoint in
+    snapshots/<commit>/: "config.json: file not found (is this a Qwen3-TTS-12Hz checkpoint directory?)" said nothing
+    of where it was."""
+    from omnitts.cli import app
+
+    repo = tmp_path / "models--Qwen--Qwen3-TTS-12Hz-0.6B-CustomVoice"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("b" * 40)
+    shutil.copytree(ckpt_dir("custom_voice"), repo / "snapshots" / ("b" * 40))
+    (repo / "snapshots" / ("a" * 40)).mkdir()  # an older revision
+    message = (f"{repo}: is a Hugging Face cache folder; give the checkpoint inside it, its snapshot "
+               f"({repo / 'snapshots' / ('b' * 40)})")
+    with pytest.raises(CheckpointError) as caught:
+        omnitts.load(repo)
+    assert str(caught.value) == message
+    info = CliRunner().invoke(app, ["info", str(repo)])
+    assert info.exit_code == 2 and info.output == f"error: {message}\n", info.output
+    assert CliRunner().invoke(app, ["info", str(repo / "snapshots" / ("b" * 40))]).exit_code == 0
+
+
 def _safetensors(header: bytes) -> bytes:
     return len(header).to_bytes(8, "little") + header
 
