@@ -33,7 +33,9 @@ def read_json(path: Path) -> dict:
         raise CheckpointError(f"{path}: file not found (is this a Qwen3-TTS-12Hz checkpoint directory?)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:  # another user's file of mode 0600 (a download by root), an I/O error: not its JSON
+        raise CheckpointError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object at the top level")

@@ -85,6 +85,25 @@ def test_a_hugging_face_cache_folder_names_its_snapshot(ckpt_dir, tmp_path):
     assert CliRunner().invoke(app, ["info", str(repo / "snapshots" / ("b" * 40))]).exit_code == 0
 
 
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "speech_tokenizer/config.json"])
+def test_an_unreadable_config_file_is_not_called_invalid_json(cv_copy, monkeypatch, name):
+    """A config file the user may not read (another user's download of mode 0600; root reads any, so the open is
+    made to fail) was "not valid JSON ([Errno 13] Permission denied: ...)"."""
+    import pathlib
+
+    read_text = pathlib.Path.read_text
+
+    def refuse(self, *args, **kwargs):
+        if self == cv_copy / name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", refuse)
+    with pytest.raises(CheckpointError) as caught:
+        omnitts.load(cv_copy)
+    assert str(caught.value) == f"{cv_copy / name}: cannot read (Permission denied)"
+
+
 def _safetensors(header: bytes) -> bytes:
     return len(header).to_bytes(8, "little") + header
 
