@@ -113,6 +113,16 @@ def test_a_tokenizer_file_without_the_chat_tokens_is_named(folder, tmp_path):
         TextTokenizer(copy)
 
 
+def test_a_missing_merges_file_is_named(folder, tmp_path):
+    """Was "cannot read the text tokenizer files (FileNotFoundError: [Errno 2] No such file or directory: ...)"."""
+    copy = _copy_files(folder, tmp_path)
+    (copy / "merges.txt").unlink()
+    with pytest.raises(CheckpointError) as caught:
+        TextTokenizer(copy)
+    assert str(caught.value) == (f"{copy / 'merges.txt'}: file not found (the text tokenizer is vocab.json + "
+                                 "merges.txt, or tokenizer.json)")
+
+
 def test_a_malformed_merges_line_is_named(folder, tmp_path):
     copy = _copy_files(folder, tmp_path)
     lines = (copy / "merges.txt").read_text(encoding="utf-8").splitlines()

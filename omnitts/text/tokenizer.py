@@ -48,6 +48,9 @@ class TextTokenizer:
                 raise CheckpointError(f"{ckpt / name}: {why}")
         if not (ckpt / "tokenizer.json").exists() and not (ckpt / "vocab.json").exists():
             raise CheckpointError(f"{ckpt}: no text tokenizer files (expected vocab.json + merges.txt or tokenizer.json)")
+        if not (ckpt / "tokenizer.json").exists() and not (ckpt / "merges.txt").exists():
+            raise CheckpointError(f"{ckpt / 'merges.txt'}: file not found (the text tokenizer is vocab.json + merges.txt, "
+                                  "or tokenizer.json)")
         # A fresh backend object per instance: the official swap below edits its pre-tokenizer in place.
         self._tok = _backend(ckpt)
         _check_chat_tokens(ckpt, self._tok)
