@@ -203,6 +203,15 @@ def frames_in(seconds: float) -> int:
     return max(1, round(min(seconds * FRAMES_PER_SECOND, 2**31)))
 
 
+def share_problem(name: str, frames: int, pieces: int) -> str | None:
+    """Why an item's budget of `frames` (given as `name`: max_frames or max_seconds) cannot be shared by its
+    `pieces`, one frame each at least (None: it can)."""
+    if frames >= pieces:
+        return None
+    return (f"{name}: the item's budget of {frames} frame{'' if frames == 1 else 's'} cannot be shared by its "
+            f"{pieces} pieces (one frame each at least); raise the budget or split the line")
+
+
 def put(tensor: torch.Tensor, row: int, value) -> None:
     """`tensor[row] = value` for a host number, without a host sync on a device.
 

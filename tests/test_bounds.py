@@ -113,6 +113,28 @@ def test_too_many_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_pat
     assert records["blob"]["error"].startswith("max_frames: the item's budget of 4 frames cannot be shared")
 
 
+def test_a_lines_max_seconds_too_short_for_its_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_path):
+    # The line's own budget and its pieces are both in the manifest: validate sees it, and synth refuses the line
+    # before it runs, with the same message (it passed validate and then failed in synth).
+    manifest = tmp_path / "m.jsonl"
+    lines = [{"id": "ok", "text": SENTENCES, "speaker": "ryan", "max_seconds": 0.4},
+             {"id": "short", "text": SENTENCES, "speaker": "ryan", "max_seconds": 0.1}]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    pieces = len(split_text(SENTENCES, max_chars=40))
+    assert pieces == 4
+    message = (f"{manifest}:2: max_seconds: the item's budget of 1 frame cannot be shared by its {pieces} pieces "
+               "(one frame each at least); raise the budget or split the line")
+    checked = runner.invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice")), "--split-chars", "40"])
+    assert checked.exit_code == 1 and checked.output.splitlines()[0] == message
+    whole = runner.invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice")), "--split-chars", "0"])
+    assert whole.exit_code == 0, whole.output  # one piece: any budget is a frame at least
+    out = tmp_path / "out"
+    ran = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                              "--greedy", "--split-chars", "40", "-q"])
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert records["ok"]["status"] == "ok" and records["short"]["error"] == message
+
+
 def test_the_pipeline_caps_pieces_with_its_own_split(tts_factory):
     tts = tts_factory("custom_voice")
     text = " ".join(["Short one."] * (MAX_PIECES + 1))

@@ -29,7 +29,7 @@ from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError, did_you_mean, type_label
 from ..io import unreachable, user_path
-from ..params import LARGEST, seed_problem
+from ..params import LARGEST, frames_in, seed_problem, share_problem
 from ..request import Request
 from ..text import empty_text
 from ..text.prompt import check_reference_paths, not_text, resolve
@@ -375,8 +375,8 @@ class Voices:
 
 def check_item(cfg, item: Item, voices: Voices | None = None, split_chars: int | None = None) -> None:
     """Check `item` against checkpoint config `cfg` (speaker, language, mode, at most `MAX_PIECES`
-    pieces of text as synth splits it: `split_chars` as `--split-chars`, None the default, 0 never);
-    RequestError if not.
+    pieces of text as synth splits it: `split_chars` as `--split-chars`, None the default, 0 never; a
+    `max_seconds` of a frame at least per piece); RequestError if not.
 
     With `voices` (for `cfg`), a saved voice is also checked against the checkpoint's weights.
     """
@@ -390,8 +390,10 @@ def check_item(cfg, item: Item, voices: Voices | None = None, split_chars: int |
         request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
     resolve(cfg, request)
     text = request.text
-    if split_chars != 0 and len(text) > MAX_PIECES:  # (a piece has a character at least)
-        problem = pieces_problem(text, len(split_text(text, max_chars=split_chars, language=request.language)))
+    if split_chars != 0 and (len(text) > MAX_PIECES or request.max_seconds is not None):  # (a piece has a character)
+        pieces = len(split_text(text, max_chars=split_chars, language=request.language))
+        problem = pieces_problem(text, pieces) or (  # the line's own budget wins over --max-frames
+            request.max_seconds is not None and share_problem("max_seconds", frames_in(request.max_seconds), pieces))
         if problem:
             raise RequestError(problem)
 

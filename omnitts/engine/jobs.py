@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..errors import RequestError
-from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, frames_in, share_frames
+from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, frames_in, share_frames, share_problem
 from ..request import Request
 from .join import StreamJoiner
 
@@ -100,11 +100,9 @@ class JobState:
         total = params.max_frames
         if total is None:
             total = frames_in(request.max_seconds)
-        if total < len(self.pieces):
-            name = "max_frames" if params.max_frames is not None else "max_seconds"
-            frames = f"{total} frame{'' if total == 1 else 's'}"
-            raise RequestError(f"{name}: the item's budget of {frames} cannot be shared by its {len(self.pieces)} "
-                               "pieces (one frame each at least); raise the budget or split the line")
+        if problem := share_problem("max_frames" if params.max_frames is not None else "max_seconds", total,
+                                    len(self.pieces)):
+            raise RequestError(problem)
         return share_frames(total, [prompt.text_tokens for _, prompt in self.pieces])
 
     def budget_warning(self) -> str | None:
