@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from omnitts.text import empty_text
 from omnitts.text.split import DEFAULT_MAX_CHARS, DEFAULT_MAX_CHARS_CJK, default_max_chars, split_spans, split_text
 
 DENSE = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
@@ -135,6 +136,18 @@ def test_invisible_characters_alone_make_no_piece():
         assert pieces == ["Short one.", last], (mark, pieces)
         assert split_text(f"{last}\n\n{mark}\n\n{last}", 250) == [last, last]  # a paragraph of its own
     assert split_text(f"{last} a\u200f", 250) == [last, "a\u200f"]  # beside a word: kept
+
+
+def test_default_ignorable_characters_outside_the_invisible_categories_are_no_words():
+    """A variation selector (U+FE0F), the combining grapheme joiner (U+034F), a Hangul filler (U+3164) print as
+    nothing as U+200B does (Unicode's Default_Ignorable_Code_Point), but are marks or letters, so a text of only
+    them was good and synthesized, and such a run after a full piece was a piece of its own."""
+    for text in ("\ufe0f", "\u034f \ufe0f", "\u3164", "\u115f\u1160", "\u180b", "\U000e0100", "\u200b\ufe0f"):
+        assert empty_text(text) is not None, repr(text)
+    assert empty_text("\u3164").endswith("U+3164)")
+    assert empty_text("\u2764\ufe0f") is None and empty_text("\u1100\u1161") is None  # an emoji, a Hangul syllable
+    last = "Word " + "word " * 48 + "end."  # 249 characters
+    assert split_text(f"Short one. {last} \ufe0f", 250) == ["Short one.", last]
 
 
 def test_default_limits_follow_language_or_script():

@@ -3,14 +3,23 @@
 import unicodedata
 
 _UNSEEN = {"Cc", "Cf", "Zs", "Zl", "Zp"}  # controls, format characters (U+200B, U+FEFF, ...), separators
+# Unicode's Default_Ignorable_Code_Points outside those categories (marks, letters that print as nothing):
+# the combining grapheme joiner, Hangul fillers, Khmer and Mongolian invisible marks, variation selectors.
+_IGNORABLE = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x3164, 0x3164),
+              (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0100, 0xE01EF))
+
+
+def _unseen(ch: str) -> bool:
+    return unicodedata.category(ch) in _UNSEEN or any(a <= ord(ch) <= b for a, b in _IGNORABLE)
 
 
 def empty_text(text: str) -> str | None:
     """Why `text` has no words to speak (None: it has some): nothing but white space, or nothing but
-    characters that print as nothing (zero-width spaces and joiners, a byte order mark, controls)."""
+    characters that print as nothing (zero-width spaces and joiners, a byte order mark, controls, variation
+    selectors, Hangul fillers)."""
     if not text.strip():
         return "empty"
-    if all(unicodedata.category(ch) in _UNSEEN for ch in text):
+    if all(_unseen(ch) for ch in text):
         first = next(ch for ch in text if not ch.isspace())
         return f"empty (only invisible characters such as U+{ord(first):04X})"
     return None
