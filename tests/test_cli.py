@@ -616,6 +616,31 @@ def test_info_and_validate_load_no_weights(ckpt_dir, tmp_path, monkeypatch):
     assert isinstance(synth.exception, AssertionError)  # the check can fail: synth does load weights
 
 
+def test_a_checkpoint_without_its_tokenizer_is_refused_by_validate_as_by_synth(ckpt_dir, tmp_path, monkeypatch):
+    """validate read only the config: a checkpoint without merges.txt was "1 good", exit 0, where synth refused it,
+    and synth itself refused it only after "loading checkpoint: ...". Both now say it before any weight loads."""
+    import shutil
+
+    from omnitts.models import loader
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(loader, "load_strict", no_load)
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir("custom_voice"), copy)
+    (copy / "merges.txt").unlink()
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    expected = f"error: {copy / 'merges.txt'}: file not found (the text tokenizer is vocab.json + merges.txt"
+    for args in (["validate", str(manifest), "-m", str(copy)],
+                 ["synth", str(manifest), "-m", str(copy), "-o", str(tmp_path / "o")]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and result.exception is None or isinstance(result.exception, SystemExit), \
+            result.output
+        assert expected in result.output and "loading checkpoint" not in result.output, result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_bad_line_is_recorded_again_only_when_its_message_changes(ckpt_dir, tmp_path):
     good = {"id": "ok", "text": "Fine.", "speaker": "ryan"}
     args = ["synth", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"),

@@ -62,7 +62,7 @@ from .options import (
 )
 from ..stops import install, stopped
 from .checks import (Inputs, check_device_indices, check_engine, check_out_apart, check_output, check_ray,
-                     check_runaway, show_log, worker_devices)
+                     check_runaway, checkpoint_config, show_log, worker_devices)
 from .demo import DEMO_LINES, build_demo_checkpoint, demo_reference_wav
 from .running import os_error, run_synth
 
@@ -161,7 +161,6 @@ def synth(
     from ..batch.outdir import Batch, Settings
     from ..batch.shard import in_shard, parse_shard
     from ..batch.sources import check_rereadable, state
-    from ..config import load_config
     from ..voice import checkpoint_identity
 
     show_log(quiet)
@@ -202,7 +201,7 @@ def synth(
         try:
             check_rereadable(manifest)
             read_as = state(manifest)  # a manifest written to during the run is said so at its end
-            cfg, columns = load_config(model), column_map(column, id_column, text_column)
+            cfg, columns = checkpoint_config(model), column_map(column, id_column, text_column)
             identity = checkpoint_identity(model)  # in every record's fingerprint
             batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
             fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
@@ -277,13 +276,12 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     """
     from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest, location
     from ..batch.sources import open_source
-    from ..config import load_config
 
     good = bad = 0
     folded: dict[str, tuple[int, str]] = {}  # id.lower() -> (line, id): synth refuses the later on a case-folding OUT
     unit = None  # "line" or "row": read from the source once a warning needs it
     try:
-        cfg, columns = load_config(model), column_map(column, id_column, text_column)
+        cfg, columns = checkpoint_config(model), column_map(column, id_column, text_column)
         for entry in iter_manifest(manifest, cfg, columns, split_chars):
             if isinstance(entry, BadLine) and entry.line == 0:  # the whole file (empty, a mapped column missing)
                 fail(entry.message)

@@ -65,6 +65,18 @@ def check_engine(engine: dict, devices: str | None = None, recipe: Path | None =
             fail(str(exc))
 
 
+def checkpoint_config(model: Path):
+    """The checkpoint's config, and its text tokenizer checked too (files present, its chat tokens defined; a
+    cheap build, reused by the load): a bad one is refused before the manifest is read or weights load, in
+    validate as in synth. CheckpointError naming the file."""
+    from ..config import load_config
+    from ..text.tokenizer import TextTokenizer
+
+    cfg = load_config(model)
+    TextTokenizer(model)
+    return cfg
+
+
 def check_output(audio_format: str, loudness: float | None) -> str:
     """The audio format as files are named (`FLAC` and `.flac` are `flac`); fails on a bad format or level."""
     from ..io.audio import FORMATS

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import OmniTTSError
-from .checks import check_engine, check_out_apart, check_output, show_log
+from .checks import check_engine, check_out_apart, check_output, checkpoint_config, show_log
 from .options import (
     INPUT,
     OUTPUT,
@@ -70,7 +70,6 @@ def voice_clone(
     """
     from ..api import load
     from ..batch.manifest import id_problem
-    from ..config import load_config
     from ..errors import RequestError
     from ..io.audio import FORMATS, load_reference
     from ..request import Request
@@ -120,7 +119,7 @@ def voice_clone(
         fail(f"--ref-text: {problem}")
     made: list[Path] = []  # the folders of -o made here: removed again, where still empty, if the command fails
     try:
-        cfg = load_config(model)
+        cfg = checkpoint_config(model)
         if cfg.model_type != "base":
             fail(f"{model}: voice cloning needs a Base checkpoint (Qwen3-TTS-12Hz-*-Base); this one is "
                   f"{cfg.model_type}")
