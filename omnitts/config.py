@@ -294,7 +294,9 @@ def load_config(ckpt: Path) -> ModelConfig:
     if why := unreachable(ckpt):
         raise CheckpointError(f"{ckpt}: cannot read checkpoint directory ({why})")
     if ckpt.exists() and not ckpt.is_dir():
-        raise CheckpointError(f"{ckpt}: is a file; a checkpoint is a directory (the folder holding config.json)")
+        inside = (ckpt.parent / "config.json").is_file()  # a file of the checkpoint (its config, its weights)
+        raise CheckpointError(f"{ckpt}: is a file; a checkpoint is a directory (the folder holding config.json"
+                              + (f": {ckpt.parent}, which holds this file)" if inside else ")"))
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: checkpoint directory not found")
     path = ckpt / "config.json"

@@ -272,7 +272,7 @@ def test_jupyter_shows_the_player(cv):
     assert "<audio controls" in data["text/html"] and data["text/plain"] == repr(audio)
 
 
-def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir):
+def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir, tmp_path):
     path = ckpt_dir("custom_voice", "tiny-1.7b")
     info = omnitts.load(path, dtype="float32").info()
     result = CliRunner().invoke(app, ["info", str(path)], env={"COLUMNS": "200"})
@@ -288,7 +288,12 @@ def test_info_command_shows_sizes_dialects_and_defaults(ckpt_dir):
     weights = path / "model.safetensors"  # a file of the checkpoint, not the checkpoint
     file = CliRunner().invoke(app, ["info", str(weights)])
     assert file.exit_code == 2 and file.output.strip() == (f"error: {weights}: is a file; a checkpoint is a directory "
-                                                          "(the folder holding config.json)")
+                                                          f"(the folder holding config.json: {path}, which holds this "
+                                                          "file)")
+    stray = tmp_path / "notes.txt"  # a file beside no config.json: the folder is not named
+    stray.write_text("x")
+    other = CliRunner().invoke(app, ["info", str(stray)])
+    assert other.output.strip() == f"error: {stray}: is a file; a checkpoint is a directory (the folder holding config.json)"
 
 
 def test_the_library_prints_nothing(ckpt_dir, ref_wav, tmp_path, capfd):
