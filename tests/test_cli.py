@@ -596,6 +596,18 @@ def test_voice_clone_out_is_a_directory(ckpt_dir, tmp_path, monkeypatch):
                                   f"write -o {tmp_path} --id hello --format flac")
     unsafe = runner.invoke(app, args + ["-o", str(tmp_path), "--id", "../up"])
     assert unsafe.exit_code == 2 and "--id: '../up' is not a safe file name" in unsafe.output
+    # synth's too: `-o out/x.wav` made a folder named x.wav and ran the manifest into it
+    manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "ryan"}])
+    synth = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                str(tmp_path / "x.wav")])
+    assert synth.exit_code == 2 and synth.output.strip() == (
+        f"error: --out {tmp_path / 'x.wav'}: --out is the output directory (OUT/ID.wav for each line), not a file; "
+        "give a folder (one that exists already is taken whatever its name)")
+    assert not (tmp_path / "x.wav").exists()
+    (tmp_path / "x.wav").mkdir()  # an existing folder of that name is taken: the run goes on to the load
+    taken = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o",
+                                str(tmp_path / "x.wav"), "--max-frames", "2", "-q"])
+    assert str(taken.exception) == "the checkpoint was loaded", taken.output
 
 
 def test_info_and_validate_load_no_weights(ckpt_dir, tmp_path, monkeypatch):

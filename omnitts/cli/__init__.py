@@ -161,6 +161,7 @@ def synth(
     from ..batch.outdir import Batch, Settings
     from ..batch.shard import in_shard, parse_shard
     from ..batch.sources import check_rereadable, state
+    from ..io.audio import FORMATS
     from ..voice import checkpoint_identity
 
     show_log(quiet)
@@ -180,6 +181,9 @@ def synth(
     audio_format = check_output(audio_format, loudness)
     check_runaway(retry_runaway, greedy, max_frames)
     check_out_apart(out, model)
+    if out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():  # an audio file's name: a folder made of it
+        fail(f"--out {out}: --out is the output directory (OUT/ID.wav for each line), not a file; give a folder "
+             "(one that exists already is taken whatever its name)")
     try:
         check_out(out)
         if manifest.resolve() == (out / LEDGER_NAME).resolve():  # each bad line recorded would be read again: no end
