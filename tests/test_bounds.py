@@ -131,6 +131,7 @@ def test_a_lines_max_seconds_too_short_for_its_pieces_is_a_line_error_in_validat
     out = tmp_path / "out"
     ran = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
                               "--greedy", "--split-chars", "40", "-q"])
+    assert ran.exit_code == 1, ran.output  # the bad line is recorded, the good one runs
     records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     assert records["ok"]["status"] == "ok" and records["short"]["error"] == message
 
