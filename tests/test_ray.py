@@ -512,3 +512,19 @@ def test_ray_options_are_checked_before_anything_loads(ckpt_dir, tmp_path, monke
     result = runner.invoke(app, base + ["--ray"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == "error: --ray needs Ray: pip install 'omnitts[ray]'"
+
+
+def test_ray_address_without_a_cluster_says_so_not_that_out_cannot_be_written(ckpt_dir, tmp_path, monkeypatch):
+    """ray.init's ConnectionError (no cluster at --ray-address) is an OSError: it was reported as 'cannot write
+    OUT: Could not find any running Ray instance...'."""
+    def no_cluster(*args, **kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(_manifest(tmp_path / "m.jsonl", SEEDED[:1])), "-m",
+                                 str(ckpt_dir("custom_voice")), "-o", str(out), "--ray", "--ray-address", "auto"])
+    assert result.exit_code == 1, result.output
+    line = " ".join(result.output.split())
+    assert "error: --ray-address auto: cannot join the Ray cluster (Could not find any running Ray instance" in line
+    assert "cannot write" not in line, line

@@ -157,7 +157,11 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     # ray.init takes SIGTERM over (its driver's handler exits with code 15, after a stack dump from its core
     # worker): a scheduler's SIGTERM is ours, a stop that exits 143 as every run's does
     previous, started = signal.getsignal(signal.SIGTERM), time.time()
-    ray.init(address=address, **init)
+    try:
+        ray.init(address=address, **init)
+    except ConnectionError as exc:  # an OSError, but no file of OUT's: no cluster at the address
+        fail(f"--ray-address {address}: cannot join the Ray cluster ({str(exc).strip() or type(exc).__name__}); "
+             "nothing was run", code=1)
     signal.signal(signal.SIGTERM, previous)
     try:
         context = ray.data.DataContext.get_current()
