@@ -975,7 +975,7 @@ def test_a_binary_or_utf16_file_given_as_the_manifest_is_one_error_and_leaves_no
         "empty.jsonl": "no items (the manifest is empty)",
     }
     for name, message in expected.items():
-        path, out = tmp_path / name, tmp_path / f"out-{name}"
+        path, out = tmp_path / name, tmp_path / f"out-{name.replace('.', '-')}"  # (not a file name: out-clip.wav)
         for args in (["validate", str(path), "-m", model], ["synth", str(path), "-m", model, "-o", str(out)]):
             result = runner.invoke(app, args)
             assert result.exit_code == 2, (name, args[0], result.output)
