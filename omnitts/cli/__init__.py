@@ -62,7 +62,7 @@ from .options import (
 )
 from ..stops import install, stopped
 from .checks import (Inputs, check_device_indices, check_engine, check_out_apart, check_output, check_ray,
-                     check_runaway, checkpoint_config, show_log, worker_devices)
+                     check_runaway, checkpoint_config, names_audio_file, show_log, worker_devices)
 from .demo import DEMO_LINES, build_demo_checkpoint, demo_reference_wav
 from .running import os_error, run_synth
 
@@ -161,7 +161,6 @@ def synth(
     from ..batch.outdir import Batch, Settings
     from ..batch.shard import in_shard, parse_shard
     from ..batch.sources import check_rereadable, state
-    from ..io.audio import FORMATS
     from ..voice import checkpoint_identity
 
     show_log(quiet)
@@ -181,7 +180,7 @@ def synth(
     audio_format = check_output(audio_format, loudness)
     check_runaway(retry_runaway, greedy, max_frames)
     check_out_apart(out, model)
-    if out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():  # an audio file's name: a folder made of it
+    if names_audio_file(out):  # a folder would be made of the file's name
         fail(f"--out {out}: --out is the output directory (OUT/ID.wav for each line), not a file; give a folder "
              "(one that exists already is taken whatever its name)")
     try:

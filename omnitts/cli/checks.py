@@ -77,6 +77,14 @@ def checkpoint_config(model: Path):
     return cfg
 
 
+def names_audio_file(out: Path) -> bool:
+    """Whether `-o` is named like an audio file (`out/x.wav`) and is no folder yet: a file's name where every
+    command takes a folder (an existing folder of that name is taken as it is)."""
+    from ..io.audio import FORMATS
+
+    return out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir()
+
+
 def check_output(audio_format: str, loudness: float | None) -> str:
     """The audio format as files are named (`FLAC` and `.flac` are `flac`); fails on a bad format or level."""
     from ..io.audio import FORMATS

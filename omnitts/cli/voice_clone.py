@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import OmniTTSError
-from .checks import check_engine, check_out_apart, check_output, checkpoint_config, show_log
+from .checks import check_engine, check_out_apart, check_output, checkpoint_config, names_audio_file, show_log
 from .options import (
     INPUT,
     OUTPUT,
@@ -71,7 +71,7 @@ def voice_clone(
     from ..api import load
     from ..batch.manifest import id_problem
     from ..errors import RequestError
-    from ..io.audio import FORMATS, load_reference
+    from ..io.audio import load_reference
     from ..request import Request
     from ..text import no_transcript
     from ..text.prompt import not_text, resolve
@@ -86,7 +86,7 @@ def voice_clone(
         fail("--text and -o go together: -o names the directory --text is spoken into (OUT/ID.wav)")
     if text is None and (given := [flag for name, flag in _SPEAKING_FLAGS if _given(ctx, name)]):
         fail(f"{given[0]} goes with --text \"...\" -o DIR (it is for the spoken audio); --save alone speaks nothing")
-    if out is not None and out.suffix.lower().lstrip(".") in FORMATS and not out.is_dir():
+    if out is not None and names_audio_file(out):
         fail(f"-o {out}: -o is the output directory, as in synth; write -o {out.parent} --id {out.stem}"
               f"{'' if out.suffix.lower() == '.wav' else ' --format ' + out.suffix.lower().lstrip('.')}")
     if out is not None:
