@@ -13,7 +13,7 @@ or the stage itself, as `ray.data.llm` wraps vLLM (a callable class the actor po
 Each actor loads one engine (`omnitts.load`) and opens a `Batch` on the output directory, which every actor
 shares as one more writer (claims: an item is run by one writer at a time). A call takes a batch of rows
 (pyarrow, pandas or a dict of columns), turns each into a manifest `Item` exactly as a manifest line is
-(`parse_item`, `check_item`; columns named through `columns={field: column}` as `--column`, others
+(`parse_item`, `LineChecker`; columns named through `columns={field: column}` as `--column`, others
 ignored), runs them through one `Pipeline` (continuous batching across the batch's rows), saves each with
 `Batch.save` and returns one metadata row per input row (`ROW_SCHEMA`). Audio is written by the actor
 straight to the output directory; only these small rows travel through Ray's object store.
@@ -38,7 +38,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, Voices, _typed_values, check_item, parse_item
+from .batch.checker import LineChecker
+from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, _typed_values, parse_item
 from .batch.fingerprint import same_print
 from .batch.ledger import NAME as LEDGER_NAME
 from .errors import DeviceFailed, OmniTTSError, RequestError, type_label
@@ -145,7 +146,7 @@ class Synthesizer:
         self.cfg = load_config(model)
         self.tts = load(model, device=device, dtype=dtype, codec_dtype=codec_dtype, max_batch=max_batch, eager=eager,
                         official_tokenizer=official_tokenizer, deterministic=deterministic)
-        self.voices = Voices(self.cfg)
+        self.checker = LineChecker(self.cfg, split_chars, max_frames, official_tokenizer)
         self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity, since=since,
                            sample_rate=self.tts.sample_rate)
         self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
@@ -168,7 +169,7 @@ class Synthesizer:
                 if taken is not None:
                     raise RequestError(f"id: {item.request.id!r} names the same file as another row's {taken[1]!r} "
                                        f"on this case-insensitive filesystem ({self.batch.fold_case})")
-                check_item(self.cfg, item, self.voices, self.settings.split_chars)
+                self.checker.check(item)
             except RequestError as exc:
                 out[index] = self._bad(_raw_id(obj.get("id")), str(exc), seen, index)
                 continue

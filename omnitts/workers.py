@@ -271,7 +271,8 @@ def _open(plan: Plan):
     cfg = load_config(plan.model)
     batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard, since=plan.since)
     items = (entry for entry in iter_manifest(plan.manifest, cfg, plan.columns, plan.settings.split_chars,
-                                              plan.fold_case)
+                                              plan.fold_case, plan.settings.max_frames,
+                                              plan.settings.official_tokenizer)
              if not isinstance(entry, BadLine))
     return batch, items
 

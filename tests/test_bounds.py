@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import shutil
 import string
 import subprocess
 import sys
@@ -14,12 +16,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+import omnitts
 from omnitts.cli import app
 from omnitts.engine.engine import Engine, EngineConfig, plan, prefill_bytes
 from omnitts.engine.pipeline import Job, Pipeline
 from omnitts.errors import RequestError
 from omnitts.params import share_frames
 from omnitts.request import Request
+from omnitts.text.prompt import prompt_length, resolve
 from omnitts.text.split import MAX_PIECES, split_text
 
 runner = CliRunner()
@@ -353,3 +357,109 @@ def test_a_seed_is_a_64_bit_integer_everywhere_and_an_old_larger_one_exports_as_
                                    "--export-dataset", str(tmp_path / "ds")])
     assert "Traceback" not in exported.output and "exported 1 item" in exported.output, exported.output
     assert datasets.load_from_disk(str(tmp_path / "ds"))["seed"] == [seed_word(2**64 + 5)] == [5]
+
+
+@pytest.mark.parametrize("kind,fields", [
+    ("custom_voice", dict(speaker="ryan")),
+    ("custom_voice", dict(speaker="ryan", language="english", non_streaming=False)),
+    ("custom_voice", dict(speaker="eric", language="chinese")),  # a dialect speaker: its dialect's tag
+    ("voice_design", dict(instruct="A calm, low voice.", language="german")),
+    ("voice_design", dict(instruct="A bright voice.", non_streaming=False)),
+    ("base", dict(ref_text="Hello there, a reference.")),
+    ("base", dict(ref_text="Hello there, a reference.", non_streaming=True, language="english")),
+    ("base", dict(x_vector_only=True)),
+])
+def test_prompt_length_from_token_counts_is_the_built_prompts(tts_factory, ref_wav, kind, fields):
+    # validate counts a prompt's positions without weights (prompt_length); it must be what the builder makes.
+    tts = tts_factory(kind)
+    for text in ("Hi.", SENTENCES, "一二三四五六七八九十。" * 3):
+        request = Request(text, ref_audio=ref_wav if kind == "base" else None, **fields)
+        voice = tts.clone_voice(ref_wav, request.ref_text, request.x_vector_only) if kind == "base" else None
+        prompt = tts.prompts.build(request, voice)
+        tok = tts.ckpt.tokenizer
+        icl = (len(tok.reference_ids(request.ref_text)) - 5, voice.ref_codes.shape[0]) if voice and voice.icl else None
+        instruct = len(tok.instruct_ids(request.instruct)) if request.instruct else 0
+        assert prompt_length(resolve(tts.ckpt.config, request), prompt.text_tokens, instruct, voice is not None,
+                             icl) == prompt.embeds.shape[0]
+
+
+def _short_talker(ckpt, folder: Path, positions: int) -> Path:
+    """A copy of checkpoint `ckpt` whose talker has only `positions` positions."""
+    shutil.copytree(ckpt, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["talker_config"]["max_position_embeddings"] = positions
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_piece_too_long_for_the_talkers_positions_is_a_bad_line_in_validate_and_synth(ckpt_dir, tmp_path):
+    # Unsplit (--split-chars 0), a long text's prompt and budget need more positions than the talker has:
+    # validate said "good" and synth failed the item as it came to run. Now both call it a bad line, with the
+    # engine's count, and the budget counted is synth's: the line's max_seconds, else --max-frames, else derived.
+    model = _short_talker(ckpt_dir("custom_voice"), tmp_path / "ckpt", 300)
+    long = " ".join(["hello world this is a test sentence."] * 20)
+    manifest = tmp_path / "m.jsonl"
+    lines = [{"id": "long", "text": long, "speaker": "ryan"}, {"id": "short", "text": "Hello.", "speaker": "ryan"},
+             {"id": "timed", "text": long, "speaker": "ryan", "max_seconds": 16}]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    unsplit = ["--split-chars", "0"]
+
+    def validate(*flags):
+        return runner.invoke(app, ["validate", str(manifest), "-m", str(model), *unsplit, *flags])
+
+    derived = validate()
+    assert derived.exit_code == 1 and derived.output.splitlines()[-1] == f"{manifest}: 1 good, 2 bad"
+    first, timed = derived.output.splitlines()[:2]
+    assert re.fullmatch(rf"{re.escape(str(manifest))}:1: text: the prompt and its frame budget need \d+ talker "
+                        r"positions, over the model's 300; split the text or give it a smaller budget \(max_seconds\)",
+                        first), first
+    assert timed.startswith(f"{manifest}:3: ") and timed.endswith("or lower max_seconds")  # the line's budget wins
+    # The positions counted are the engine's: the prompt, the frames, one more.
+    prompt = omnitts.load(model, dtype="float32").prepare(Request(long, speaker="ryan"))
+    room = 300 - prompt.embeds.shape[0] - 1  # the most frames that fit
+    assert 0 < room < 200
+    budget = validate("--max-frames", "200")
+    message = budget.output.splitlines()[0]
+    assert message == (f"{manifest}:1: text: the prompt and its frame budget need {prompt.embeds.shape[0] + 201} "
+                       "talker positions, over the model's 300; split the text or lower --max-frames"), message
+    assert validate("--max-frames", str(room + 1)).output.startswith(f"{manifest}:1: ")
+    fits = validate("--max-frames", str(room))
+    assert fits.output.splitlines() == [timed, f"{manifest}: 2 good, 1 bad"]
+    out = tmp_path / "out"
+    ran = runner.invoke(app, ["synth", str(manifest), "-m", str(model), "-o", str(out), "--greedy", "--max-frames",
+                              "200", *unsplit, "-q"])
+    assert ran.exit_code == 1, ran.output
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert records["short"]["status"] == "ok" and records["long"]["error"] == message
+    # Split (the default), each piece fits: the line is good in both.
+    split = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--max-frames", "10"])
+    assert split.exit_code == 0, split.output
+
+
+def test_a_saved_voices_reference_frames_count_toward_the_positions_and_an_inline_clips_count_as_none(
+        ckpt_dir, ref_wav, tmp_path):
+    # A saved voice holds its reference codes: validate counts them as the engine will. An inline clip is not
+    # encoded before the run, so its frames count as none and the message says "at least".
+    model = _short_talker(ckpt_dir("base"), tmp_path / "ckpt", 200)
+    tts = omnitts.load(model, dtype="float32")
+    ref_text = "A reference transcript of a few words."
+    voice_path = tts.clone_voice(ref_wav, ref_text).save(tmp_path / "v.safetensors")
+    text = " ".join(["hello world this is a test sentence."] * 5)
+    prompt = tts.prepare(Request(text, voice=voice_path, non_streaming=True))
+    frames = tts.load_voice(voice_path).ref_codes.shape[0]
+    budget = 200 - prompt.embeds.shape[0]  # one frame too many for the saved voice
+    assert frames < budget
+    manifest = tmp_path / "m.jsonl"
+    lines = [{"id": "saved", "text": text, "voice": str(voice_path), "non_streaming": True},
+             {"id": "inline", "text": text, "ref_audio": str(ref_wav), "ref_text": ref_text, "non_streaming": True}]
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    checked = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0",
+                                  "--max-frames", str(budget)])
+    assert checked.output.splitlines() == [
+        f"{manifest}:1: text: the prompt and its frame budget need 201 talker positions, over the model's 200; "
+        "split the text or lower --max-frames", f"{manifest}: 1 good, 1 bad"], checked.output
+    inline = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0",
+                                 "--max-frames", str(budget + frames)])
+    assert inline.output.splitlines()[1] == (
+        f"{manifest}:2: text: the prompt and its frame budget need at least 201 talker positions, over the "
+        "model's 200; split the text or lower --max-frames"), inline.output

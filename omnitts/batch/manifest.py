@@ -13,7 +13,7 @@ columns are ignored, nulls and empty CSV cells count as absent, and CSV cells ar
 field's type. Errors read `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow, datasets).
 
 `iter_manifest` streams `Item | BadLine` in file order, each row checked against a checkpoint
-config; memory grows only with the set of ids seen (duplicate detection). `check_manifest` is the
+(checker.py); memory grows only with the set of ids seen (duplicate detection). `check_manifest` is the
 list form, `count_rows` a cheap total for a progress bar.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
@@ -29,11 +29,11 @@ from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError, did_you_mean, type_label
 from ..io import unreachable, user_path
-from ..params import LARGEST, frames_in, seed_problem, share_problem
+from ..params import LARGEST, seed_problem
 from ..request import Request
 from ..text import empty_text
-from ..text.prompt import check_reference_paths, not_text, resolve
-from ..text.split import MAX_PIECES, pieces_problem, split_text
+from ..text.prompt import check_reference_paths, not_text
+from .checker import LineChecker
 from .sources import JsonlSource, open_source
 
 NUMBER = (int, float)
@@ -333,80 +333,17 @@ def _table_plan(available: list[str], columns: dict) -> tuple[dict[str, str], st
     return plan, None
 
 
-def _placeholder_voice():
-    import torch
-
-    from ..request import Voice
-
-    return Voice(x_vector=torch.zeros(0), ref_codes=None, ref_text=None)
-
-
-class Voices:
-    """Saved voices checked against one checkpoint (`cfg.path`): as `TTS.load_voice` will check them
-    (format, checkpoint identity, shapes), without loading the model. The identity is computed once
-    (it reads the speaker and codec encoders' weights), each voice file is read once."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.identity: str | None = None
-        self.problems: dict[str, str | None] = {}  # resolved voice path -> its problem (None: fits)
-
-    def problem(self, path: Path) -> str | None:
-        key = str(Path(path).resolve())
-        if key not in self.problems:
-            self.problems[key] = self._check(path)
-        return self.problems[key]
-
-    def _check(self, path: Path) -> str | None:
-        from ..errors import CheckpointError, VoiceError
-        from ..voice import check_voice, checkpoint_identity, load_voice
-
-        try:
-            if self.identity is None:
-                self.identity = checkpoint_identity(self.cfg.path)
-            voice, meta = load_voice(path)
-            check_voice(voice, meta, path, self.identity, self.cfg)
-        except CheckpointError as exc:
-            return f"cannot check it against the checkpoint: {exc}"
-        except VoiceError as exc:
-            return str(exc)
-        return None
-
-
-def check_item(cfg, item: Item, voices: Voices | None = None, split_chars: int | None = None) -> None:
-    """Check `item` against checkpoint config `cfg` (speaker, language, mode, at most `MAX_PIECES`
-    pieces of text as synth splits it: `split_chars` as `--split-chars`, None the default, 0 never; a
-    `max_seconds` of a frame at least per piece); RequestError if not.
-
-    With `voices` (for `cfg`), a saved voice is also checked against the checkpoint's weights.
-    """
-    request = item.request
-    if item.voice_path is not None:
-        if cfg.model_type != "base":
-            raise RequestError(f"voice: a saved voice needs a Base checkpoint; this one is {cfg.model_type}")
-        problem = voices.problem(item.voice_path) if voices is not None else None
-        if problem:
-            raise RequestError(f"voice: {problem}")
-        request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
-    resolve(cfg, request)
-    text = request.text
-    if split_chars != 0 and (len(text) > MAX_PIECES or request.max_seconds is not None):  # (a piece has a character)
-        pieces = len(split_text(text, max_chars=split_chars, language=request.language))
-        problem = pieces_problem(text, pieces) or (  # the line's own budget wins over --max-frames
-            request.max_seconds is not None and share_problem("max_seconds", frames_in(request.max_seconds), pieces))
-        if problem:
-            raise RequestError(problem)
-
-
 def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int | None = None,
-                  fold_case: Path | None = None) -> Iterator[Item | BadLine]:
+                  fold_case: Path | None = None, max_frames: int | None = None,
+                  official_tokenizer: bool = False) -> Iterator[Item | BadLine]:
     """Every row of manifest `path`, in file order, as a good `Item` or a `BadLine`, read lazily.
 
     `cfg` (from `omnitts.config.load_config`) adds the checkpoint checks, saved voices included
     (made with this checkpoint, see `Voices`); None checks fields only. An id belongs to the first
     line that uses it, good or bad: a later line with that id is a bad line (a duplicate).
     `columns` maps fields to columns (JSON keys), see `column_map`; `split_chars` is synth's
-    `--split-chars` (the piece count a line may make, see `check_item`). `fold_case`: the output folder when
+    `--split-chars` (the piece count a line may make), `max_frames` its `--max-frames` and `official_tokenizer` its
+    `--official-tokenizer` (a piece's talker positions, see `checker.LineChecker`). `fold_case`: the output folder when
     its filesystem folds case (`outdir.folds_case`): there an id equal to an earlier one ignoring case names
     the same file, so it is a duplicate too. A problem with the whole file (a
     mapped column that is missing, an empty manifest) is one `BadLine` with line 0; a file that cannot
@@ -428,7 +365,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
     seen: dict[str, int] = {}  # key(id) -> the line that took it
     spelled: dict[str, str] = {}  # key(id) -> that line's id where it differs (upper-case letters, fold_case)
     taken_by_bad: set[str] = set()  # keys of bad lines' ids (they run under that id only once fixed)
-    voices = Voices(cfg) if cfg is not None and cfg.path is not None else None
+    checker = LineChecker(cfg, split_chars, max_frames, official_tokenizer) if cfg is not None else None
     empty = True
     for number, row in rows:
         empty = False
@@ -449,8 +386,8 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
                     raise RequestError(f"id: {item_id!r} already used on {unit} {line}{bad}")
                 raise RequestError(f"id: {item_id!r} names the same file as {unit} {line}'s {first!r} on this "
                                    f"case-insensitive filesystem ({fold_case}){bad}")
-            if cfg is not None:
-                check_item(cfg, item, voices, split_chars)
+            if checker is not None:
+                checker.check(item)
         except RequestError as exc:
             raw_id = _id_of(row, columns if source.columns is None else {})
             usable = isinstance(raw_id, str) and SAFE_ID.match(raw_id) and key(raw_id) not in seen

@@ -210,7 +210,7 @@ def synth(
             fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
             good = bad = 0
             inputs = Inputs(out, manifest, fold_case)
-            for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case):
+            for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case, max_frames, official_tokenizer):
                 inputs.add(entry)  # every shard's: this shard's items may write over another's reference
                 if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
                                                        *shard):
@@ -227,7 +227,7 @@ def synth(
                 fail(problem)
             if bad and batch is not None:  # recorded once OUT is known to be usable: a refused run writes nothing
                 batch.record_bad_lines((entry.id, entry.message)  # (another shard's: not recorded here)
-                                       for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case)
+                                       for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case, max_frames, official_tokenizer)
                                        if isinstance(entry, BadLine))
         except OmniTTSError as exc:
             fail(str(exc))
@@ -268,14 +268,15 @@ def _unmade_unless_used(out: Path, batch_now):
 
 @app.command(cls=Command)
 def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_column: IdCol = None,
-             text_column: TextCol = None, split_chars: SplitChars = None):
+             text_column: TextCol = None, split_chars: SplitChars = None, max_frames: MaxFrames = None):
     """Check every line of MANIFEST against the checkpoint's config, without loading weights.
 
     Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
     datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise; 2 when the manifest
     cannot be read (`-`, a folder that is not a dataset, a header naming a column twice, a mapped column
-    missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars the
-    synth will run with: how many pieces a long text makes depends on it.
+    missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars and
+    --max-frames the synth will run with: how many pieces a long text makes depends on the one, whether a
+    piece's prompt and budget fit the talker's positions on both.
     """
     from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest, location
     from ..batch.sources import open_source
@@ -285,7 +286,7 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     unit = None  # "line" or "row": read from the source once a warning needs it
     try:
         cfg, columns = checkpoint_config(model), column_map(column, id_column, text_column)
-        for entry in iter_manifest(manifest, cfg, columns, split_chars):
+        for entry in iter_manifest(manifest, cfg, columns, split_chars, max_frames=max_frames):
             if isinstance(entry, BadLine) and entry.line == 0:  # the whole file (empty, a mapped column missing)
                 fail(entry.message)
             if isinstance(entry, BadLine):

@@ -28,7 +28,8 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
     out = batch.out
 
     def items():  # pass 2 (and the export): the good items, read again lazily
-        return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars, batch.fold_case)
+        return (entry for entry in iter_manifest(manifest, cfg, columns, split_chars, batch.fold_case,
+                                                    batch.settings.max_frames, official_tokenizer)
                 if not isinstance(entry, BadLine))
 
     load_kwargs = dict(engine, official_tokenizer=official_tokenizer)

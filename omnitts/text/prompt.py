@@ -141,6 +141,23 @@ def resolve(cfg, req: Request) -> Resolved:
     return Resolved(language_id, speaker_id, req.instruct or None, non_streaming)
 
 
+def prompt_length(r: Resolved, text_tokens: int, instruct_tokens: int = 0, voice: bool = False,
+                  icl: tuple[int, int] | None = None) -> int:
+    """The prefill length `PromptBuilder.build` gives (its `embeds.shape[0]`), from token counts alone: no
+    weights needed, so validate can tell a prompt too long for the talker. `text_tokens`: the text's
+    (`Prompt.text_tokens`); `instruct_tokens`: `len(instruct_ids(...))` (0: none); `voice`: a cloned voice
+    (its x-vector takes the speaker's place); `icl`: (reference text tokens, reference frames) of in-context
+    cloning (`len(reference_ids(ref_text)) - 5`, `ref_codes.shape[0]`)."""
+    tags = 3 if r.language_id is None else 4
+    codec = tags + (r.speaker_id is not None or voice) + 2  # tags, [speaker], pad, bos
+    head = instruct_tokens + 3 + codec - 1  # [instruction], <|im_start|>assistant\n, the codec side but bos
+    if icl is not None:
+        ref_tokens, ref_frames = icl
+        n_text, n_codec = ref_tokens + text_tokens + 1, ref_frames + 1
+        return head + (n_text + n_codec if r.non_streaming else n_codec)
+    return head + (text_tokens + 2 if r.non_streaming else 1)
+
+
 class PromptBuilder:
     """Turns requests into talker prompts for one loaded checkpoint.
 

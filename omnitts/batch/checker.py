@@ -1,0 +1,162 @@
+"""A manifest's good line checked against one checkpoint, before anything loads: what synth would refuse.
+
+`LineChecker.check` raises RequestError naming the field where a line asks what the checkpoint cannot do
+(a speaker, a language, a mode: `resolve`), makes more pieces than an item may, gives a `max_seconds` too
+short for its pieces, names a saved voice that is not this checkpoint's, or has a piece whose prompt and
+frame budget need more talker positions than the model has. validate and synth's pass 1 (and the Ray
+stage) run the same checks, so they agree on what a bad line is.
+
+It reads configs, saved voices and, only for a piece long enough to be in doubt, the text tokenizer; it
+never loads weights. It does not parse lines (manifest.py) or know the device's memory (the engine plans
+that when it runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import RequestError
+from ..params import GUARD_BASE_FRAMES, GUARD_FRAMES_PER_TOKEN, SamplingParams, frames_in, share_frames, share_problem
+from ..text import no_transcript
+from ..text.prompt import prompt_length, resolve
+from ..text.split import MAX_PIECES, pieces_problem, split_text
+
+
+def _placeholder_voice():
+    import torch
+
+    from ..request import Voice
+
+    return Voice(x_vector=torch.zeros(0), ref_codes=None, ref_text=None)
+
+
+class Voices:
+    """Saved voices checked against one checkpoint (`cfg.path`): as `TTS.load_voice` will check them
+    (format, checkpoint identity, shapes), without loading the model. The identity is computed once
+    (it reads the speaker and codec encoders' weights), each voice file is read once."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.identity: str | None = None
+        self.problems: dict[str, str | None] = {}  # resolved voice path -> its problem (None: fits)
+        self.references: dict[str, tuple[str, int] | None] = {}  # resolved path -> (ref_text, frames); None: x-vector
+
+    def problem(self, path: Path) -> str | None:
+        key = str(Path(path).resolve())
+        if key not in self.problems:
+            self.problems[key] = self._check(path, key)
+        return self.problems[key]
+
+    def reference(self, path: Path) -> tuple[str, int] | None:
+        """A fitting voice's in-context reference: (its transcript, its frames); None for an x-vector voice."""
+        return self.references.get(str(Path(path).resolve()))
+
+    def _check(self, path: Path, key: str) -> str | None:
+        from ..errors import CheckpointError, VoiceError
+        from ..voice import check_voice, checkpoint_identity, load_voice
+
+        try:
+            if self.identity is None:
+                self.identity = checkpoint_identity(self.cfg.path)
+            voice, meta = load_voice(path)
+            check_voice(voice, meta, path, self.identity, self.cfg)
+        except CheckpointError as exc:
+            return f"cannot check it against the checkpoint: {exc}"
+        except VoiceError as exc:
+            return str(exc)
+        self.references[key] = (voice.ref_text, voice.ref_codes.shape[0]) if voice.icl else None
+        return None
+
+
+class LineChecker:
+    """The checks of one run's lines against checkpoint config `cfg` (`omnitts.config.load_config`).
+
+    `split_chars`: synth's `--split-chars` (None the default, 0 never), which sets the pieces a text makes;
+    `max_frames`: its `--max-frames` (the budget of lines without `max_seconds`; None derives one per piece);
+    `official_tokenizer`: its `--official-tokenizer` (how the text tokenizer counts). A `cfg` without a path
+    (a config alone) checks no saved voice and no talker positions.
+    """
+
+    def __init__(self, cfg, split_chars: int | None = None, max_frames: int | None = None,
+                 official_tokenizer: bool = False):
+        self.cfg, self.split_chars, self.max_frames = cfg, split_chars, max_frames
+        self.official_tokenizer = official_tokenizer
+        self.voices = Voices(cfg) if cfg.path is not None else None
+        self.frame_cap = SamplingParams.from_generation_config(cfg.generation).frame_cap
+        self._tokenizer = None
+
+    def check(self, item) -> None:
+        """RequestError naming the field if synth would refuse manifest item `item` (`manifest.Item`)."""
+        cfg, request = self.cfg, item.request
+        reference = None  # a saved voice's (ref_text, frames) for in-context cloning
+        if item.voice_path is not None:
+            if cfg.model_type != "base":
+                raise RequestError(f"voice: a saved voice needs a Base checkpoint; this one is {cfg.model_type}")
+            if self.voices is not None:
+                if problem := self.voices.problem(item.voice_path):
+                    raise RequestError(f"voice: {problem}")
+                reference = self.voices.reference(item.voice_path)
+            request = replace(request, voice=_placeholder_voice())  # resolve only asks whether there is one
+        resolved = resolve(cfg, request)
+        text, pieces = request.text, None
+        # A piece has a character at least: a text of at most MAX_PIECES characters makes no more pieces.
+        if self.split_chars != 0 and (len(text) > MAX_PIECES or request.max_seconds is not None):
+            pieces = split_text(text, max_chars=self.split_chars, language=request.language) or [text]
+            problem = pieces_problem(text, len(pieces)) or (  # the line's own budget wins over --max-frames
+                request.max_seconds is not None
+                and share_problem("max_seconds", frames_in(request.max_seconds), len(pieces)))
+            if problem:
+                raise RequestError(problem)
+        if cfg.path is not None:
+            self._check_positions(item, request, resolved, pieces or [text], reference)
+
+    def _check_positions(self, item, request, resolved, pieces: list[str], reference) -> None:
+        """RequestError if a piece's prompt and frame budget need more talker positions than the model has, as
+        the engine would say when the piece came to run. Only a piece long enough to be in doubt is tokenized:
+        a token is a byte at least, so the bytes bound the tokens. A reference clip's frames are not known
+        before it is encoded: they count as none here (the engine still refuses what this lets through)."""
+        limit = self.cfg.talker.max_position_embeddings
+        voice = item.voice_path is not None or request.ref_audio is not None  # a Base line (resolve saw one)
+        icl = reference is not None or (item.voice_path is None and voice and not request.x_vector_only)
+        ref_text = reference[0] if reference is not None else request.ref_text
+        ref_frames = reference[1] if reference is not None else 0
+        instruct = request.instruct or ""
+        explicit = frames_in(request.max_seconds) if request.max_seconds is not None else self.max_frames
+        budget = self.frame_cap if explicit is None else min(explicit, self.frame_cap)
+
+        def need(text_tokens, instruct_tokens, ref_tokens, frames) -> int:
+            return prompt_length(resolved, text_tokens, instruct_tokens, voice,
+                                 (ref_tokens, ref_frames) if icl else None) + frames + 1
+
+        size = lambda s: len(s.encode("utf-8", "surrogatepass"))  # noqa: E731 (an upper bound on its tokens)
+        ref_bytes = size(ref_text) if icl and not no_transcript(ref_text) else 0
+        if max(need(size(p), size(instruct), ref_bytes, budget) for p in pieces) <= limit:
+            return
+        tok = self._text_tokenizer()
+        text_tokens = [len(tok.assistant_ids(p)) - 8 for p in pieces]
+        instruct_tokens = len(tok.instruct_ids(instruct)) if instruct else 0
+        ref_tokens = len(tok.reference_ids(ref_text or "")) - 5 if icl else 0
+        shares = share_frames(explicit, text_tokens) if explicit is not None and len(pieces) > 1 else None
+        for index, tokens in enumerate(text_tokens):
+            frames = shares[index] if shares is not None else explicit
+            if frames is None:
+                frames = GUARD_BASE_FRAMES + GUARD_FRAMES_PER_TOKEN * tokens  # the runaway guard
+            positions = need(tokens, instruct_tokens, ref_tokens, min(frames, self.frame_cap))
+            if positions <= limit:
+                continue
+            part = "instruct" if instruct_tokens > tokens else "text"
+            shorten = "split the text" if part == "text" else "shorten the instruction (an instruction is not split)"
+            lower = ("lower max_seconds" if request.max_seconds is not None else "lower --max-frames"
+                     if explicit is not None else "give it a smaller budget (max_seconds)")
+            piece = f"piece {index + 1} of {len(pieces)}: " if len(pieces) > 1 else ""
+            at_least = "at least " if icl and reference is None else ""  # the clip's frames come on top
+            raise RequestError(f"{part}: {piece}the prompt and its frame budget need {at_least}{positions} talker "
+                               f"positions, over the model's {limit}; {shorten} or {lower}")
+
+    def _text_tokenizer(self):
+        if self._tokenizer is None:
+            from ..text.tokenizer import TextTokenizer
+
+            self._tokenizer = TextTokenizer(self.cfg.path, official_regex=self.official_tokenizer)
+        return self._tokenizer
