@@ -205,14 +205,18 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
 
 def check_replaceable(path: Path) -> None:
     """Raise VoiceError if `path` holds a safetensors file of tensors no voice has: a voice saved by mistake as a
-    checkpoint's model.safetensors would destroy it. A voice file, and one that is no readable safetensors file
-    (a damaged voice being replaced), may be written over."""
+    checkpoint's model.safetensors would destroy it; or an audio file (`--ref-audio clip.safetensors --save
+    clip.safetensors` wrote the voice over its own reference clip). A voice file, and one that is neither a
+    readable safetensors file nor audio (a damaged voice being replaced), may be written over."""
     if not path.is_file():  # absent, or a folder (refused where it is written)
         return
     try:
         with open(path, "rb") as f:
             header = json.loads(header_bytes(f))
     except (OSError, ValueError):  # (a header past MAX_HEADER, or cut short, too)
+        if _is_audio(path):  # after the header: a voice's 8-byte header length may begin as an MP3 frame does
+            raise VoiceError(f"{path}: is an audio file (a reference clip?), which a voice is not written over; give "
+                             "the voice file another name") from None
         return  # no safetensors file
     others = sorted(set(header) - {"__metadata__", "x_vector", "ref_codes"}) if isinstance(header, dict) else []
     if others:

@@ -959,3 +959,22 @@ def test_a_voice_replaces_a_voice_file_but_not_a_checkpoints_weights(tts_factory
     assert load_voice(again)[0].ref_text == "Other words."
     (tmp_path / "damaged.safetensors").write_bytes(b"not a voice")  # a damaged voice: replaced
     assert load_voice(voice.save(tmp_path / "damaged.safetensors"))[0].ref_text == REF_TEXT
+
+
+def test_a_voice_is_not_saved_over_an_audio_file(tts_factory, ref_wav, tmp_path, ckpt_dir, monkeypatch):
+    """`voice-clone --ref-audio clip.safetensors --save clip.safetensors` (a clip named as a voice) wrote the voice
+    over its own reference clip, as Voice.save wrote over any audio file with a voice's suffix."""
+    import omnitts.api
+
+    clip = tmp_path / "clip.safetensors"
+    shutil.copy(ref_wav, clip)
+    before = clip.read_bytes()
+    voice = tts_factory("base").clone_voice(clip, REF_TEXT)  # it is read as the audio it is
+    with pytest.raises(VoiceError, match=rf"^{re.escape(str(clip))}: is an audio file \(a reference clip\?\), which "
+                                         "a voice is not written over"):
+        voice.save(clip)
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    result = runner.invoke(app, ["voice-clone", "-m", str(ckpt_dir("base")), "--ref-audio", str(clip), "--ref-text",
+                                 REF_TEXT, "--save", str(clip)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and result.output.startswith(f"error: --save {clip}: is an audio file"), result.output
+    assert clip.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["clip.safetensors"]
