@@ -216,6 +216,8 @@ class TTS:
                              f"({self.identity}); clone it again with this checkpoint")
         if isinstance(request.voice, Voice):
             check_fits(voice, self.ckpt.config, "voice")
+            if voice.icl and voice.ref_codes.dtype != torch.long:  # int16 codes (a compact array) index no embedding
+                voice = replace(voice, ref_codes=voice.ref_codes.long())
         elif voice is None and request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)

@@ -177,8 +177,7 @@ def save_voice(voice: Voice, path, identity: str | None = None, meta: dict | Non
     if x_vector.dim() != 1 or not torch.isfinite(x_vector).all():
         raise VoiceError(f"{path}: x_vector must be a vector of finite float32 values; got {voice.x_vector.dtype} "
                          f"{tuple(voice.x_vector.shape)}")
-    if codes is not None and (codes.dim() != 2 or codes.shape[0] == 0 or codes.is_floating_point()
-                              or codes.is_complex()):
+    if codes is not None and (codes.dim() != 2 or codes.shape[0] == 0 or not _integer(codes)):
         raise VoiceError(f"{path}: ref_codes must be integer (frames, groups), one frame at least; got {codes.dtype} "
                          f"{tuple(codes.shape)}")
     info = {"ref_audio": "", "ref_seconds": "", "checkpoint_name": "", **voice.meta, **(meta or {})}
@@ -305,6 +304,11 @@ def check_voice(voice: Voice, meta: dict, path, identity: str, cfg) -> None:
     check_fits(voice, cfg, str(path))
 
 
+def _integer(codes: torch.Tensor) -> bool:
+    """Whether `codes` are of an integer dtype (bool is none: True and False are no codes)."""
+    return not (codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool)
+
+
 def check_parts(voice: Voice, where: str) -> None:
     """Raise VoiceError (naming `where` and the field) unless `voice` holds what every voice file holds: tensors
     (a numpy array would fail deep inside), and for an in-context voice its transcript (without it the voice
@@ -331,7 +335,7 @@ def check_fits(voice: Voice, cfg, where: str) -> None:
                          f"{x_vector.dtype} {tuple(x_vector.shape)}")
     if codes is None:
         return
-    if codes.dim() != 2 or codes.shape[0] == 0 or codes.shape[1] != groups or codes.is_floating_point():
+    if codes.dim() != 2 or codes.shape[0] == 0 or codes.shape[1] != groups or not _integer(codes):
         raise VoiceError(f"{where}: ref_codes must be integer (frames, {groups}) for this checkpoint; got "
                          f"{codes.dtype} {tuple(codes.shape)}")
     low, high = int(codes.min()), int(codes.max())

@@ -978,3 +978,24 @@ def test_a_voice_is_not_saved_over_an_audio_file(tts_factory, ref_wav, tmp_path,
                                  REF_TEXT, "--save", str(clip)], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and result.output.startswith(f"error: --save {clip}: is an audio file"), result.output
     assert clip.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["clip.safetensors"]
+
+
+def test_a_voice_of_compact_integer_codes_speaks_as_its_int64_codes_and_bool_codes_are_refused(tts_factory, ref_wav,
+                                                                                                 tmp_path):
+    """A Voice whose ref_codes are int16 (an array kept compact, which Voice.save took as integer codes) failed in
+    synthesis with torch's "RuntimeError: Expected tensor for argument #1 'indices' to have one of the following
+    scalar types: Long, Int; but got torch.ShortTensor"; bool "codes" were saved as 0s and 1s."""
+    from dataclasses import replace
+
+    tts = tts_factory("base")
+    voice = tts.clone_voice(ref_wav, REF_TEXT)
+    expected = tts.synthesize("Hi.", voice=voice, greedy=True, max_frames=3)
+    compact = replace(voice, ref_codes=voice.ref_codes.to(torch.int16))
+    assert np.array_equal(tts.synthesize("Hi.", voice=compact, greedy=True, max_frames=3).codes, expected.codes)
+    assert load_voice(compact.save(tmp_path / "v.safetensors"))[0] == voice
+    flags = replace(voice, ref_codes=voice.ref_codes.bool())
+    with pytest.raises(VoiceError, match=r"^voice: ref_codes must be integer \(frames, 16\) .* got torch.bool"):
+        tts.synthesize("Hi.", voice=flags, max_frames=2)
+    with pytest.raises(VoiceError, match=r"b.safetensors: ref_codes must be integer .* got torch.bool"):
+        flags.save(tmp_path / "b.safetensors")
+    assert not (tmp_path / "b.safetensors").exists()
