@@ -999,3 +999,25 @@ def test_a_voice_of_compact_integer_codes_speaks_as_its_int64_codes_and_bool_cod
     with pytest.raises(VoiceError, match=r"b.safetensors: ref_codes must be integer .* got torch.bool"):
         flags.save(tmp_path / "b.safetensors")
     assert not (tmp_path / "b.safetensors").exists()
+
+
+def test_a_clip_whose_channels_cancel_is_named_so_not_merely_silent(tts_factory, ckpt_dir, tmp_path):
+    """A stereo clip with one channel phase-inverted plays loud, but its channels average to zero: it was refused as
+    "reference audio is silent", which named no cause, by validate, synth's check, the API and a samples pair."""
+    left = (0.3 * np.sin(np.arange(24000) / 5)).astype(np.float32)
+    sf.write(tmp_path / "inverted.wav", np.stack([left, -left], axis=1), 24000)
+    problem = (r"reference audio is silent once its 2 channels are averaged to mono: they cancel "
+               r"\(one is phase-inverted\?\)")
+    tts = tts_factory("base")
+    with pytest.raises(omnitts.AudioError, match=rf"^ref_audio: {re.escape(str(tmp_path))}/inverted.wav: {problem}"):
+        tts.clone_voice(tmp_path / "inverted.wav", x_vector_only=True)
+    with pytest.raises(omnitts.AudioError, match=rf"^ref_audio: {problem}"):
+        tts.clone_voice((np.stack([left, -left], axis=1), 24000), x_vector_only=True)
+    (tmp_path / "m.jsonl").write_text(json.dumps({"id": "a", "text": "Hi.", "ref_audio": "inverted.wav",
+                                                  "x_vector_only": True}) + "\n")
+    result = runner.invoke(app, ["validate", str(tmp_path / "m.jsonl"), "-m", str(ckpt_dir("base"))],
+                           env={"COLUMNS": "300"})
+    assert re.search(rf"m.jsonl:1: ref_audio: .*inverted.wav: {problem}", result.output), result.output
+    sf.write(tmp_path / "quiet.wav", np.zeros((24000, 2), dtype=np.float32), 24000)  # silent in every channel
+    with pytest.raises(omnitts.AudioError, match=r"quiet.wav: reference audio is silent$"):
+        tts.clone_voice(tmp_path / "quiet.wav", x_vector_only=True)

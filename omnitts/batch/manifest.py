@@ -211,7 +211,7 @@ def _header_problem(path: str, mtime_ns: int, size: int, icl: bool) -> str | Non
     import soundfile as sf
 
     from ..errors import AudioError
-    from ..io.audio import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS, check_samples
+    from ..io.audio import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS, check_samples, mono
 
     try:
         info = sf.info(path)
@@ -224,7 +224,7 @@ def _header_problem(path: str, mtime_ns: int, size: int, icl: bool) -> str | Non
                 "(trim the clip and its ref_text, or set x_vector_only)")
     try:  # the samples synthesis uses (at most 30 s), checked as it checks them (silent, NaN)
         wav, _ = sf.read(path, frames=int(MAX_REFERENCE_SECONDS * info.samplerate), dtype="float32", always_2d=True)
-        check_samples(wav.mean(axis=1), path)
+        check_samples(mono(wav, 1, path), path)
     except AudioError as exc:
         return str(exc)
     except Exception as exc:  # noqa: BLE001 - as sf.info above: the file is what matters

@@ -38,6 +38,7 @@ MAX_REFERENCE_SECONDS = 30.0  # the official examples use clips of a few seconds
 # Float samples (a pair's, a float file's) peak here at most: a full-scale clip resampled or filtered overshoots 1 a
 # little; past +6 dBFS they are on another scale (int16 PCM as float peaks in the thousands), a voice no error names.
 MAX_FLOAT_PEAK = 2.0
+SILENT_PEAK = 1e-4  # a clip that peaks below it (-80 dBFS) is silent
 FORMATS = {"wav": "PCM_16", "flac": "PCM_16", "ogg": "VORBIS"}  # output suffix -> soundfile subtype
 # The highest rate each holds (an Audio built by hand may have any): libsndfile refuses a FLAC one past it naming the
 # temporary file, and libvorbis crashes the process on a Vorbis one (WAV's header holds a 32-bit rate)
@@ -88,10 +89,10 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
                 # A little past the limit, to tell a clip of exactly the limit from a longer one.
                 # Not mono=True: librosa's mix-down refuses NaN first, in words of its own (check_samples says it).
                 wav, sr = librosa.load(str(path), sr=None, mono=False, duration=MAX_REFERENCE_SECONDS + 0.5)
-            wav = wav.mean(axis=0) if wav.ndim > 1 else wav  # (channels, n) -> (n,), as librosa.to_mono
         except Exception as exc:  # soundfile/audioread raise many types; the file is what matters
             why = f"{type(exc).__name__}: {exc}" if str(exc).strip() else "not a format soundfile or audioread decodes"
             raise AudioError(f"{path}: cannot read audio ({why})") from None
+        wav = mono(wav, 0, name) if wav.ndim > 1 else wav  # (channels, n) -> (n,), as librosa.to_mono
     wav = np.asarray(wav, dtype=np.float32)
     limit = int(MAX_REFERENCE_SECONDS * sr)
     if wav.size > limit:
@@ -131,8 +132,18 @@ def check_samples(wav: np.ndarray, name: str) -> None:
     if (peak := float(np.abs(wav).max(initial=0))) > MAX_FLOAT_PEAK:
         raise AudioError(f"{name}: float samples peak at {peak:g}; audio is in [-1, 1] (integer PCM cast to or stored "
                          "as float? divide int16 values by 32768, or give the integer samples themselves)")
-    if peak < 1e-4:
+    if peak < SILENT_PEAK:
         raise AudioError(f"{name}: reference audio is silent")
+
+
+def mono(wav: np.ndarray, axis: int, name: str) -> np.ndarray:
+    """`wav`'s channels (along `axis`) averaged, as the official package mixes a reference down; AudioError where that
+    is silent though a channel is not (a phase-inverted channel cancels the other: "silent" named no cause)."""
+    mixed = wav.mean(axis=axis)
+    if np.abs(mixed).max(initial=0) < SILENT_PEAK <= np.abs(wav).max(initial=0):
+        raise AudioError(f"{name}: reference audio is silent once its {wav.shape[axis]} channels are averaged to mono: "
+                         "they cancel (one is phase-inverted?); give one channel, or invert that one")
+    return mixed
 
 
 def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
@@ -175,7 +186,7 @@ def _samples(pair: tuple, name: str) -> tuple[np.ndarray, int]:
                          f"shape (n,), or (n, channels): transpose them (samples.T)")
     if wav.ndim not in (1, 2):
         raise AudioError(f"{name}: samples of shape {wav.shape}; give mono samples, shape (n,), or (n, channels)")
-    return (wav.mean(axis=-1) if wav.ndim == 2 else wav), int(sr)
+    return (mono(wav, -1, name) if wav.ndim == 2 else wav), int(sr)
 
 
 def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
