@@ -528,3 +528,31 @@ def test_ray_address_without_a_cluster_says_so_not_that_out_cannot_be_written(ck
     line = " ".join(result.output.split())
     assert "error: --ray-address auto: cannot join the Ray cluster (Could not find any running Ray instance" in line
     assert "cannot write" not in line, line
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_before_anything_runs(ckpt_dir, tmp_path, monkeypatch):
+    """ray.init retried a dead --ray-address for minutes (a refusing port: without end), flooding stderr; the
+    address is tried first, for a few seconds, and the run refused in one line, exit 2, OUT not made."""
+    import socket
+
+    from omnitts.cli.checks import unanswered
+
+    def never(*args, **kwargs):
+        raise AssertionError("ray.init was called")
+
+    monkeypatch.setattr(ray, "init", never)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        assert unanswered(f"127.0.0.1:{port}") is None and unanswered(f"ray://127.0.0.1:{port}") is None
+    assert unanswered("auto") is None and unanswered("local") is None  # no host and port to try
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["synth", str(_manifest(tmp_path / "m.jsonl", SEEDED[:1])), "-m",
+                                 str(ckpt_dir("custom_voice")), "-o", str(out), "--ray", "--ray-address",
+                                 f"127.0.0.1:{port}"])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.output.split()) == (f"error: --ray-address 127.0.0.1:{port}: cannot join the Ray cluster "
+                                               f"(nothing answers at 127.0.0.1:{port}: Connection refused); nothing "
+                                               "was run")
+    assert not out.exists()

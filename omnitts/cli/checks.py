@@ -212,3 +212,27 @@ def check_ray(use_ray: bool, address: str | None, devices: str | None, workers: 
         import ray.data  # noqa: F401
     except ImportError:
         fail("--ray needs Ray: pip install 'omnitts[ray]'")
+    if address is not None and (problem := unanswered(address)):
+        fail(f"--ray-address {address}: cannot join the Ray cluster ({problem}); nothing was run")
+
+
+RAY_PROBE_S = 10.0  # seconds a --ray-address has to accept a connection
+
+
+def unanswered(address: str, timeout: float = RAY_PROBE_S) -> str | None:
+    """Why nothing accepts a connection at Ray address `address` (`host:port`, `ray://host:port`) within `timeout`
+    seconds; None if something does, or where it names no host and port ("auto", "local"). ray.init retries a dead
+    address for minutes, its warnings flooding stderr, before it gives up (or never, at a refusing one)."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except socket.timeout:
+        return f"nothing answered at {target} within {timeout:g} s"
+    except OSError as exc:  # refused, no such host, no route
+        return f"nothing answers at {target}: {exc.strerror or exc}"
+    return None
