@@ -102,19 +102,26 @@ class LineChecker:
         text, pieces = request.text, None
         # A piece has a character at least: a text of at most MAX_PIECES characters makes no more pieces.
         if self.split_chars != 0 and (len(text) > MAX_PIECES or request.max_seconds is not None):
-            pieces = split_text(text, max_chars=self.split_chars, language=request.language) or [text]
+            pieces = self._pieces(request)
             problem = pieces_problem(text, len(pieces)) or (  # the line's own budget wins over --max-frames
                 request.max_seconds is not None
                 and share_problem("max_seconds", frames_in(request.max_seconds), len(pieces)))
             if problem:
                 raise RequestError(problem)
         if cfg.path is not None:
-            self._check_positions(item, request, resolved, pieces or [text], reference)
+            self._check_positions(item, request, resolved, pieces, reference)
 
-    def _check_positions(self, item, request, resolved, pieces: list[str], reference) -> None:
+    def _pieces(self, request) -> list[str]:
+        """The texts `request` runs as, split as synth splits it (`Settings.splitter`)."""
+        if self.split_chars == 0:
+            return [request.text]
+        return split_text(request.text, max_chars=self.split_chars, language=request.language) or [request.text]
+
+    def _check_positions(self, item, request, resolved, pieces: list[str] | None, reference) -> None:
         """RequestError if a piece's prompt and frame budget need more talker positions than the model has, as
-        the engine would say when the piece came to run. Only a piece long enough to be in doubt is tokenized:
-        a token is a byte at least, so the bytes bound the tokens. A reference clip's frames are not known
+        the engine would say when the piece came to run (`pieces`: the request's, None where not split yet).
+        Only a line long enough to be in doubt is split and tokenized: a token is a UTF-8 byte at least, four
+        per character at most, and no piece is longer than its text. A reference clip's frames are not known
         before it is encoded: they count as none here (the engine still refuses what this lets through)."""
         limit = self.cfg.talker.max_position_embeddings
         voice = item.voice_path is not None or request.ref_audio is not None  # a Base line (resolve saw one)
@@ -129,14 +136,16 @@ class LineChecker:
             return prompt_length(resolved, text_tokens, instruct_tokens, voice,
                                  (ref_tokens, ref_frames) if icl else None) + frames + 1
 
-        size = lambda s: len(s.encode("utf-8", "surrogatepass"))  # noqa: E731 (an upper bound on its tokens)
-        ref_bytes = size(ref_text) if icl and not no_transcript(ref_text) else 0
-        if max(need(size(p), size(instruct), ref_bytes, budget) for p in pieces) <= limit:
+        ref_chars = len(ref_text) if icl and not no_transcript(ref_text) else 0
+        if need(4 * len(request.text), 4 * len(instruct), 4 * ref_chars, budget) <= limit:
             return
+        pieces = pieces or self._pieces(request)
         tok = self._text_tokenizer()
         text_tokens = [len(tok.assistant_ids(p)) - 8 for p in pieces]
         instruct_tokens = len(tok.instruct_ids(instruct)) if instruct else 0
         ref_tokens = len(tok.reference_ids(ref_text or "")) - 5 if icl else 0
+        if explicit is not None and explicit < len(pieces):
+            return  # --max-frames too small to share: the item fails for that as it runs (jobs.budget_shares)
         shares = share_frames(explicit, text_tokens) if explicit is not None and len(pieces) > 1 else None
         for index, tokens in enumerate(text_tokens):
             frames = shares[index] if shares is not None else explicit
