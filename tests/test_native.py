@@ -179,6 +179,18 @@ def test_the_build_target_is_a_switch_and_part_of_the_key(monkeypatch):
     assert native._digest() != key  # an AVX2 build never shares a cache entry with this CPU's own
 
 
+def test_the_cache_folder_variable_takes_a_tilde(tmp_path, monkeypatch):
+    """OMNITTS_CACHE_DIR="~/builds" (quoted, or a Dockerfile's ENV: no shell expands it) built the kernels into a
+    folder named `~` in the current directory; `~` is the home folder, as in every path omnitts takes."""
+    from omnitts.cache import cache_root
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("OMNITTS_CACHE_DIR", "~/builds")
+    assert cache_root() == tmp_path / "builds"
+    monkeypatch.delenv("OMNITTS_CACHE_DIR")
+    assert cache_root() == tmp_path / ".cache" / "omnitts"
+
+
 def test_a_bad_build_target_is_named_in_the_error(tmp_path, monkeypatch):
     if not native.available(torch.float32):
         pytest.skip("no C++ compiler here")
