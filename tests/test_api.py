@@ -90,6 +90,16 @@ def test_save_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "x.wav"]  # no temporary file left
 
 
+def test_save_into_a_folder_that_refuses_files_names_the_file_asked_for():
+    """A folder that refuses new files (read-only, permission denied; /proc here, for root too) said
+    "[Errno 30] Read-only file system: '.../.a.wav.omnitts-1f2e3d4c-k2j4h5g6.tmp'", a name the caller never gave."""
+    audio = omnitts.Audio(np.zeros(240, np.float32), 24000)
+    with pytest.raises(OSError) as raised:
+        audio.save("/proc/omnitts-nope.wav")
+    assert raised.value.filename == "/proc/omnitts-nope.wav" and ".tmp" not in str(raised.value), raised.value
+    assert raised.value.errno is not None
+
+
 def test_save_to_a_name_without_a_suffix_says_what_the_name_lacks(tmp_path, monkeypatch):
     """`save(".wav")` (pathlib reads it as a hidden file without a suffix), `save("new/")` (a folder not made
     yet) and `save("noext")` all said "unsupported audio format ''"; each now says what is wrong, writing nothing."""

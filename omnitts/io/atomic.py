@@ -89,14 +89,29 @@ def file_mode() -> int:
 
 @contextmanager
 def atomic_write(path: Path) -> Iterator[str]:
-    """Yield a temporary name to write; on success it replaces `path`, on any failure it is deleted."""
-    tmp = temp_name(path)
+    """Yield a temporary name to write; on success it replaces `path`, on any failure it is deleted.
+
+    An OSError that names the temporary file (a folder that refuses new files: read-only, permission denied,
+    /proc) is raised naming `path`, the file asked for, whose temporary name the caller never saw."""
+    try:
+        tmp = temp_name(path)
+    except OSError as exc:
+        raise _naming(exc, path) from None
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _naming(exc, path) from None
         raise
+
+
+def _naming(exc: OSError, path: Path) -> OSError:
+    """`exc`, or where it names a temporary file, the same error (errno, class) naming `path` instead."""
+    if not exc.filename or not is_temp_name(Path(os.fsdecode(exc.filename)).name):
+        return exc
+    return OSError(exc.errno, exc.strerror, str(path))
 
 
 def _umask() -> int:
