@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -709,6 +710,32 @@ def test_a_failed_export_keeps_the_previous_one_and_a_folder_of_other_files_is_r
         f"error: --export-dataset {inside}: is inside the output directory {tmp_path / 'new-out'}; choose a folder "
         "outside --out")
     assert not (tmp_path / "new-out").exists()
+
+
+def test_an_export_target_that_cannot_be_made_is_refused_before_the_model_loads(ckpt_dir, tmp_path, monkeypatch):
+    """--export-dataset under a file, or on a read-only filesystem, was found once every item was synthesized:
+    'cannot write notes.txt: File exists (EEXIST); nothing was exported'. Refused first, as --out is."""
+    import omnitts.api
+    from omnitts.batch import folder
+
+    monkeypatch.setattr(omnitts.api, "load", lambda *a, **k: pytest.fail("the model loaded"))
+    (tmp_path / "notes.txt").write_text("a file")
+    target = tmp_path / "notes.txt" / "ds"
+    refused = _synth(ckpt_dir, _manifest(tmp_path, ["a"]), tmp_path / "out", "--export-dataset", str(target))
+    assert refused.exit_code == 2 and refused.output.strip() == (
+        f"error: --export-dataset {target}: {tmp_path / 'notes.txt'} is a file, not a directory (choose a directory; "
+        "omnitts creates it if missing)"), refused.output
+    read_only = tmp_path / "mnt"
+    read_only.mkdir()
+    real = os.statvfs
+    monkeypatch.setattr(folder.os, "statvfs", lambda p: type("V", (), {"f_flag": os.ST_RDONLY})()
+                        if Path(p) == read_only else real(p))
+    target = read_only / "ds"
+    refused = _synth(ckpt_dir, _manifest(tmp_path, ["a"]), tmp_path / "out", "--export-dataset", str(target))
+    assert refused.exit_code == 2 and refused.output.strip() == (
+        f"error: --export-dataset {target}: {read_only} is on a read-only filesystem (choose a writable "
+        "--export-dataset)"), refused.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_export_onto_the_manifest_it_reads_is_refused_before_anything_runs(ckpt_dir, tmp_path, monkeypatch):

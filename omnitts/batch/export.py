@@ -21,6 +21,7 @@ from ..errors import OmniTTSError
 from ..io import unreachable
 from ..io.atomic import TEMP_MARK
 from .claims import open_locked
+from .folder import check_out
 from .ledger import Ledger
 
 DATASET_FILES = ("dataset_info.json", "state.json")  # what save_to_disk writes beside the Arrow files
@@ -54,6 +55,9 @@ def check_target(target: Path, out: Path | None = None, manifest: Path | None = 
                               "target, so choose another folder")
     if why := unreachable(target, follow=False):
         raise ExportError(f"--export-dataset {target}: {why}")
+    # Built beside the target, then renamed into place: its folder must take new files (not under a file, not
+    # read-only), or the export fails once every item is synthesized
+    check_out(target.parent, "--export-dataset", target)
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise ExportError(f"--export-dataset {target}: is not a folder (choose a folder; omnitts creates it)")
     if target.is_dir() and any(target.iterdir()):  # replaced only if it is an earlier export
