@@ -405,17 +405,23 @@ def test_retry_runaway_where_it_would_retry_nothing_is_refused(ckpt_dir, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("case", ["ref_audio", "other_format", "manifest", "another_shard"])
+@pytest.mark.parametrize("case", ["ref_audio", "other_format", "manifest", "another_shard", "link"])
 def test_an_item_named_like_a_file_it_reads_in_out_is_refused(ckpt_dir, ref_wav, tmp_path, monkeypatch, case):
     """The manifest's folder as OUT, with id "alice" and "ref_audio": "alice.wav": the item's audio replaced the
     reference clip (deleted it under --format flac, as an earlier format's file); a manifest named m.wav with an
-    id "m" was replaced by that item's audio. Refused before anything loads, every file as it was."""
+    id "m" was replaced by that item's audio. Refused before anything loads, every file as it was. A clip in OUT
+    that is a symbolic link to one elsewhere was missed (its target is not in OUT), and the item's audio replaced
+    the link: a later line reading it cloned that audio, and a re-run failed on it."""
     import shutil
 
     _no_load(monkeypatch)
     out = tmp_path / "voices"
     out.mkdir()
-    shutil.copy(ref_wav, out / "alice.wav")
+    if case == "link":
+        shutil.copy(ref_wav, tmp_path / "clip.wav")
+        (out / "alice.wav").symlink_to(tmp_path / "clip.wav")
+    else:
+        shutil.copy(ref_wav, out / "alice.wav")
     line = {"id": "alice", "text": "Hi.", "ref_audio": "alice.wav", "x_vector_only": True}
     lines, name, what = [line], "alice.wav", f"the ref_audio of {out / 'm.jsonl'}:1"
     if case == "another_shard":  # the line reading it runs in another process: this one must not replace it
@@ -439,6 +445,7 @@ def test_an_item_named_like_a_file_it_reads_in_out_is_refused(ckpt_dir, ref_wav,
                              "the run replaces (or deletes, under another --format); choose another --out (or rename "
                              "the id or the file)\n"), result.output
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert (out / "alice.wav").is_symlink() == (case == "link")
 
 
 def test_a_refused_out_records_no_bad_line_in_it(ckpt_dir, ref_wav, tmp_path, monkeypatch):

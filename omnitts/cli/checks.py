@@ -4,6 +4,7 @@ options, retries and the files in OUT it would replace), and where the library's
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import typer
@@ -136,8 +137,13 @@ class Inputs:
         return name.lower() if self.fold else name
 
     def _note(self, path, what: str) -> None:
-        if isinstance(path, (str, Path)) and (path := Path(path).resolve()).parent == self.folder:
-            self.read.setdefault(self._key(path.name), (path.name, what))
+        if not isinstance(path, (str, Path)):
+            return
+        # The file it leads to, and where the path itself lies: a symbolic link in OUT is replaced by the item's
+        # audio as a file would be (the clip it pointed at stays, but the line, and a re-run, read the new audio)
+        for place in (Path(path).resolve(), Path(os.path.abspath(path)).parent.resolve() / Path(path).name):
+            if place.parent == self.folder:
+                self.read.setdefault(self._key(place.name), (place.name, what))
 
     def add(self, entry) -> None:
         request = getattr(entry, "request", None)
