@@ -463,3 +463,17 @@ def test_a_saved_voices_reference_frames_count_toward_the_positions_and_an_inlin
     assert inline.output.splitlines()[1] == (
         f"{manifest}:2: text: the prompt and its frame budget need at least 201 talker positions, over the "
         "model's 200; split the text or lower --max-frames"), inline.output
+
+
+def test_a_short_text_is_counted_as_the_pieces_synth_splits_it_into(ckpt_dir, tmp_path):
+    # Under MAX_PIECES characters a text is not split to count its pieces; for its positions it must be: each
+    # piece's derived budget is its own text's, smaller than the whole text's.
+    model = _short_talker(ckpt_dir("custom_voice"), tmp_path / "ckpt", 300)
+    text = "The first sentence is here and long. A second one follows it closely."
+    assert len(split_text(text, max_chars=40)) == 2 and len(text) < MAX_PIECES
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "two", "text": text, "speaker": "ryan"}) + "\n")
+    split = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "40"])
+    assert split.exit_code == 0, split.output
+    whole = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0"])
+    assert whole.exit_code == 1 and "talker positions, over the model's 300" in whole.output, whole.output
