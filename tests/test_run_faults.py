@@ -501,17 +501,24 @@ def test_an_out_turned_read_only_mid_run_is_one_line_though_its_claims_cannot_be
     assert sorted(read_results(out)) == sorted(TEXTS) and not list(out.glob(".*"))
 
 
-def test_a_write_error_on_a_damaged_file_does_not_count_it_as_done(ckpt_dir, tmp_path):
+def test_a_write_error_on_a_damaged_file_does_not_count_it_as_done(ckpt_dir, tmp_path, monkeypatch):
     """A damaged file being redone is not "done" in the write error's count, though its old record says ok."""
     manifest, out = _manifest(tmp_path, ["a", "b", "c"]), tmp_path / "out"
     assert _synth(ckpt_dir, manifest, out).exit_code == 0
-    (out / "b.wav").unlink()
-    (out / "b.wav").mkdir()  # its file gone, and nothing can be written in its place
+    (out / "b.wav").unlink()  # its file gone, and nothing can be written in its place:
+    rename = os.replace
+
+    def failing(source, target):
+        if Path(target).name == "b.wav":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(target))
+        rename(source, target)
+
+    monkeypatch.setattr(os, "replace", failing)
     result = _synth(ckpt_dir, manifest, out)
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines()[-1] == (
-        f"error: cannot write {out / 'b.wav'}: Is a directory (EISDIR): 2 items done ({out}/results.jsonl); fix that "
-        "and run the same command again to resume")
+        f"error: cannot write {out / 'b.wav'}: {os.strerror(errno.EIO)} (EIO): 2 items done ({out}/results.jsonl); "
+        "fix that and run the same command again to resume")
 
 
 def test_an_export_with_no_item_done_says_nothing_was_exported(ckpt_dir, tmp_path, monkeypatch):
@@ -908,3 +915,23 @@ def test_an_accelerators_free_memory_bounds_the_codec_state_too(tts_factory, mon
 
     backend.api.mem_get_info = unsupported
     assert backend.free_memory() is None
+
+
+def test_a_folder_where_an_items_file_goes_fails_that_item_alone(ckpt_dir, tmp_path):
+    """A folder OUT/intro.wav stopped the whole run once intro was synthesized ("cannot write .../intro.wav: Is a
+    directory (EISDIR): 0 items done", exit 1, the other items unrun); now intro fails before it runs, naming the
+    folder, and the others are written. The folder is left as it was."""
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"id": name, "text": "Hello there.", "speaker": "ryan"}) + "\n"
+                                for name in ("intro", "outro")))
+    out = tmp_path / "out"
+    (out / "intro.wav").mkdir(parents=True)
+    (out / "intro.wav" / "keep.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(out),
+                                      "--max-frames", "3", "-q"])
+    assert result.exit_code == 1, result.output
+    records = read_results(out)
+    assert records["outro"]["status"] == "ok" and (out / "outro.wav").is_file()
+    assert records["intro"]["error"] == (f"id: {out / 'intro.wav'} is a folder, where this item's file goes; move or "
+                                         "rename that folder, or give the line another id")
+    assert (out / "intro.wav" / "keep.txt").read_text() == "mine"

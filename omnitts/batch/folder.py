@@ -80,9 +80,13 @@ def case_folding(out: Path) -> Path | None:
 
 def check_name(target: Path) -> None:
     """Make and delete `target`'s temporary file, the longest name omnitts gives it; OutNameError if the
-    filesystem refuses the name as too long (any other OSError is raised: it is the run's fault)."""
+    filesystem refuses the name as too long, or a folder is where the file goes (the rename would fail once the
+    item is synthesized, and stop the run as a write error); any other OSError is raised: it is the run's fault."""
     from ..io.atomic import temp_name
 
+    if target.is_dir() and not target.is_symlink():
+        raise OutNameError(f"id: {target} is a folder, where this item's file goes; move or rename that "
+                           "folder, or give the line another id")
     try:
         Path(temp_name(target)).unlink()
     except OSError as exc:
