@@ -580,7 +580,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
             before calling); cuda and npu run on the process's current device (`torch.cuda.set_device`).
         dtype: auto (default: bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs
             with native bf16, AVX512-BF16 or AMX; float32 elsewhere), float32, bfloat16 or float16 for
-            the language models. Parity
+            the language models, by name or as the torch dtype (torch.bfloat16). Parity
             with the official package is judged in float32.
         official_tokenizer: reproduce the official package's token ids (see tokenizer.py).
         max_batch: how many requests decode together at most.
@@ -591,7 +591,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         max_prefill_tokens: prompt positions admitted per engine step at most (None: no limit).
         codec_chunk_frames: frames per streamed codec decode call (audio is decoded while
             generation continues, batched across requests).
-        codec_dtype: float32 (default) or bfloat16 for the codec decoder. bfloat16 is what the
+        codec_dtype: float32 (default) or bfloat16 for the codec decoder (a name or the torch dtype). bfloat16 is what the
             official package does in bfloat16; it costs audio quality (about 20 dB SNR against
             float32) and on the CPU is no faster than the float32 codec of a bfloat16 run
             (docs/performance.md).
@@ -613,6 +613,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise TypeError(f"path: expected the checkpoint directory (a string or path), got {type(path).__name__}")
     if not isinstance(official_tokenizer, bool):  # not a recipe key, but a flag like eager
         raise TypeError(f"official_tokenizer: expected true or false, got {type_name(type(official_tokenizer), True)}")
+    # torch.bfloat16 -> "bfloat16" (as a torch.device is taken as its name below), then checked as that name is
+    dtype, codec_dtype = (str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for v in (dtype, codec_dtype))
     for name, value in (("dtype", dtype), ("codec_dtype", codec_dtype), ("max_batch", max_batch), ("eager", eager),
                         ("deterministic", deterministic),
                         ("graph_buckets", graph_buckets), ("span_buckets", span_buckets),

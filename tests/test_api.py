@@ -690,7 +690,8 @@ def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
 
 @pytest.mark.parametrize("options,error,message", [
     ({"dtype": "bf16"}, ValueError, "dtype: 'bf16' is not one of auto, float32, bfloat16, float16"),
-    ({"dtype": torch.float32}, TypeError, "dtype: expected a string, got dtype"),
+    ({"dtype": torch.float64}, ValueError, "dtype: 'float64' is not one of auto, float32, bfloat16, float16"),
+    ({"dtype": 32}, TypeError, "dtype: expected a string, got an integer"),
     ({"codec_dtype": "float16"}, ValueError, "codec_dtype: 'float16' is not one of float32, bfloat16"),
     ({"max_batch": 0}, ValueError, "max_batch: must be > 0, got 0"),
     ({"max_batch": "8"}, TypeError, "max_batch: expected an integer, got a string"),
@@ -719,6 +720,14 @@ def test_load_on_a_device_this_machine_lacks_says_what_to_load_with(ckpt_dir, mo
     with pytest.raises(omnitts.OmniTTSError, match=r"^device 'cuda': no CUDA device is visible to torch \(load with "
                                                    r"device='cpu'\)$"):
         omnitts.load(ckpt_dir("custom_voice"), device="cuda")
+
+
+def test_load_takes_torch_dtypes_as_their_names(ckpt_dir):
+    """`load(dtype=torch.float32)` (as transformers' torch_dtype takes it) was refused with "dtype: expected a
+    string, got dtype"; a torch dtype is taken as the name it stands for, for the codec's too."""
+    tts = omnitts.load(ckpt_dir("custom_voice"), dtype=torch.bfloat16, codec_dtype=torch.float32)
+    assert tts.ckpt.model.talker.dtype == torch.bfloat16
+    assert tts.synthesize("Hi.", speaker="ryan", max_frames=2).frames == 2
 
 
 def test_load_takes_a_torch_device_as_its_name(ckpt_dir, monkeypatch):
