@@ -11,6 +11,7 @@ import pytest
 import soundfile as sf
 from typer.testing import CliRunner
 
+import omnitts
 from omnitts.cli import app
 
 runner = CliRunner()
@@ -42,14 +43,16 @@ def test_synth_writes_playable_24khz_wavs_and_codes(ckpt_dir, tmp_path):
 def test_voice_clone_manifest_resolves_relative_ref_audio(ckpt_dir, tmp_path, ref_wav):
     (tmp_path / "refs").mkdir()
     (tmp_path / "refs" / "r.wav").write_bytes(ref_wav.read_bytes())
+    omnitts.load(ckpt_dir("base")).clone_voice(ref_wav, "Reference words.").save(tmp_path / "refs" / "v.safetensors")
     manifest = _manifest(tmp_path / "m.jsonl", [
         {"id": "icl", "text": "Clone me.", "ref_audio": "refs/r.wav", "ref_text": "Reference words."},
         {"id": "xvec", "text": "Clone me.", "ref_audio": "refs/r.wav", "x_vector_only": True},
+        {"id": "saved", "text": "Clone me.", "voice": "refs/v.safetensors"},  # a saved voice's path too
     ])
     result = runner.invoke(app, ["synth", str(manifest), "-m", str(ckpt_dir("base")), "-o", str(tmp_path / "o"),
                                  "--greedy", "--max-frames", "5", "-q"])
     assert result.exit_code == 0, result.output
-    assert sf.info(tmp_path / "o" / "xvec.wav").frames == 5 * 1920
+    assert sf.info(tmp_path / "o" / "xvec.wav").frames == 5 * 1920 and (tmp_path / "o" / "saved.wav").is_file()
 
 
 def test_bad_lines_are_reported_recorded_and_the_rest_runs(ckpt_dir, tmp_path):
