@@ -50,6 +50,19 @@ def test_demo_rejects_an_unknown_kind(tmp_path):
     assert result.exit_code == 2 and "--kind 'opera': choose custom_voice, voice_design, base" in result.output
 
 
+def test_demo_takes_a_kind_as_the_readme_names_it(tmp_path, monkeypatch):
+    """`--kind Base` (the README's name for the kind) was refused: "choose custom_voice, voice_design, base"."""
+    import omnitts.cli as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "synth", lambda **kwargs: ran.append(kwargs["model"]))
+    for given, kind in (("Base", "base"), ("CustomVoice", "custom_voice"), ("voice-design", "voice_design")):
+        result = CliRunner().invoke(app, ["demo", "--kind", given, "-o", str(tmp_path / kind), "--model-dir",
+                                          str(tmp_path / f"m-{kind}")])
+        assert result.exit_code == 0, result.output
+        assert json.loads((tmp_path / f"m-{kind}" / "config.json").read_text())["tts_model_type"] == kind
+
+
 @pytest.mark.parametrize("option, path, problem", [
     ("-o", "file", "--out {file}: is a file, not a directory"),
     ("-o", "file/x", "--out {file}/x: {file} is a file, not a directory"),

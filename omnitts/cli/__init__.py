@@ -377,6 +377,9 @@ def _size(d: dict) -> str:
     return f"{d['size']} (its config says {d['config_size']}, which sets its behaviour)"
 
 
+KIND_NAMES = {"customvoice": "custom_voice", "voicedesign": "voice_design"}  # the kinds as the README names them
+
+
 @app.command(cls=Command)
 def demo(
     model_dir: Annotated[Optional[Path], option("--model-dir", callback=user_path, parser=path, panel=INPUT, metavar="DIR",
@@ -384,7 +387,7 @@ def demo(
                                                       ".cache/demo-tiny-customvoice, .cache/demo-tiny-voicedesign, "
                                                       ".cache/demo-tiny-base]")] = None,
     kind: Annotated[str, option("--kind", panel=INPUT, metavar="KIND", show_default=True,
-                                 help="custom_voice, voice_design or base.")] = "custom_voice",
+                                 help="custom_voice, voice_design or base (CustomVoice, VoiceDesign, Base).")] = "custom_voice",
     out: Annotated[Optional[Path], option("--out", "-o", callback=user_path, parser=path, panel=OUTPUT, metavar="DIR",
                                            help="Output directory. [default: out/demo-KIND]")] = None,
     force: Force = False,
@@ -401,8 +404,9 @@ def demo(
     from ..config import load_config
     from ..io.atomic import atomic_write
 
+    given, kind = kind, KIND_NAMES.get(name := kind.strip().lower().replace("-", "_"), name)  # Base, CustomVoice
     if kind not in DEMO_LINES:
-        fail(f"--kind {kind!r}: choose {', '.join(DEMO_LINES)}")
+        fail(f"--kind {given!r}: choose {', '.join(DEMO_LINES)}")
     model_dir = model_dir or Path(f".cache/demo-tiny-{kind.replace('_', '')}")
     out = out or Path(f"out/demo-{kind}")
     built = all((model_dir / name).is_file() for name in ("model.safetensors", "speech_tokenizer/model.safetensors"))
