@@ -841,3 +841,24 @@ def test_a_url_is_refused_naming_the_option_not_looked_for_as_a_file(ckpt_dir, t
     words = " ".join(result.output.replace("│", " ").split())  # the error box wraps its lines
     assert result.exit_code == 2 and "is a URL; omnitts reads local files only" in words, result.output
     assert "file not found" not in words, result.output
+
+
+def test_a_long_manifests_first_pass_shows_its_count_on_a_terminal_and_is_gone_after(tmp_path):
+    """synth's first pass over a million lines was a minute of silence before "loading checkpoint"; on a terminal a
+    transient line counts the lines read, from the first `every` on; a short manifest, -q or no terminal: nothing."""
+    import io
+
+    from rich.console import Console
+
+    from omnitts.cli.display import Checking
+
+    def shown(lines: int, quiet: bool = False, terminal: bool = True) -> str:
+        screen = io.StringIO()
+        with Checking("m.jsonl", quiet, every=100, console=Console(file=screen, force_terminal=terminal)) as checking:
+            for _ in range(lines):
+                checking.tick()
+        return screen.getvalue()
+
+    assert "checking m.jsonl: 200 lines" in shown(250)
+    assert shown(250).endswith("\x1b[2K")  # transient: the line is erased when the pass ends
+    assert shown(99) == "" and shown(250, quiet=True) == "" and shown(250, terminal=False) == ""

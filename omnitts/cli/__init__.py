@@ -64,6 +64,7 @@ from ..stops import install, stopped
 from .checks import (Inputs, check_device_indices, check_engine, check_out_apart, check_output, check_ray,
                      check_runaway, checkpoint_config, names_audio_file, show_log, worker_devices)
 from .demo import DEMO_LINES, build_demo_checkpoint, demo_reference_wav
+from .display import Checking
 from .running import os_error, run_synth
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -210,24 +211,28 @@ def synth(
             fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
             good = bad = 0
             inputs = Inputs(out, manifest, fold_case)
-            for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case, max_frames, official_tokenizer):
-                inputs.add(entry)  # every shard's: this shard's items may write over another's reference
-                if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine) else entry.request.id,
-                                                       *shard):
-                    continue  # another shard's line: its process reports it
-                if isinstance(entry, BadLine):
-                    bad += 1
-                    typer.echo(f"error: {entry.message}", err=True)
-                    if entry.line == 0:  # the whole file is unusable (empty, a mapped column missing)
-                        raise typer.Exit(2)
-                else:
-                    good += 1
-                    inputs.writes(entry)
+            with Checking(manifest, quiet) as checking:  # a long manifest's pass is not minutes of silence
+                for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case, max_frames,
+                                           official_tokenizer):
+                    checking.tick()
+                    inputs.add(entry)  # every shard's: this shard's items may write over another's reference
+                    if shard is not None and not in_shard(entry.id if isinstance(entry, BadLine)
+                                                          else entry.request.id, *shard):
+                        continue  # another shard's line: its process reports it
+                    if isinstance(entry, BadLine):
+                        bad += 1
+                        typer.echo(f"error: {entry.message}", err=True)
+                        if entry.line == 0:  # the whole file is unusable (empty, a mapped column missing)
+                            raise typer.Exit(2)
+                    else:
+                        good += 1
+                        inputs.writes(entry)
             if problem := inputs.clobbered():
                 fail(problem)
             if bad and batch is not None:  # recorded once OUT is known to be usable: a refused run writes nothing
                 batch.record_bad_lines((entry.id, entry.message)  # (another shard's: not recorded here)
-                                       for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case, max_frames, official_tokenizer)
+                                       for entry in iter_manifest(manifest, cfg, columns, split_chars, fold_case,
+                                                                  max_frames, official_tokenizer)
                                        if isinstance(entry, BadLine))
         except OmniTTSError as exc:
             fail(str(exc))

@@ -124,3 +124,35 @@ def summary(console, batch) -> None:
 def hms(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Checking:
+    """A transient line on a terminal's stderr while synth's first pass reads a long manifest, before the model
+    loads ("checking lines.jsonl: 120,000 lines"), so a million lines are not a minute of silence. It appears once
+    `every` lines are read (a short manifest shows nothing), counts on per `every`, and is gone when the pass ends.
+    Nothing without a terminal or with `quiet`. Use as a context manager; call `tick()` per line."""
+
+    def __init__(self, manifest, quiet: bool, every: int = 10_000, console=None):
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.shown = not quiet and self.console.is_terminal
+        self.manifest, self.every, self.count, self.status = manifest, every, 0, None
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.shown and self.count % self.every == 0:
+            text = f"checking {self.manifest}: {self.count:,} lines"
+            if self.status is None:
+                self.status = self.console.status(text)
+                self.status.start()
+            else:
+                self.status.update(text)
+
+    def __enter__(self) -> "Checking":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
