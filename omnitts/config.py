@@ -185,6 +185,10 @@ class TalkerConfig(DecoderConfig):
         """Language names a request may ask for ("auto" plus every non-dialect language id)."""
         return ["auto"] + [name for name in self.codec_language_id if "dialect" not in name]
 
+    def knows_language(self, name: str) -> bool:
+        """Whether `name` (lower case) is in `languages`, without building the list (a check per manifest line)."""
+        return name == "auto" or (name in self.codec_language_id and "dialect" not in name)
+
     @property
     def speakers(self) -> list[str]:
         return list(self.spk_id)

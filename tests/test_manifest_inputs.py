@@ -989,3 +989,28 @@ def test_a_binary_or_utf16_file_given_as_the_manifest_is_one_error_and_leaves_no
     (tmp_path / "bad.jsonl").write_text('{"id": "a b", "text": "Hi."}\n')
     assert runner.invoke(app, ["synth", str(tmp_path / "bad.jsonl"), "-m", model, "-o", str(tmp_path / "rec")]).exit_code == 2
     assert (tmp_path / "rec" / "results.jsonl").is_file()
+
+
+class _Str(str):
+    pass
+
+
+@pytest.mark.parametrize("obj, error", [
+    ({"max_seconds": np.float64(2.5), "temperature": 1}, None),  # subclasses of int/float pass the isinstance check
+    ({"seed": True}, "seed: expected int, got bool"),  # a bool is an int to isinstance, not a seed
+    ({"top_p": False}, "top_p: expected number, got bool"),
+    ({"x_vector_only": 1}, "x_vector_only: expected bool, got int"),
+    ({"text": _Str("fine"), "speaker": "ryan"}, None),
+    ({"text": _Str("a \ud800 b")}, "text: a lone surrogate '\\ud800' at character 3 is not text"),
+    ({"seed": "7", "text": 3}, "text: expected str, got int"),  # the first field in FIELDS' order is named
+])
+def test_check_fields_exact_types_take_the_fast_path_others_the_full_check(obj, error):
+    from omnitts.batch.manifest import check_fields
+    from omnitts.errors import RequestError
+
+    if error is None:
+        check_fields(obj)
+    else:
+        with pytest.raises(RequestError) as exc:
+            check_fields(obj)
+        assert str(exc.value).startswith(error)

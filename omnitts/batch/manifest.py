@@ -40,6 +40,10 @@ NUMBER = (int, float)
 FIELDS = {"id": str, "text": str, "language": str, "speaker": str, "instruct": str, "ref_audio": str,
           "ref_text": str, "x_vector_only": bool, "non_streaming": bool, "seed": int, "max_seconds": NUMBER,
           "voice": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER, "repetition_penalty": NUMBER}
+FIELD_NAMES = frozenset(FIELDS)
+# The types a field's value passes check_fields' type check by at once (the common case: no isinstance chain)
+_EXACT = {name: (int, float) if kind == NUMBER else (kind,) for name, kind in FIELDS.items()}
+INT_FIELDS = tuple(name for name, kind in FIELDS.items() if kind is int)
 SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty")  # per-item SamplingParams overrides
 MAX_ID = 200  # characters: with a suffix such as ".codes.npy" an id still fits a 255-byte file name
 SAFE_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID - 1}}}\Z")  # .match: \Z, not $ (which allows "id\n")
@@ -117,7 +121,7 @@ def column_map(specs=(), id_column: str | None = None, text_column: str | None =
 def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) -> Item:
     """Validate one row's fields (typed values, field names as keys; not yet against a checkpoint)."""
     columns = columns or {}
-    unknown = sorted(set(obj) - set(FIELDS))
+    unknown = sorted(obj.keys() - FIELD_NAMES)
     if unknown:
         raise RequestError(f"{unknown[0]}: unknown field{did_you_mean(unknown[0], FIELDS)}; valid fields are "
                            f"{', '.join(FIELDS)}")
@@ -160,10 +164,13 @@ def check_fields(obj: dict) -> None:
     API checks its keyword arguments and `Request`s with it too."""
     for name, kind in FIELDS.items():
         value = obj.get(name)
-        numeric = kind is int or kind == NUMBER
-        if value is not None and (not isinstance(value, kind) or (numeric and isinstance(value, bool))):
-            expected = "number" if kind == NUMBER else kind.__name__
-            raise RequestError(f"{name}: expected {expected}, got {type_label(type(value))}")
+        if value is None:
+            continue
+        if type(value) not in _EXACT[name]:  # a subclass (np.float64, a str subclass) or a wrong type
+            numeric = kind is int or kind == NUMBER
+            if not isinstance(value, kind) or (numeric and isinstance(value, bool)):
+                expected = "number" if kind == NUMBER else kind.__name__
+                raise RequestError(f"{name}: expected {expected}, got {type_label(type(value))}")
         if isinstance(value, str) and (problem := not_text(value)):
             raise RequestError(f"{name}: {problem}")
     _check_ranges(obj)
@@ -173,12 +180,15 @@ def _from(columns: dict, name: str) -> str:
     return f" (read from column {columns[name]!r})" if name in columns else ""
 
 
+_RANGES = (("max_seconds", "> 0", lambda v: v > 0), ("temperature", "> 0", lambda v: v > 0),
+           ("repetition_penalty", "> 0", lambda v: v > 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
+           ("top_k", ">= 0 (0 = off)", lambda v: v >= 0))  # (field, rule in words, whether a value keeps it)
+
+
 def _check_ranges(obj: dict) -> None:
     if problem := seed_problem(obj.get("seed")):
         raise RequestError(f"seed: {problem}")
-    for name, rule, ok in (("max_seconds", "> 0", lambda v: v > 0), ("temperature", "> 0", lambda v: v > 0),
-                           ("repetition_penalty", "> 0", lambda v: v > 0), ("top_p", "in (0, 1]", lambda v: 0 < v <= 1),
-                           ("top_k", ">= 0 (0 = off)", lambda v: v >= 0)):
+    for name, rule, ok in _RANGES:
         value = obj.get(name)
         if value is None:
             continue
@@ -286,9 +296,9 @@ def _typed_values(row: dict) -> dict:
         out["id"] = int(out["id"])  # 7.0 is the id 7, "7", not "7.0"
     if isinstance(out.get("id"), int) and not isinstance(out["id"], bool):
         out["id"] = str(out["id"])
-    for name, kind in FIELDS.items():
+    for name in INT_FIELDS:
         value = out.get(name)
-        if kind is int and isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer():
             out[name] = int(value)  # pandas stores an integer column with gaps as floats
     return out
 
@@ -366,7 +376,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
     spelled: dict[str, str] = {}  # key(id) -> that line's id where it differs (upper-case letters, fold_case)
     taken_by_bad: set[str] = set()  # keys of bad lines' ids (they run under that id only once fixed)
     checker = LineChecker(cfg, split_chars, max_frames, official_tokenizer) if cfg is not None else None
-    empty = True
+    empty, base = True, path.parent  # (relative ref_audio and voice paths resolve against base)
     for number, row in rows:
         empty = False
         try:
@@ -376,7 +386,7 @@ def iter_manifest(path, cfg=None, columns: dict | None = None, split_chars: int 
                 obj = _typed_values(_rename(row, columns))
             else:
                 obj = _typed_values(row) if source.typed else _from_text(row)
-            item = parse_item(obj, number, path.parent, columns)
+            item = parse_item(obj, number, base, columns)
             item_id = item.request.id
             name = key(item_id)
             if name in seen:

@@ -9,8 +9,14 @@ _IGNORABLE = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x1
               (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0100, 0xE01EF))
 
 
+_FIRST_IGNORABLE = min(a for a, _ in _IGNORABLE)
+
+
 def _unseen(ch: str) -> bool:
-    return unicodedata.category(ch) in _UNSEEN or any(a <= ord(ch) <= b for a, b in _IGNORABLE)
+    if unicodedata.category(ch) in _UNSEEN:
+        return True
+    code = ord(ch)
+    return code >= _FIRST_IGNORABLE and any(a <= code <= b for a, b in _IGNORABLE)
 
 
 def empty_text(text: str) -> str | None:
@@ -35,6 +41,8 @@ def lone_surrogate(text: str) -> int | None:
     """Where `text`'s first lone surrogate is (None: it has none): a character no encoding can write and no
     tokenizer reads. A JSON escape of half a pair ("\\ud83d") makes one; so does reading bytes that are not
     UTF-8 with `surrogateescape`, which turns byte b into U+DC00 + b."""
+    if text.isascii():  # (no surrogate is ASCII) O(1): CPython knows a str is ASCII
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:

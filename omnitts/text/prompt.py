@@ -98,7 +98,7 @@ def resolve(cfg, req: Request) -> Resolved:
             raise RequestError(f"{name}: {problem}")
     check_reference_paths(lambda name: getattr(req, name))
     language = (req.language or "auto").lower()
-    if language not in tcfg.languages:
+    if not tcfg.knows_language(language):
         raise RequestError(f"language: {req.language!r} is not known to this checkpoint; "
                            f"choose one of {', '.join(tcfg.languages)}")
     language_id = None if language == "auto" else tcfg.codec_language_id[language]
