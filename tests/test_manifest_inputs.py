@@ -1014,3 +1014,26 @@ def test_check_fields_exact_types_take_the_fast_path_others_the_full_check(obj, 
         with pytest.raises(RequestError) as exc:
             check_fields(obj)
         assert str(exc.value).startswith(error)
+
+
+def test_one_json_decoder_for_every_line_reads_and_refuses_lines_as_json_loads_does(tmp_path):
+    """sources._loads reuses one decoder: each line is read, or refused with the message, as
+    json.loads(line, object_pairs_hook=...) reads or refuses it (a second byte order mark included)."""
+    import json
+
+    from omnitts.batch import sources
+
+    lines = ['{"id": "a", "text": "Hi."}', '\ufeff\ufeff{"id": "b"}', '{"id": "c", "id": "d"}', '{"id": ',
+             '{"id": "e"} x', '  {"id": "f", "n": 1.5e3}  ', '{"a": ' + '[' * 100000 + ']' * 100000 + '}']
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for (number, row), line in zip(sources.JsonlSource(path).rows(), lines, strict=True):
+        try:
+            want = json.loads((line + "\n").removeprefix("\ufeff"), object_pairs_hook=sources._unique_keys)
+        except json.JSONDecodeError as exc:
+            want = f"malformed JSON ({exc.msg} at column {exc.colno})"
+        except sources._TwiceGiven as exc:
+            want = f"{exc.args[0]}: given twice in the line; which value counts is unclear, keep one"
+        except RecursionError:
+            want = "JSON nested too deeply to read (no field takes arrays or objects)"
+        assert row == want, (number, row, want)

@@ -77,6 +77,16 @@ def _unique_keys(pairs: list) -> dict:
     return obj
 
 
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)  # one for every line: json.loads makes one a call
+
+
+def _loads(text: str):
+    """`json.loads(text, object_pairs_hook=_unique_keys)`, its errors included, with one decoder for all lines."""
+    if text.startswith("\ufeff"):  # as json.loads says it (a second mark: the first was removed)
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _DECODER.decode(text)
+
+
 class JsonlSource:
     """One JSON object per line; blank lines are skipped."""
 
@@ -98,7 +108,7 @@ class JsonlSource:
                     continue
                 try:
                     # A byte order mark opening a later line too: files saved with one, concatenated (`cat`).
-                    obj = json.loads(line.removeprefix("\ufeff"), object_pairs_hook=_unique_keys)
+                    obj = _loads(line.removeprefix("\ufeff"))
                 except json.JSONDecodeError as exc:
                     yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
                     continue
