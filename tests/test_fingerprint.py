@@ -135,3 +135,22 @@ def test_a_fixed_bad_line_runs_without_retry_failed_and_the_export_skips_stale_a
     batch = Batch(out, Settings(max_frames=3), cfg, checkpoint_identity(model))
     current = {item.request.id: batch.is_current(item) for item in iter_manifest(manifest, cfg)}
     assert current == {"a": False, "b": True}
+
+
+def test_the_sampling_parameters_are_serialised_as_dataclasses_asdict_gives_them():
+    """Records made while the fingerprint took `asdict(params)` still match: the same keys, values and types (a
+    temperature of 1 stays the int 1), so the same JSON text; every field is a scalar (asdict would turn a
+    nested dataclass into a dict, where json's default=repr would write its repr)."""
+    import json
+    from dataclasses import asdict, fields
+
+    from omnitts.batch import fingerprint as fp
+
+    for params in (SamplingParams(), SamplingParams(seed=7, max_frames=40).greedy(),
+                   SamplingParams(temperature=1, top_p=1, repetition_penalty=2, seed=-(2**63)),
+                   SamplingParams.from_generation_config({"temperature": 0.7, "max_new_tokens": 100}, top_k=0)):
+        ours = {name: getattr(params, name) for name in fp._field_names(type(params))}
+        assert json.dumps(ours, sort_keys=True) == json.dumps(asdict(params), sort_keys=True)
+        assert [type(v) for v in ours.values()] == [type(v) for v in asdict(params).values()]
+    assert all(isinstance(getattr(SamplingParams(seed=1, max_frames=2), f.name), (bool, int, float))
+               for f in fields(SamplingParams))

@@ -20,10 +20,10 @@ unseeded sampled item has seed None here, so it is not redone merely because its
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 VERSION = 1  # bump when what goes in changes: every record made before is redone once
@@ -37,13 +37,20 @@ def fingerprint(request, params, checkpoint: str, audio_format: str, loudness: f
         "instruct": request.instruct, "ref_text": request.ref_text, "x_vector_only": request.x_vector_only,
         "non_streaming": request.non_streaming, "max_seconds": request.max_seconds,
         "ref_audio": _source(request.ref_audio), "voice": _source(request.voice),
-        "sampling": asdict(params), "checkpoint": checkpoint, "format": audio_format, "loudness": loudness,
+        "sampling": {name: getattr(params, name) for name in _field_names(type(params))}, "checkpoint": checkpoint, "format": audio_format, "loudness": loudness,
         "split_chars": split_chars,
     }
     if official_tokenizer:  # only where on: every print made with the default tokenizer stays as it was
         fields["tokenizer"] = "official"
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=repr)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+@functools.cache
+def _field_names(cls) -> tuple[str, ...]:
+    """A dataclass's field names, in order: its fields as `dataclasses.asdict` gives them (scalars, which asdict
+    would only copy), without asdict's deep copy per item."""
+    return tuple(field.name for field in dataclasses.fields(cls))
 
 
 def same_print(recorded: str | None, current: str, old: bool = True) -> bool:
