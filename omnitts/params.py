@@ -98,8 +98,8 @@ class SamplingParams:
     def __post_init__(self):
         for name, kind in _KINDS.items():
             value = getattr(self, name)
-            if value is None and name in ("max_frames", "seed"):
-                continue
+            if type(value) in _EXACT[kind] or (value is None and name in ("max_frames", "seed")):
+                continue  # the common case: a plain bool, int or float passes the checks below unchanged
             if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
                 expected = {bool: "a bool", INT: "an int", NUMBER: "a number"}[kind]
                 raise TypeError(f"{name}: expected {expected}, got {type_label(type(value))}")
@@ -172,6 +172,7 @@ NUMBER, INT = numbers.Real, numbers.Integral  # numpy's numbers too
 _KINDS = dict(do_sample=bool, temperature=NUMBER, top_k=INT, top_p=NUMBER, repetition_penalty=NUMBER,
               subtalker_dosample=bool, subtalker_temperature=NUMBER, subtalker_top_k=INT, subtalker_top_p=NUMBER,
               max_frames=INT, seed=INT, frame_cap=INT)  # SamplingParams' fields' types, checked at construction
+_EXACT = {bool: (bool,), NUMBER: (int, float), INT: (int,)}  # the types of each kind that are kept as they are
 
 
 def check_seed(seed) -> None:
