@@ -743,3 +743,30 @@ def test_a_good_record_without_its_file_or_length_is_passed_over_as_a_torn_line(
     ledger = Ledger(tmp_path)
     assert set(ledger.done) == {"x"} and ledger.is_done("x", tmp_path) and set(ledger.failed) == {"g"}
     assert set(read_results(tmp_path)) == {"x", "g"}
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_an_items_sampling_parameters_built_once_per_set_of_overrides_equal_those_built_for_it_alone(tmp_path, greedy):
+    """Batch.job keeps the parameters of each set of per-line overrides built (`_unseeded`): every item's, seed and
+    value types included, equal what SamplingParams.from_generation_config makes for it alone (as it did per item)."""
+    from types import SimpleNamespace
+
+    from omnitts.batch.manifest import Item
+    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.params import SamplingParams
+
+    config = SimpleNamespace(generation={"temperature": 0.8, "top_k": 30, "max_new_tokens": 500})
+    settings = Settings(greedy=greedy, max_frames=60, seed=5)
+    items = [Item(1, Request("Hi.", id="a"), None), Item(2, Request("Hi.", id="b"), 9),
+             Item(3, Request("Hi.", id="c", max_seconds=2.0), 9, sampling={"temperature": 1}),
+             Item(4, Request("Hi.", id="d"), None, sampling={"temperature": 1.0}),
+             Item(5, Request("Hi.", id="e"), 9, sampling={"temperature": 1, "top_k": 0}),
+             Item(6, Request("Hi.", id="f"), None, sampling={"temperature": 1})]
+    with Batch(tmp_path / "out", settings, config, "ck") as batch:
+        for item in items * 2:
+            want = SamplingParams.from_generation_config(
+                config.generation, max_frames=None if item.request.max_seconds is not None else 60,
+                seed=item.seed if item.seed is not None else 5, **item.sampling)
+            want = want.greedy() if greedy else want
+            got = batch.job(item).params
+            assert got == want and type(got.temperature) is type(want.temperature), (item.request.id, got, want)

@@ -115,6 +115,7 @@ class Tally:
 
 RETRY_EVERY = 0.2  # seconds between looks at items another writer holds
 DEFERRED_LOOK = 256  # held items kept before looking whether their writers finished them
+PARAMS_KEPT = 1024  # distinct sets of per-line sampling overrides whose parameters a Batch keeps built
 BAD_LINES_PER_WRITE = 256  # bad lines recorded with one fsync (one each took ~1 ms a line on an SSD, more on network disks)
 
 
@@ -150,6 +151,7 @@ class Batch:
         # (a worker started again after it died) counts once, as it is recorded once.
         self.rerun: dict[str, bool] = {}  # id -> whether it is for a damaged or missing file (not a change)
         self._looked = 0.0  # when held items were last looked at
+        self._params: dict[tuple, SamplingParams] = {}  # (greedy, max_frames, overrides) -> params (`_unseeded`)
 
     def __enter__(self) -> "Batch":
         return self
@@ -327,12 +329,29 @@ class Batch:
         s = self.settings
         seed = item.seed if item.seed is not None else s.seed
         max_frames = None if item.request.max_seconds is not None else s.max_frames  # the line's own wins
-        params = SamplingParams.from_generation_config(self.config.generation, max_frames=max_frames, seed=seed,
-                                                       **item.sampling)
+        params = self._unseeded(max_frames, item.sampling)
+        if seed is not None:
+            params = replace(params, seed=seed)
         request = item.request
         if item.voice_path is not None:  # loaded (once per file, identity-checked) by tts.prepare
             request = replace(request, voice=item.voice_path)
-        return Job(request, params.greedy() if s.greedy else params, key=item)
+        return Job(request, params, key=item)
+
+    def _unseeded(self, max_frames: int | None, sampling: dict) -> SamplingParams:
+        """An item's sampling parameters before its seed: the checkpoint's defaults, the flags and the line's
+        overrides (`Item.sampling`). Built once per distinct set of them: most lines share one. Keyed by each
+        value's type too (a temperature of 1 and one of 1.0 are written apart in the fingerprint)."""
+        greedy = self.settings.greedy
+        key = (greedy, max_frames, tuple((name, type(value), value) for name, value in sampling.items()))
+        params = self._params.get(key)
+        if params is None:
+            params = SamplingParams.from_generation_config(self.config.generation, max_frames=max_frames,
+                                                           **sampling)
+            params = params.greedy() if greedy else params
+            if len(self._params) >= PARAMS_KEPT:  # lines that each set their own: memory stays flat
+                self._params.clear()
+            self._params[key] = params
+        return params
 
     def is_current(self, item) -> bool:
         """Whether `item`'s audio in `out` is done and was made from the item as it is now."""
