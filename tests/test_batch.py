@@ -770,3 +770,13 @@ def test_an_items_sampling_parameters_built_once_per_set_of_overrides_equal_thos
             want = want.greedy() if greedy else want
             got = batch.job(item).params
             assert got == want and type(got.temperature) is type(want.temperature), (item.request.id, got, want)
+
+
+def test_a_records_file_name_is_told_from_a_path_as_pathlib_tells_it():
+    from pathlib import Path
+
+    from omnitts.batch.ledger import _plain_name
+
+    for path in ("a.wav", "", ".", "..", ".a.wav", "a/b.wav", "/a.wav", "a.wav/", "./a.wav", "a//", "a\\b.wav",
+                 "a b.wav", "\u00e9.flac", "a\x00.wav", "C:a.wav"):
+        assert _plain_name(path) == (Path(path).name == path), path

@@ -259,11 +259,19 @@ def _parse(line: bytes) -> dict | None:
         return None
     if record.get("status") == "ok":
         path, samples = record.get("path"), record.get("samples")
-        if not (isinstance(path, str) and path and Path(path).name == path and not path.startswith(".")
+        if not (isinstance(path, str) and path and _plain_name(path) and not path.startswith(".")
                 and _number(record.get("seconds")) and isinstance(record.get("frames"), int)
                 and (samples is None or isinstance(samples, int))):
             return None
     return record
+
+
+def _plain_name(path: str) -> bool:
+    """Whether `path` is a file name alone (`Path(path).name == path`), without a Path for each record: where
+    "/" is the only separator, a string without one, but "." (pathlib's name of "." is "")."""
+    if os.sep == "/" and os.altsep is None:
+        return "/" not in path and path != "."
+    return Path(path).name == path
 
 
 def _number(value) -> bool:
