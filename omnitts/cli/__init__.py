@@ -280,7 +280,7 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise; 2 when the manifest
     cannot be read (`-`, a folder that is not a dataset, a header naming a column twice, a mapped column
     missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars and
-    --max-frames the synth will run with: how many pieces a long text makes depends on the one, whether a
+    --max-frames synth will run with: the pieces a long text makes depend on the first, and whether each
     piece's prompt and budget fit the talker's positions on both.
     """
     from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest, location
