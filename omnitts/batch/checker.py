@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import RequestError
-from ..params import GUARD_BASE_FRAMES, GUARD_FRAMES_PER_TOKEN, SamplingParams, frames_in, share_frames, share_problem
+from ..params import SamplingParams, frames_in, share_frames, share_problem
 from ..text import no_transcript
-from ..text.prompt import prompt_length, resolve
+from ..text.prompt import longest_part, positions_problem, prompt_length, resolve
 from ..text.split import MAX_PIECES, pieces_problem, split_text
 
 
@@ -83,7 +83,7 @@ class LineChecker:
         self.cfg, self.split_chars, self.max_frames = cfg, split_chars, max_frames
         self.official_tokenizer = official_tokenizer
         self.voices = Voices(cfg) if cfg.path is not None else None
-        self.frame_cap = SamplingParams.from_generation_config(cfg.generation).frame_cap
+        self.params = SamplingParams.from_generation_config(cfg.generation)  # the budgets' rules and frame cap
         self._tokenizer = None
 
     def check(self, item) -> None:
@@ -130,7 +130,8 @@ class LineChecker:
         ref_frames = reference[1] if reference is not None else 0
         instruct = request.instruct or ""
         explicit = frames_in(request.max_seconds) if request.max_seconds is not None else self.max_frames
-        budget = self.frame_cap if explicit is None else min(explicit, self.frame_cap)
+        cap = self.params.frame_cap
+        budget = cap if explicit is None else min(explicit, cap)  # the most frames a piece may get
 
         def need(text_tokens, instruct_tokens, ref_tokens, frames) -> int:
             return prompt_length(resolved, text_tokens, instruct_tokens, voice,
@@ -140,28 +141,28 @@ class LineChecker:
         if need(4 * len(request.text), 4 * len(instruct), 4 * ref_chars, budget) <= limit:
             return
         pieces = pieces or self._pieces(request)
+        if explicit is not None and explicit < len(pieces):
+            return  # --max-frames too small to share: the item fails for that as it runs (jobs.budget_shares)
         tok = self._text_tokenizer()
         text_tokens = [len(tok.assistant_ids(p)) - 8 for p in pieces]
         instruct_tokens = len(tok.instruct_ids(instruct)) if instruct else 0
         ref_tokens = len(tok.reference_ids(ref_text or "")) - 5 if icl else 0
-        if explicit is not None and explicit < len(pieces):
-            return  # --max-frames too small to share: the item fails for that as it runs (jobs.budget_shares)
+        # Each piece's budget as the run gives it (jobs.JobState.piece_params): its share of an explicit one, else
+        # the line's max_seconds, else --max-frames, else the runaway guard; at most the frame cap
+        params = replace(self.params, max_frames=None if request.max_seconds is not None else self.max_frames)
         shares = share_frames(explicit, text_tokens) if explicit is not None and len(pieces) > 1 else None
         for index, tokens in enumerate(text_tokens):
-            frames = shares[index] if shares is not None else explicit
-            if frames is None:
-                frames = GUARD_BASE_FRAMES + GUARD_FRAMES_PER_TOKEN * tokens  # the runaway guard
-            positions = need(tokens, instruct_tokens, ref_tokens, min(frames, self.frame_cap))
+            share = params if shares is None else replace(params, max_frames=shares[index])
+            frames = share.with_budget(tokens, request.max_seconds).max_frames
+            positions = need(tokens, instruct_tokens, ref_tokens, frames)
             if positions <= limit:
                 continue
-            part = "instruct" if instruct_tokens > tokens else "text"
-            shorten = "split the text" if part == "text" else "shorten the instruction (an instruction is not split)"
             lower = ("lower max_seconds" if request.max_seconds is not None else "lower --max-frames"
                      if explicit is not None else "give it a smaller budget (max_seconds)")
             piece = f"piece {index + 1} of {len(pieces)}: " if len(pieces) > 1 else ""
             at_least = "at least " if icl and reference is None else ""  # the clip's frames come on top
-            raise RequestError(f"{part}: {piece}the prompt and its frame budget need {at_least}{positions} talker "
-                               f"positions, over the model's {limit}; {shorten} or {lower}")
+            raise RequestError(positions_problem(longest_part(tokens, instruct_tokens), f"{at_least}{positions}",
+                                                 limit, lower, piece))
 
     def _text_tokenizer(self):
         if self._tokenizer is None:

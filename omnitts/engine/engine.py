@@ -38,7 +38,7 @@ from .. import sampling
 from ..device import Backend, get_backend
 from ..errors import RequestError
 from ..params import SamplingParams, fresh_seed
-from ..text.prompt import Prompt
+from ..text.prompt import Prompt, positions_problem, shorten
 from .reference import predictor_cache, predictor_frame_cache
 from .runner import ModelRunner, Prefills
 from .scheduler import Scheduler, Sequence
@@ -107,15 +107,13 @@ def plan(ckpt, positions: int, max_num_seqs: int, text_tokens: int, kv_budget_by
     """
     t = ckpt.config.talker
     itemsize = ckpt.cache_dtype.itemsize
-    shorten = "split the text" if longest_part == "text" else "shorten the instruction (an instruction is not split)"
     if positions > t.max_position_embeddings:
-        raise RequestError(f"{longest_part}: the prompt and its frame budget need {positions} talker positions, over "
-                           f"the model's {t.max_position_embeddings}; {shorten} or lower max_frames")
+        raise RequestError(positions_problem(longest_part, positions, t.max_position_embeddings))
     prefill = prefill_bytes(t, 1, prompt_positions, ckpt.model.talker.dtype.itemsize)
     if prefill_budget_bytes is not None and prefill > prefill_budget_bytes:
         raise RequestError(f"{longest_part}: a prompt of {prompt_positions} positions needs about "
                            f"{prefill / 2**30:.1f} GiB to prefill, over the {prefill_budget_bytes / 2**30:.1f} GiB "
-                           f"budget; {shorten}")
+                           f"budget; {shorten(longest_part)}")
     # Round up: fewer distinct shapes, a little headroom (never past the model's positions).
     positions = min(-(-positions // 64) * 64, t.max_position_embeddings)
     per_slot = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * positions * itemsize

@@ -38,9 +38,27 @@ class Prompt:
 
     @property
     def longest_part(self) -> str:
-        """The request field that makes most of the prompt, to name when the prompt is too long: "text" (split
-        it) or "instruct" (an instruction is never split)."""
-        return "instruct" if self.instruct_tokens > self.text_tokens else "text"
+        """The request field that makes most of the prompt (`longest_part`)."""
+        return longest_part(self.text_tokens, self.instruct_tokens)
+
+
+def longest_part(text_tokens: int, instruct_tokens: int) -> str:
+    """The request field that makes most of a prompt, to name when the prompt is too long: "text" (split it) or
+    "instruct" (an instruction is never split)."""
+    return "instruct" if instruct_tokens > text_tokens else "text"
+
+
+def shorten(part: str) -> str:
+    """How to shorten a prompt that `part` (`longest_part`) makes most of."""
+    return "split the text" if part == "text" else "shorten the instruction (an instruction is not split)"
+
+
+def positions_problem(part: str, positions, limit: int, budget: str = "lower max_frames", piece: str = "") -> str:
+    """What to say of a prompt whose prompt and frame budget need `positions` talker positions (a count, or "at
+    least N"), over the model's `limit`: `part` as `longest_part`, `budget` how to lower the frame budget, `piece`
+    which piece of a split text ("piece 2 of 3: ")."""
+    return (f"{part}: {piece}the prompt and its frame budget need {positions} talker positions, over the model's "
+            f"{limit}; {shorten(part)} or {budget}")
 
 
 @dataclass
