@@ -26,7 +26,9 @@ this run (`skipped` false, `changed` / `damaged` as the dead actor would have sa
 row is an error row (recorded in results.jsonl when it has a usable id), never an exception. Ids must be
 unique across the dataset (the CLI checks that in its first pass): a row whose id this run recorded from
 another row (another batch of this stage, or another actor's) is an error row that replaces nothing, and
-the same row again gets that row's metadata (as a retried batch's does).
+the same row again gets that row's metadata (as a retried batch's does). Every actor is given the run's token
+(`run`), which each record carries: a row another command writing the same OUT recorded meanwhile is
+`skipped`, not taken for this run's work.
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ from typing import Iterator
 from .batch.checker import LineChecker
 from .batch.manifest import FIELDS, NUMBER, SAFE_ID, Item, _typed_values, parse_item
 from .batch.fingerprint import same_print
-from .batch.ledger import NAME as LEDGER_NAME
+from .batch.ledger import NAME as LEDGER_NAME, new_run
 from .errors import DeviceFailed, OmniTTSError, RequestError, type_label
 from .io import user_path
 from .params import check_flag
 
 # One metadata row per input row. `skipped`: not run by this run, its metadata is the id's record from before
-# it (done or failed by an earlier run); a row that an attempt of this run finished before Ray retried its
-# batch is not skipped. This run: since `since` in results.jsonl, or since the actor started without one.
+# it (done or failed by an earlier run) or from another command writing OUT meanwhile; a row that an attempt of
+# this run finished before Ray retried its batch is not skipped. This run: its records since `since` in
+# results.jsonl (or since the actor started without one), told from other commands' by the `run` token.
 # `changed`: run again because the row or the options changed since its record; `damaged`: run again with the
 # row and options the same, because its file was damaged or missing (`Batch.rerun` tells the two apart).
 COLUMNS = ("id", "path", "seconds", "frames", "finish_reason", "status", "error", "seed", "skipped", "changed",
@@ -111,10 +114,14 @@ class Synthesizer:
         env: environment variables to set in the actor before the model loads (a recipe's [env]); a
             variable already set in the actor wins.
         force: redo every row, done ones included (`--force`), once per run: pass `since` too.
-        since: where this run began in OUT/results.jsonl (its size in bytes then): records after it are
-            this run's, so a batch Ray retries after its actor died, or another actor, never redoes them
-            (with `force` too). `omnitts synth --ray` and `synthesize_dataset` pass it (the log's size as they
-            are called); None: when this actor started.
+        since: where this run began in OUT/results.jsonl (its size in bytes then): no row recorded after it
+            is run again, so a batch Ray retries after its actor died, or another actor, never redoes what
+            the run did (with `force` too). `omnitts synth --ray` and `synthesize_dataset` pass it (the log's
+            size as they are called); None: when this actor started.
+        run: this run's token (any string every actor of the run is given; `synthesize_dataset` makes one):
+            each record carries it, which tells what this run's actors recorded after `since` (reported as
+            run by this run) from what another command writing the same OUT recorded then (reported as
+            `skipped`). None: every record after `since` counts as this run's.
 
     Batches may be pyarrow tables (what `synthesize_dataset` uses), pandas frames or dicts of columns; the
     result is a pyarrow table of metadata rows (`row_schema`), one per input row, in input order.
@@ -126,7 +133,7 @@ class Synthesizer:
                  seed: int | None = None, max_frames: int | None = None, format: str = "wav",
                  save_codes: bool = False, loudness: float | None = None, split_chars: int | None = None,
                  retry_failed: bool = False, force: bool = False, retry_runaway: int = 0, columns: dict | None = None,
-                 base: str | None = None, env: dict | None = None, since: int | None = None):
+                 base: str | None = None, env: dict | None = None, since: int | None = None, run: str | None = None):
         from .api import load
         from .batch.outdir import Batch, Settings
         from .config import load_config
@@ -148,7 +155,7 @@ class Synthesizer:
                         official_tokenizer=official_tokenizer, deterministic=deterministic)
         self.checker = LineChecker(self.cfg, split_chars, max_frames, official_tokenizer)
         self.batch = Batch(Path(out), self.settings, self.tts.ckpt.config, self.tts.identity, since=since,
-                           sample_rate=self.tts.sample_rate)
+                           sample_rate=self.tts.sample_rate, run=run)
         self.pipeline = Pipeline(self.tts, retry_runaway=retry_runaway, split=self.settings.splitter(),
                                  sink=self.batch.sink, started=self.batch.started)
         self.earlier: set[str] = set()  # the file names of the ids of this stage's earlier calls (`_name`)
@@ -208,7 +215,7 @@ class Synthesizer:
         made during this run (an attempt of this batch whose actor died) makes it a row run by this run,
         run again over an earlier run's record as `Ledger.replaced` says (as `Batch.rerun` would have)."""
         ledger = self.batch.ledger
-        this_run = item_id in ledger.arrived or self._name(item_id) in self.earlier
+        this_run = ledger.ours(item_id) or self._name(item_id) in self.earlier
         rerun = ledger.replaced.get(item_id) if this_run and not self.settings.force else None
         done = ledger.done.get(item_id)
         if done is not None:
@@ -254,7 +261,7 @@ class Synthesizer:
         used twice in the dataset, in two batches, whose audio would replace the other row's. The same row
         again (a batch Ray retried after its actor died) is not: it is skipped, or runs for a damaged file."""
         item_id, ledger = job.request.id, self.batch.ledger
-        if item_id not in ledger.arrived and self._name(item_id) not in self.earlier:
+        if not ledger.ours(item_id) and self._name(item_id) not in self.earlier:
             return False
         done = ledger.done.get(item_id)
         recorded = done.fingerprint if done is not None else ledger.failed_prints.get(item_id)
@@ -274,10 +281,10 @@ class Synthesizer:
 
 _END = object()
 CHECKED = ("greedy", "seed", "max_frames", "format", "save_codes", "loudness", "split_chars", "retry_failed", "force",
-           "retry_runaway", "columns", "since", "env")  # the stage's options that `_check_options` checks
+           "retry_runaway", "columns", "since", "env", "run")  # the stage's options that `_check_options` checks
 
 
-def _check_options(*, format, loudness, split_chars, retry_runaway, columns, since, env, **flags) -> str:
+def _check_options(*, format, loudness, split_chars, retry_runaway, columns, since, env, run, **flags) -> str:
     """The stage's options checked as `omnitts synth` checks its flags, before the model loads (in an actor a bad
     one failed every batch, or was taken: greedy="no" decoded greedily, a loudness of +5 LUFS was aimed at):
     TypeError or ValueError naming the option. Returns the format as files are named (`FLAC` is `flac`)."""
@@ -302,6 +309,8 @@ def _check_options(*, format, loudness, split_chars, retry_runaway, columns, sin
     if env is not None and not (isinstance(env, dict) and all(isinstance(key, str) and isinstance(value, str)
                                                               for key, value in env.items())):
         raise ValueError(f"env: {env!r}; expected {{variable: value}}, both strings")
+    if run is not None and not (isinstance(run, str) and run.strip()):
+        raise ValueError(f"run: {run!r}; expected a token (a non-empty string every actor of the run shares), or None")
     return kind
 
 
@@ -371,6 +380,8 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
     if kwargs.get("since") is None:  # the run begins now for every actor (each would take its own start for it)
         log = Path(out) / LEDGER_NAME
         kwargs["since"] = log.stat().st_size if log.is_file() else 0
+    if kwargs.get("run") is None:  # one token for every actor: what they record is this run's, not another command's
+        kwargs["run"] = new_run()
     return ds.map_batches(Synthesizer, fn_constructor_kwargs=dict(model=model, out=out, **kwargs),
                           batch_size=batch_size, batch_format="pyarrow",
                           compute=ray.data.ActorPoolStrategy(size=actors), **ask)

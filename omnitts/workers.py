@@ -118,6 +118,7 @@ class Plan:
     threads: int | None = None
     shard: tuple[int, int] | None = None  # --shard K/N: this command's share of the manifest
     since: int | None = None  # where this command began in results.jsonl: later records are this run's
+    run: str | None = None  # this command's run token (Batch.run): what the workers' records carry
     fold_case: Path | None = None  # the parent's Batch.fold_case: workers take the duplicates its pass 1 took
 
 
@@ -269,7 +270,8 @@ def _open(plan: Plan):
     from .batch.outdir import Batch
 
     cfg = load_config(plan.model)
-    batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard, since=plan.since)
+    batch = Batch(plan.out, plan.settings, cfg, checkpoint_identity(plan.model), shard=plan.shard, since=plan.since,
+                  run=plan.run)
     items = (entry for entry in iter_manifest(plan.manifest, cfg, plan.columns, plan.settings.split_chars,
                                               plan.fold_case, plan.settings.max_frames,
                                               plan.settings.official_tokenizer)
@@ -430,8 +432,8 @@ class Pool:
         if item_id is None or self.ledger is None:
             return
         self.ledger.refresh()
-        if item_id not in self.ledger.arrived:
-            return  # not written: its claim is free, and it runs again
+        if not self.ledger.ours(item_id):
+            return  # not written (or by another command): its claim is free, and it runs again
         self.recovered.add(item_id)
         done = self.ledger.done.get(item_id)
         if done is not None:

@@ -371,6 +371,66 @@ def test_a_retried_batch_reports_the_rows_its_dead_attempt_ran_as_run_by_this_ru
     assert len(_records(out)) == 8
 
 
+def test_a_row_another_command_recorded_during_the_run_is_skipped_and_counted_as_theirs(ckpt_dir, tmp_path):
+    """Another command writing the same OUT during a `--ray` run records one of its rows: this run's actors
+    skip it (as any writer does) and report it `skipped`, and the summary counts it as another writer's, not
+    as done by this run; what this run's own dead attempt recorded is still this run's. The records carry
+    the run's token, which tells the two apart (before, every record after `since` was taken for this run's,
+    so the done count and the speed included the other command's work)."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from omnitts.batch.ledger import Ledger
+    from omnitts.batch.outdir import Tally
+    from omnitts.cli.running import _count_row
+
+    out, ckpt = tmp_path / "out", ckpt_dir("custom_voice")
+    rows = [{"id": i, "text": f"Sentence {i}.", "speaker": "ryan"} for i in ("kept", "theirs", "ours", "new")]
+    opts = dict(dtype="float32", greedy=True, max_frames=4)
+    earlier = Synthesizer(ckpt, out, **opts)
+    earlier(pa.Table.from_pylist(rows[:1]))
+    earlier.close()
+    since = (out / "results.jsonl").stat().st_size
+    driver = Ledger(out, run="this-run")  # the driver's, opened where the run begins
+
+    other = Synthesizer(ckpt, out, **opts)  # another command: a run of its own
+    other(pa.Table.from_pylist(rows[1:2]))
+    other.close()
+    dead = Synthesizer(ckpt, out, **opts, since=since, run="this-run")  # an attempt whose actor died
+    dead(pa.Table.from_pylist(rows[2:3]))
+    dead.close()
+    retry = Synthesizer(ckpt, out, **opts, since=since, run="this-run")
+    got = retry(pa.Table.from_pylist(rows)).to_pylist()
+    retry.close()
+    assert _flags(got) == {"kept": ("ok", True, False, False), "theirs": ("ok", True, False, False),
+                           "ours": ("ok", False, False, False), "new": ("ok", False, False, False)}
+    assert [r["id"] for r in _records(out)] == ["kept", "theirs", "ours", "new"]  # none run twice
+    runs = {r["id"]: r["run"] for r in _records(out)}
+    assert runs["ours"] == runs["new"] == "this-run" and len({runs["kept"], runs["theirs"], "this-run"}) == 3
+
+    tally = Tally()
+    driver.refresh()
+    for row in got:
+        _count_row(row, driver, tally, Console(quiet=True))
+    assert (tally.skipped, tally.others, tally.done, tally.failed) == (1, 1, 2, 0)
+
+
+def test_synthesize_dataset_gives_every_actor_one_run_token(ckpt_dir, tmp_path):
+    """Every actor gets the same `run` (made once by `synthesize_dataset`), a new one for each call; a given one is
+    kept, and one that is not a token is refused before any actor starts."""
+    class Stage:
+        def map_batches(self, fn, fn_constructor_kwargs, **options):
+            return fn_constructor_kwargs
+
+    ckpt = ckpt_dir("custom_voice")
+    first, second = (synthesize_dataset(Stage(), ckpt, tmp_path / "out")["run"] for _ in range(2))
+    assert isinstance(first, str) and len(first) == 16 and first != second
+    assert synthesize_dataset(Stage(), ckpt, tmp_path / "out", run="mine")["run"] == "mine"
+    for bad in ("", "  ", 7):
+        with pytest.raises(ValueError, match=r"^run: .*expected a token"):
+            synthesize_dataset(Stage(), ckpt, tmp_path / "out", run=bad)
+
+
 def _actor_pids() -> list[int]:
     """Processes of the stage's Ray actors (Ray titles them ray::MapWorker(MapBatches(Synthesizer)))."""
     pids = []

@@ -455,3 +455,23 @@ def test_devices_the_machine_lacks_are_named_as_given(ckpt_dir, tmp_path):
         assert result.exit_code == 2
         assert result.output.startswith("error: --devices npu:0-1 needs torch_npu and the Ascend CANN toolkit"), \
             result.output
+
+
+def test_a_record_written_by_a_worker_killed_before_reporting_it_is_counted_once_and_only_if_its_runs(tmp_path):
+    """A worker killed between writing an item's record and reporting it: the parent reads the log and counts
+    that record as the worker's, but only a record carrying this command's run token; the same id recorded by
+    another command writing OUT is not this run's work (its claim is free, and it runs again or is skipped)."""
+    from omnitts.batch.ledger import Ledger
+    from omnitts.batch.outdir import Tally, record
+    from omnitts.workers import Pool
+
+    for run, counted in (("this-run", True), ("another", False)):
+        out = tmp_path / run
+        out.mkdir()
+        tally = Tally()
+        pool = Pool(None, ["cpu"], tally, Ledger(out, run="this-run"))
+        pool.saving[0] = "x"  # its worker said ("saving", 0, "x"), then died
+        Ledger(out).write(record("x", "ok", path="x.wav", seconds=1.5, samples=36000, frames=19, run=run))
+        events = list(pool._recover(0))
+        assert (events == [("record", 0, "x", "ok", None, 1.5)]) is counted
+        assert (tally.done, tally.seconds) == ((1, 1.5) if counted else (0, 0.0))

@@ -134,6 +134,39 @@ def test_records_after_the_runs_start_are_the_runs_own(tmp_path):
     assert late.arrived == {"during"} and set(late.failed) == {"before", "during"}
 
 
+def test_the_run_token_tells_this_runs_records_from_another_commands(tmp_path):
+    """Records after `since` are `arrived`; of those, the ones carrying the run's token are `ours` (its workers',
+    its Ray actors'), another command's are not, until a record of the run's comes after it. Without a token
+    every arrived record is the run's (a stage joined without one cannot tell)."""
+    start = Ledger(tmp_path).offset
+    writer = Ledger(tmp_path)
+    for item_id, run in (("mine", "r1"), ("other", "r2"), ("both", "r2"), ("both", "r1"), ("old", None)):
+        writer.write({"id": item_id, "status": "error", "error": "x", **({"run": run} if run else {})})
+    told = Ledger(tmp_path, since=start, run="r1")
+    assert told.arrived == {"mine", "other", "both", "old"}
+    assert [told.ours(i) for i in ("mine", "other", "both", "old", "never")] == [True, False, True, False, False]
+    assert told.theirs == {"other", "old"}
+    untold = Ledger(tmp_path, since=start)
+    assert all(untold.ours(i) for i in ("mine", "other", "both", "old")) and not untold.theirs
+
+
+def test_every_record_carries_its_writers_run_token(tmp_path):
+    """A Batch's records carry the run token it is given (synth's, a worker's, a Ray actor's), and its Ledger
+    takes the records with it for the run's; one given none records under a new token of its own, and counts
+    every other writer's records as the run's (it cannot tell)."""
+    from omnitts.batch.outdir import Batch, Settings
+
+    with Batch(tmp_path / "a", Settings()) as first, Batch(tmp_path / "b", Settings()) as second:
+        assert len(first.run) == 16 and int(first.run, 16) >= 0 and first.run != second.run
+        assert first.ledger.run is None
+        first.record_bad("bad", "text: empty")
+        assert read_results(tmp_path / "a")["bad"]["run"] == first.run
+    with Batch(tmp_path / "a", Settings(), run="given", since=0) as told, \
+            Batch(tmp_path / "a", Settings(), since=0) as untold:
+        assert told.run == told.ledger.run == "given" and not told.ledger.ours("bad")
+        assert untold.ledger.ours("bad")
+
+
 # -- shards -------------------------------------------------------------------------------------
 def test_shards_are_stable_and_cover_every_id_once():
     assert parse_shard("0/2") == (0, 2) and parse_shard(" 3/4 ") == (3, 4)

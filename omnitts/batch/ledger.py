@@ -1,8 +1,8 @@
 """`results.jsonl`: the record of an output directory, which resume, export and summaries read.
 
 Each line is one JSON object: id, status ("ok" | "error"), path, seconds, samples, frames,
-finish_reason ("eos" | "length" | "error"), seed, seeds, error, attempts, pieces, timings (see
-docs/outputs.md). A line is appended and fsynced only after the item's audio file is in place
+finish_reason ("eos" | "length" | "error"), seed, seeds, error, attempts, pieces, timings, fingerprint,
+codes, run (see docs/outputs.md). A line is appended and fsynced only after the item's audio file is in place
 (atomic rename), so a line never points at a missing or half-written file.
 
 The log is append-only, and **the last record of an id wins**: an item that runs again (a retried
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import threading
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -27,6 +28,11 @@ from .fingerprint import same_print
 
 NAME = "results.jsonl"
 CODES = "codes.npy"  # in `Ledger.named`: an ok record of the id named its `ID.codes.npy` (or may have: older records)
+
+
+def new_run() -> str:
+    """A run token: what the records of one command carry, its workers' and Ray actors' too (`Ledger.ours`)."""
+    return secrets.token_hex(8)
 
 
 class LedgerError(OmniTTSError):
@@ -80,18 +86,24 @@ class Ledger:
     Several writers may share the log (batch/claims.py): each appends under an exclusive `flock`, one
     `write` per line, so lines never interleave. Before appending, a writer reads the lines the others
     appended since its last read (`refresh` does that too, without writing); ids whose records came from
-    another writer after this Ledger opened are in `arrived`, and those of them that replaced an earlier
-    run's record are in `replaced`.
+    another writer after this Ledger opened are in `arrived`, those of them that replaced an earlier
+    run's record are in `replaced`, and those whose latest such record another command wrote (not this
+    command's workers nor the actors of this Ray run, whose records carry its `run` token) are in `theirs`:
+    `ours` tells.
     """
 
-    def __init__(self, out: Path, since: int | None = None):
+    def __init__(self, out: Path, since: int | None = None, run: str | None = None):
         """`since`: where this run began in the log (bytes), when it began before this Ledger opened (the
-        workers of one command, the actors of one Ray run): records after it are this run's, `arrived`."""
+        workers of one command, the actors of one Ray run): records after it are `arrived`. `run`: this run's
+        token (`new_run`), which tells the records of its other processes from other commands' (`ours`);
+        None: it cannot be told, and every record arrived counts as this run's."""
         self.path = Path(out) / NAME
         self.done: dict[str, Done] = {}  # id -> its last record, when that is good
         self.failed: dict[str, str] = {}  # id -> the error of its last record, when that failed
         self.failed_prints: dict[str, str | None] = {}  # id -> that failed record's fingerprint
         self.arrived: set[str] = set()  # ids another writer recorded after this Ledger opened
+        self.run = run
+        self.theirs: set[str] = set()  # of `arrived`: ids last recorded by another command (few: memory stays flat)
         # id -> for an arrived id that replaced an earlier run's record: `rerun_of` then (a damaged file or a
         # change), as `Batch.rerun` says for the items a writer runs itself
         self.replaced: dict[str, bool] = {}
@@ -111,6 +123,11 @@ class Ledger:
         """Done = the id's last record is good and its audio file still holds what the record says."""
         record = self.done.get(item_id)
         return record is not None and audio_problem(Path(out) / record.path, record) is None
+
+    def ours(self, item_id: str) -> bool:
+        """Whether another process of this run (its `run` token) recorded `item_id` after this Ledger opened,
+        and no other command did after it."""
+        return item_id in self.arrived and item_id not in self.theirs
 
     def refresh(self) -> None:
         """Read the records other writers appended since the last read."""
@@ -202,8 +219,13 @@ class Ledger:
                     self._note(record)
 
     def _arrive(self, record: dict) -> None:
-        """Note `record`, another writer's, as this run's (before `_note`: what it replaces is still here)."""
+        """Note `record`, another writer's, arrived during this run (before `_note`: what it replaces is still
+        here)."""
         item_id = record["id"]
+        if self.run is None or record.get("run") == self.run:
+            self.theirs.discard(item_id)
+        else:
+            self.theirs.add(item_id)
         if item_id in self.arrived:
             return  # what it replaced was this run's too; the first arrival saw the earlier run's record
         self.arrived.add(item_id)

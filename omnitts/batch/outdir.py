@@ -37,7 +37,7 @@ from ..params import SamplingParams
 from .claims import Writer, sweep
 from .fingerprint import fingerprint, same_print
 from .folder import OutDirError, case_folding, check_name, too_long
-from .ledger import CODES, Ledger, check_log
+from .ledger import CODES, Ledger, check_log, new_run
 from .shard import in_shard
 
 
@@ -126,7 +126,8 @@ class Batch:
     writer's claims and lock (a killed process's are dropped by the kernel)."""
 
     def __init__(self, out: Path, settings: Settings, config=None, identity: str | None = None,
-                 sample_rate: int = 24000, shard: tuple[int, int] | None = None, since: int | None = None):
+                 sample_rate: int = 24000, shard: tuple[int, int] | None = None, since: int | None = None,
+                 run: str | None = None):
         self.out = Path(out)
         self.sample_rate = sample_rate  # of the checkpoint's audio (every 12 Hz codec gives 24 kHz)
         self.settings = settings
@@ -143,7 +144,12 @@ class Batch:
             self.fold_case: Path | None = case_folding(self.out)  # (OutDirError when out takes no new file)
         except OSError as exc:  # what check_out cannot see (e.g. a filesystem that refuses new files)
             raise OutDirError(f"--out {self.out}: cannot be written ({exc.strerror or exc})") from None
-        self.ledger = Ledger(self.out, since)  # since: where the run this writer belongs to began (Ledger)
+        # since: where the run this writer belongs to began; run: its token, which every record written here
+        # carries and which tells the records of the run's other processes (a command's workers, a Ray run's
+        # actors) from other commands' (Ledger.ours). None: a token of its own for its records, and every
+        # record another writer makes counts as the run's.
+        self.run = run or new_run()
+        self.ledger = Ledger(self.out, since, run)
         self.tally = Tally()
         self._prints: dict[str, str] = {}  # id -> fingerprint, for the jobs handed out and not yet saved
         # Jobs handed out and not yet saved that run an item again because its line or the options changed:
@@ -191,7 +197,7 @@ class Batch:
             if not self.mine(item_id):
                 continue
             self.tally.fail(item_id, message)
-            chunk.append(record(item_id, "error", error=message))
+            chunk.append(record(item_id, "error", error=message, run=self.run))
             if len(chunk) >= BAD_LINES_PER_WRITE:
                 self.ledger.write_all(chunk, unless=recorded)
                 chunk = []
@@ -394,7 +400,7 @@ class Batch:
         self.writer.settled(item_id)
         if not outcome.ok:
             rec = record(item_id, "error", seed=outcome.seed, error=outcome.error, timings=outcome.timings,
-                         fingerprint=self._prints.pop(item_id, None))
+                         fingerprint=self._prints.pop(item_id, None), run=self.run)
             written = False
             try:
                 self.ledger.write(rec)
@@ -424,7 +430,7 @@ class Batch:
                          frames=result.frames, finish_reason=result.finish_reason, seed=outcome.seed,
                          seeds=outcome.seeds, attempts=outcome.attempts, pieces=outcome.pieces,
                          timings=outcome.timings, fingerprint=self._prints.pop(item_id, None),
-                         codes=f"{item_id}.{CODES}" if s.save_codes else None)
+                         codes=f"{item_id}.{CODES}" if s.save_codes else None, run=self.run)
             self.ledger.write(rec)
             written = True
         except BaseException as exc:
@@ -488,12 +494,13 @@ def deaths_text(count: int) -> str:
 
 
 def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
-           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None, codes=None) -> dict:
+           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None, codes=None,
+           run=None) -> dict:
     """One results.jsonl line (the same keys for every status; docs/outputs.md describes them)."""
     return {"id": item_id, "status": status, "path": path, "seconds": seconds, "samples": samples,
             "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
             "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
-            "timings": timings, "fingerprint": fingerprint, "codes": codes}
+            "timings": timings, "fingerprint": fingerprint, "codes": codes, "run": run}
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

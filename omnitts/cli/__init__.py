@@ -156,7 +156,7 @@ def synth(
     earlier one), a write failed (a full disk...) or MANIFEST changed during the run; 2 for a usage error, a bad
     file or --out, or a bad line with --strict; 130 on Ctrl-C; 143 on SIGTERM; 129 on SIGHUP.
     """
-    from ..batch.ledger import NAME as LEDGER_NAME
+    from ..batch.ledger import NAME as LEDGER_NAME, new_run
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..batch.folder import case_folding, check_out
     from ..batch.outdir import Batch, Settings
@@ -207,7 +207,8 @@ def synth(
             read_as = state(manifest)  # a manifest written to during the run is said so at its end
             cfg, columns = checkpoint_config(model), column_map(column, id_column, text_column)
             identity = checkpoint_identity(model)  # in every record's fingerprint
-            batch = None if strict else Batch(out, settings, cfg, identity, shard=shard)
+            run = new_run()  # every record of this command carries it, its workers' and Ray actors' too
+            batch = None if strict else Batch(out, settings, cfg, identity, shard=shard, run=run)
             fold_case = batch.fold_case if batch is not None else case_folding(out)  # ids alike but for case: one file
             good = bad = 0
             inputs = Inputs(out, manifest, fold_case)
@@ -245,7 +246,7 @@ def synth(
         fail(f"--strict: {plural(bad, 'bad line')} in {manifest}; nothing was synthesized (fix {them}, or drop "
               f"--strict to run the {plural(good, 'good line')})")
     try:
-        batch = batch or Batch(out, settings, cfg, identity, shard=shard)
+        batch = batch or Batch(out, settings, cfg, identity, shard=shard, run=run)
     except OmniTTSError as exc:
         fail(str(exc))
     with batch:  # this writer's claims and lock are given up however the run ends

@@ -45,7 +45,7 @@ def run_synth(batch, manifest, model, cfg, columns, split_chars, good, bad, engi
                 from ..workers import Plan, cpu_threads
 
                 plan = Plan(manifest, model, columns, out, batch.settings, load_kwargs, cpu_threads(workers_on),
-                            batch.shard, since=batch.ledger.offset, fold_case=batch.fold_case)
+                            batch.shard, since=batch.ledger.offset, run=batch.run, fold_case=batch.fold_case)
                 stopped = _run_workers(batch, workers_on, plan, good, bad, quiet, verbose, shown)
                 batch.ledger.refresh()  # what every worker wrote: for the export and the check below
     except DeviceFailed as exc:
@@ -148,7 +148,6 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     console = Console(stderr=True)
     s, tally = batch.settings, batch.tally
     mine = lambda: (item for item in items() if batch.mine(item.request.id))  # noqa: E731 (this --shard's)
-    before = batch.ledger  # what was recorded before the run: a row skipped for a record made since counts as done
     for name in ("ray", "ray.data"):  # Ray Data logs each execution at INFO on its own handler
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", module="ray")  # e.g. "the operator only received 1 input(s)"
@@ -184,6 +183,7 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
                           f"({ray.cluster_resources().get('CPU', 0):g} CPUs in the cluster)")
         rows = max(1, min(BATCH_ROWS, -(-(total - tally.failed) // workers)))  # every actor gets blocks to work on
         options["since"] = batch.ledger.offset  # a batch Ray retries finds what this run already did
+        options["run"] = batch.run  # the actors' records are this run's; another command's, made meanwhile, are not
         meta = synthesize_dataset(dataset_from_items(mine(), chunk_rows=rows), model, batch.out, actors=workers,
                                   batch_size=rows, **options)
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -191,8 +191,9 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
         with quiet_bar(Progress(*columns, console=console, disable=quiet), quiet) as progress:
             progress.add_task("synthesizing", total=total, completed=tally.failed, rate="")
             for rows in meta.iter_batches(batch_size=None, batch_format="pyarrow"):
+                batch.ledger.refresh()  # the records of these rows (and whose they are), written before the rows came
                 for row in rows.to_pylist():
-                    _count_row(row, before, tally, console)
+                    _count_row(row, batch.ledger, tally, console)
                 advance(progress, tally)
     except KeyboardInterrupt:
         ray.shutdown()  # takes the actors down mid-item: the stop's doing, not their items' (no death counted)
@@ -215,11 +216,15 @@ def _run_ray(batch, items, total: int, model: Path, load_kwargs: dict, quiet: bo
     return None
 
 
-def _count_row(row: dict, before, tally, console) -> None:
-    """One metadata row of the Ray stage into the closing summary's tally."""
-    if row["skipped"] and row["status"] == "ok" and row["id"] in before.done:
+def _count_row(row: dict, ledger, tally, console) -> None:
+    """One metadata row of the Ray stage into the closing summary's tally. `ledger`: the driver's, read past the
+    row's record: a row skipped for a record that another command (not this run's actors) made during the
+    run is that writer's (`others`), one skipped for an earlier run's record is `skipped`."""
+    if row["skipped"] and row["id"] in ledger.theirs:
+        tally.others += 1
+    elif row["skipped"] and row["status"] == "ok" and row["id"] in ledger.done:
         tally.skipped += 1
-    elif row["skipped"] and row["status"] != "ok" and row["id"] in before.failed:
+    elif row["skipped"] and row["status"] != "ok" and row["id"] in ledger.failed:
         tally.skipped += 1
         tally.earlier_failed += 1
     else:  # run now (or by an attempt of this run that Ray retried)
