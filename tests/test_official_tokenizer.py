@@ -75,3 +75,41 @@ def test_api_uses_the_official_ids(official, encoded):
     assert audio.frames == 3 and len(audio.samples) == 3 * 1920
     assert encoded and all(flag and ids == official_ids(text) for text, ids, flag in encoded)
     assert any(TEXTS[0] in text for text, _, _ in encoded)
+
+
+def test_validate_counts_the_tokens_synth_will_with_the_official_tokenizer(ckpt_dir, tmp_path):
+    """Where the two tokenizers split a text into different numbers of tokens, a line can fit the talker's
+    positions with one and not the other: validate takes --official-tokenizer as synth does, so it gives synth's
+    verdict (it had no such flag, and counted every line with the default)."""
+    import shutil
+
+    from omnitts.request import Request
+
+    folder = ckpt_dir("voice_design", "tiny-1.7b")
+    text = " ".join(TEXTS * 4)
+    line = {"id": "x", "text": text, "language": "english", "instruct": INSTRUCT}
+    lengths = {flag: omnitts.load(folder, dtype="float32", official_tokenizer=flag).prepare(
+        Request(text, language="english", instruct=INSTRUCT)).embeds.shape[0] for flag in (False, True)}
+    assert lengths[False] != lengths[True]
+    # A talker with positions for the shorter prompt and 10 frames, not for the longer one's
+    model = tmp_path / "ckpt"
+    shutil.copytree(folder, model)
+    config = json.loads((model / "config.json").read_text())
+    config["talker_config"]["max_position_embeddings"] = min(lengths.values()) + 11
+    (model / "config.json").write_text(json.dumps(config))
+    (tmp_path / "m.jsonl").write_text(json.dumps(line) + "\n")
+    flags = ["-m", str(model), "--split-chars", "0", "--max-frames", "10"]
+    fits = min(lengths, key=lengths.get)
+    verdicts = {}
+    for flag in (False, True):
+        extra = ["--official-tokenizer"] if flag else []
+        result = CliRunner().invoke(app, ["validate", str(tmp_path / "m.jsonl"), *flags, *extra])
+        verdicts[flag] = result.exit_code
+        out = tmp_path / f"out-{flag}"
+        ran = CliRunner().invoke(app, ["synth", str(tmp_path / "m.jsonl"), *flags, *extra, "-o", str(out), "--greedy",
+                                       "-q"])
+        record = json.loads((out / "results.jsonl").read_text())
+        assert (ran.exit_code, record["status"]) == ((0, "ok") if flag == fits else (2, "error")), ran.output
+        if flag != fits:
+            assert f"need {max(lengths.values()) + 11} talker positions" in result.output, result.output
+    assert verdicts == {fits: 0, not fits: 1}

@@ -274,15 +274,17 @@ def _unmade_unless_used(out: Path, batch_now):
 
 @app.command(cls=Command)
 def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_column: IdCol = None,
-             text_column: TextCol = None, split_chars: SplitChars = None, max_frames: MaxFrames = None):
+             text_column: TextCol = None, split_chars: SplitChars = None, max_frames: MaxFrames = None,
+             official_tokenizer: OfficialTok = False):
     """Check every line of MANIFEST against the checkpoint's config, without loading weights.
 
     Prints each bad line as `file:line: field: problem` (`file:row N: ...` for Parquet, Arrow and
     datasets), then `N good, M bad`. Exit code 0 if every line is good, 1 otherwise; 2 when the manifest
     cannot be read (`-`, a folder that is not a dataset, a header naming a column twice, a mapped column
-    missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars and
-    --max-frames synth will run with: the pieces a long text makes depend on the first, and whether each
-    piece's prompt and budget fit the talker's positions on both.
+    missing, no line at all...), or for a bad checkpoint or option, as synth. Give the --split-chars,
+    --max-frames and --official-tokenizer synth will run with: the pieces a long text makes depend on the
+    first, and whether each piece's prompt and budget fit the talker's positions on all three (the
+    tokenizer counts the tokens).
     """
     from ..batch.manifest import WINDOWS_DEVICES, BadLine, column_map, iter_manifest, location
     from ..batch.sources import open_source
@@ -292,7 +294,8 @@ def validate(manifest: ManifestArg, model: Model, column: ColumnMap = None, id_c
     unit = None  # "line" or "row": read from the source once a warning needs it
     try:
         cfg, columns = checkpoint_config(model), column_map(column, id_column, text_column)
-        for entry in iter_manifest(manifest, cfg, columns, split_chars, max_frames=max_frames):
+        for entry in iter_manifest(manifest, cfg, columns, split_chars, max_frames=max_frames,
+                                   official_tokenizer=official_tokenizer):
             if isinstance(entry, BadLine) and entry.line == 0:  # the whole file (empty, a mapped column missing)
                 fail(entry.message)
             if isinstance(entry, BadLine):
