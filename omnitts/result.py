@@ -3,7 +3,7 @@
 An `Audio` saves itself atomically in the format its suffix names and plays inline in Jupyter
 (`_repr_html_` embeds a 16-bit WAV as an HTML5 <audio> element; no IPython needed), and is its samples to
 numpy (`np.asarray(audio)`). It does not
-know how it was made; api.py fills it in.
+know how it was made; tts.py fills it in.
 """
 
 from __future__ import annotations

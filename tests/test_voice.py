@@ -93,7 +93,7 @@ def test_identity_follows_the_encoder_weights_not_the_folder(ckpt_dir, other_bas
 
 
 def test_identity_is_computed_once_and_a_voice_file_loaded_once(ckpt_dir, ref_wav, tmp_path, monkeypatch):
-    import omnitts.api as api
+    import omnitts.tts as tts_module
 
     tts = omnitts.load(ckpt_dir("base"), dtype="float32")
     path = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "v.safetensors")
@@ -105,8 +105,8 @@ def test_identity_is_computed_once_and_a_voice_file_loaded_once(ckpt_dir, ref_wa
             return fn(*args)
         return wrapper
 
-    monkeypatch.setattr(api, "checkpoint_identity", counted("identity", api.checkpoint_identity))
-    monkeypatch.setattr(api, "load_voice", counted("load", api.load_voice))
+    monkeypatch.setattr(tts_module, "checkpoint_identity", counted("identity", tts_module.checkpoint_identity))
+    monkeypatch.setattr(tts_module, "load_voice", counted("load", tts_module.load_voice))
     fresh = omnitts.load(ckpt_dir("base"), dtype="float32")
     results = fresh.synthesize(["One.", "Two.", "Three."], voice=str(path), greedy=True, max_frames=4)
     assert len(results) == 3 and calls == {"identity": 1, "load": 1}
