@@ -20,6 +20,7 @@ import omnitts
 from omnitts.cli import app
 from omnitts.engine.engine import Engine, EngineConfig, plan, prefill_bytes
 from omnitts.engine.pipeline import Job, Pipeline
+from omnitts.engine.preparation import prepare
 from omnitts.errors import RequestError
 from omnitts.params import share_frames
 from omnitts.request import Request
@@ -69,8 +70,7 @@ def test_an_explicit_budget_is_the_whole_items_and_its_pieces_share_it(tts_facto
     assert outcomes["frames"].pieces == len(pieces) and outcomes["frames"].result.frames == 9
     assert outcomes["seconds"].result.frames == 12  # round(1.0 s x 12.5)
     # The derived runaway budget stays per piece: each piece's from its own text.
-    split.live = set()  # (what `run` sets up)
-    item, _ = split._prepare(Job(Request(SENTENCES, speaker="ryan"), tts.default_params()))
+    item, _ = prepare(Job(Request(SENTENCES, speaker="ryan"), tts.default_params()), tts, _split40, None, 0)
     budgets = [item.piece_params(i).max_frames for i in range(len(pieces))]
     assert budgets == [40 + 10 * prompt.text_tokens for _, prompt in item.pieces]
 

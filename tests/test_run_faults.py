@@ -24,6 +24,7 @@ from omnitts.batch.ledger import read_results
 from omnitts.cli import app
 from omnitts.device.base import Backend
 from omnitts.engine import engine as engine_module
+from omnitts.engine import faults as faults_module
 from omnitts.engine import pipeline as pipeline_module
 from omnitts.engine.pipeline import Job, Pipeline
 from omnitts.errors import DeviceFailed, OmniTTSError
@@ -95,7 +96,7 @@ def test_a_fault_in_an_engine_step_fails_only_the_item_at_fault(tts_factory, mon
     assert len(raised) == 2 and len(raised[0]) == batch and "b" in raised[1]  # its batch, then its trial
     assert pipeline.engines_built == 3  # an engine that raised is not used again
     assert not pipeline.audio.decoding and not pipeline.audio.codec.streams  # every codec stream freed
-    assert not pipeline.suspects and pipeline.failed_in_a_row == 0
+    assert not pipeline.faults.suspects and pipeline.faults.failed_in_a_row == 0
 
 
 def test_a_fault_that_passes_fails_no_item(tts_factory, monkeypatch):
@@ -128,7 +129,7 @@ def test_two_items_at_fault_in_one_step_each_fail_on_their_own_trial(tts_factory
 def test_an_item_fails_once_it_shared_max_involved_failures(tts_factory, monkeypatch):
     """The bound on trials: with MAX_INVOLVED at 1, every item of a failed step fails at once (no trial)."""
     tts = tts_factory("custom_voice", max_batch=2)
-    monkeypatch.setattr(pipeline_module, "MAX_INVOLVED", 1)
+    monkeypatch.setattr(faults_module, "MAX_INVOLVED", 1)
     raised = _step_fails_while("b", monkeypatch)
     outcomes = _run(Pipeline(tts), _jobs(tts, 6))
     assert sorted(k for k, o in outcomes.items() if not o.ok) == ["a", "b"] and len(raised) == 1
@@ -178,7 +179,7 @@ def test_engines_failing_in_a_row_mean_a_broken_device(tts_factory, monkeypatch)
                                            r"them \(last: RuntimeError: NPU function error: aclnnMatmul, error code "
                                            r"is 507015\); it is taken for broken$"):
         seen.extend(Pipeline(tts).run(_jobs(tts, 6)))
-    assert seen == [] and len(raised) == pipeline_module.DEVICE_FAILURES
+    assert seen == [] and len(raised) == faults_module.DEVICE_FAILURES
 
 
 def test_a_broken_device_while_decoding_ends_the_run(tts_factory, monkeypatch):

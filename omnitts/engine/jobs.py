@@ -1,10 +1,12 @@
 """What goes through the pipeline: a `Job` in, an `Outcome` out, and a job's state while it runs (`JobState`:
-its pieces, their budgets and seeds)."""
+its pieces, their budgets and seeds, where its joined audio goes, the outcome it ends in)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from ..errors import RequestError
 from ..params import FRAMES_PER_SECOND, SamplingParams, derive_seed, frames_in, share_frames, share_problem
@@ -70,6 +72,42 @@ class JobState:
     decode_s: float = 0.0
     first_added: float | None = None
 
+    def ready_entries(self) -> list:
+        """The pipeline's `ready` entries, (item, piece index, params), for every piece of this item."""
+        return [(self, index, self.piece_params(index)) for index in range(len(self.pieces))]
+
+    def emit(self, chunk: np.ndarray) -> None:
+        """Joined audio of this item that is final (its joiner's output): to its sink (made when the item was
+        prepared), or kept."""
+        if self.sink is None:
+            self.chunks.append(chunk)
+            return
+        self.sink.write(chunk)
+
+    def outcome(self, rate: int, in_sink: bool) -> Outcome:
+        """The finished item's `Outcome`: its pieces' codes joined, its audio (`in_sink`: in its sink's file,
+        which the caller commits; else the chunks kept), its seeds, attempts and timings."""
+        from ..result import Audio
+
+        parts = [self.done[i] for i in range(len(self.pieces))]
+        codes = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        reason = "length" if any(p[1] == "length" for p in parts) else "eos"
+        if not in_sink:
+            samples = np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.float32)
+            count, sink = len(samples), None
+        else:  # the audio is in the sink's file; the caller commits it
+            sink = self.sink
+            samples, count = None, sink.samples
+        result = Audio(samples, rate, codes, reason, self.job.request.id, seed=self.seed)
+        now = time.perf_counter()
+        timings = {"prepare": self.prepare_s, "generate": now - (self.first_added or now) - self.decode_s,
+                   "decode": self.decode_s, "total": now - self.started}
+        attempts = 1 + max(self.tries.values(), default=0)
+        seeds = None if self.seed is None else [self.piece_seed(i) for i in range(len(self.pieces))]
+        return Outcome(self.job, result, seed=self.seed, seeds=seeds, attempts=attempts, pieces=len(self.pieces),
+                       timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate,
+                       samples=count)
+
     def piece_params(self, index: int) -> SamplingParams:
         """How piece `index` samples: its seed (`piece_seed`), its share of an explicit budget, a definite
         frame budget."""
@@ -121,3 +159,12 @@ class JobState:
             f"max_seconds: {request.max_seconds:g} s"
         return (f"{asked} is more than one utterance of this checkpoint takes: a piece stops at {cap} frames "
                 f"({cap / FRAMES_PER_SECOND:g} s: generation_config.json's max_new_tokens - 1), finish_reason length")
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a record's `error` is one line)."""
+    return " ".join(str(exc).split()) or "(no message)"
+
+
+def since(start: float) -> float:
+    return time.perf_counter() - start

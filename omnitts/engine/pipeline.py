@@ -30,25 +30,14 @@ What it owns, between the caller's jobs and the engine:
   first (`Scheduler.longest_first`), which keeps the batch full to the end;
 - stopping: once `stop()` returns true no new job starts; requests already running finish, the
   rest are dropped (a resumed run picks them up);
-- faults: an exception while preparing, generating or decoding fails the item at fault, never the
-  run. One from `engine.step()` cannot be pinned on a row: the engine, whose state may be broken, is
-  dropped, the requests that had not started go on in a new one, and the items whose requests had
-  started are tried again from their start ("suspects"), one at a time beside the other items, so that
-  the item at fault fails alone (error "ExceptionType while generating: ...") and the others finish as
-  in a clean run (`_engine_failed`). One from the codec fails the item whose stream raised ("... while
-  decoding: ..."; a batched codec call that raises is retried row by row, see `CodecStreams`). A failed
-  item's other pieces are forgotten or, if already running, finish unseen. Errors writing audio (a
-  sink's OSError) are not the item's fault: they end the run;
-- a broken device: after each fault on the device the backend is asked whether the device still
-  computes (`Backend.broken`: a sticky CUDA or NPU error fails every later call), and
-  `DEVICE_FAILURES` engines failing in a row with no good step between them mean the same: then the
-  run ends with `DeviceFailed`, and the items in flight are left for a re-run, not recorded as failed.
-Outcomes come out in finishing order. The pipeline never prints.
+- faults (`faults.Faults`): an exception while preparing, generating or decoding fails the item at
+  fault, never the run; a broken device ends the run with `DeviceFailed`.
+A job is made ready to run in preparation.py (`prepare`). Outcomes come out in finishing order. The
+pipeline never prints.
 """
 
 from __future__ import annotations
 
-import random
 import time
 import warnings
 from collections import Counter, deque
@@ -61,24 +50,20 @@ import torch
 
 from ..device import get_backend, out_of_memory
 from ..device.copies import uploader
-from ..errors import DeviceFailed, OmniTTSError, RequestError
+from ..errors import OmniTTSError
 from ..models.codec_streams import CodecStreams
 from ..params import SamplingParams
-from ..text.split import pieces_problem, split_text
+from ..text.split import split_text
 from .decoding import AudioStreams, finite
 from .engine import Engine, plan
-from .jobs import Job, JobState, Outcome
-from .join import StreamJoiner
+from .faults import Faults
+from .jobs import Job, JobState, Outcome, one_line, since
+from .preparation import prepare
 
 __all__ = ["Job", "Outcome", "Pipeline"]
 
 
 _END = object()  # a jobs source that has nothing more
-# Engines failing in a row, with no good step between them, that mean a broken device. A suspect's trial
-# starts only once an engine has run a good step since the last failure (`_next_trial`), so items at
-# fault make engines fail in a row only where a fresh engine's first step holds a new one.
-DEVICE_FAILURES = 3
-MAX_INVOLVED = 3  # engine failures one item may share before it is failed without its own trial
 IDLE_WAIT = 0.05  # seconds an idle pipeline waits before asking a "nothing now" source again
 
 
@@ -110,6 +95,7 @@ class Pipeline:
         alone = tts.deterministic
         self.full_batch = alone and backend.supports_graphs
         self.warned_small = False  # a deterministic run warned that an engine had fewer rows than max_batch
+        self.faults = Faults(self)  # failed items' outcomes, suspects and their trials, the device's health
         with _fitting(tts, "the codec's state for that many streams"):
             streams = (CodecStreams(tts.ckpt.codec, tts.codec_chunk_frames, tts.max_batch,
                                          tile_frames=backend.codec_tile_frames, upload=uploader(tts.ckpt.device),
@@ -119,13 +105,9 @@ class Pipeline:
                                          else None, free_memory=backend.free_memory())
                        if stream_decode else None)
         # The running sequences' codec streams (None: each utterance is decoded whole when it ends).
-        self.audio = AudioStreams(streams, self._decode_failed) if streams is not None else None
+        self.audio = AudioStreams(streams, self.faults.decode_failed) if streams is not None else None
         self.starved = False  # the jobs source last said "nothing now" (None)
         self.in_engine: set = set()  # sequences added to the engine and not yet returned finished
-        self.failures: deque = deque()  # outcomes of items that failed while running, not yet yielded
-        self.suspects: deque = deque()  # items waiting for their trial (see `_engine_failed`)
-        self.on_trial: JobState | None = None  # the suspect now running (at most one at a time)
-        self.failed_in_a_row = 0  # engine failures since the last good step
         self.solo: JobState | None = None  # the item of an `alone` job running, nothing beside it
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -151,12 +133,12 @@ class Pipeline:
             if not exhausted:
                 failures, exhausted = self._fill(source, ready)
                 yield from failures
-            self._next_trial(ready)
+            self.faults.next_trial(ready)
             self._feed(ready, exhausted)
             finished = self._step(exhausted, ready)
-            yield from self._failed()
+            yield from self.faults.failed()
             if finished is None:
-                if exhausted and not ready and not self.suspects:
+                if exhausted and not ready and not self.faults.suspects:
                     return
                 if self.starved and not ready:
                     time.sleep(IDLE_WAIT)  # nothing runs; the jobs source said "ask again soon"
@@ -165,7 +147,7 @@ class Pipeline:
                 outcome = self._finished(seq, ready)
                 if outcome is not None:
                     yield outcome
-                yield from self._failed()
+                yield from self.faults.failed()
 
     def _step(self, exhausted: bool, ready: deque) -> list | None:
         """One engine step and its codec work; None when there is no work. The engine is held only in
@@ -178,129 +160,13 @@ class Pipeline:
         try:
             finished = engine.step()
         except Exception as exc:  # noqa: BLE001 - a fault in one step fails the item at fault, not the run
-            self._engine_failed(exc, ready)
+            self.faults.engine_failed(exc, ready)
             return []
-        self.failed_in_a_row = 0
+        self.faults.failed_in_a_row = 0
         self.in_engine.difference_update(finished)
         if self.audio is not None:  # every sequence's new frames to its codec stream; what is ready decoded
             self.audio.step(list(engine.scheduler.running), finished)
         return finished
-
-    def _engine_failed(self, exc: Exception, ready: deque) -> None:
-        """`engine.step()` raised, and which row caused it cannot be told. The engine is dropped (`_feed`
-        builds a new one), the requests that had not started go back in front of `ready` in their order,
-        and the items whose requests had started are judged:
-
-        - one item alone in the failure, or a suspect among them (at most one runs at a time): it is at
-          fault and fails; the others are tried again from their start, first in `ready`;
-        - else every one of them becomes a suspect, tried again from its start, one at a time beside
-          the other items (`_next_trial`): an item at fault fails on its trial, the others finish.
-
-        An item that shares `MAX_INVOLVED` failures fails whatever the blame. A broken device (or
-        `DEVICE_FAILURES` in a row) raises DeviceFailed instead: no item is at fault."""
-        self.failed_in_a_row += 1
-        self._check_device(exc)
-        error = f"{type(exc).__name__} while generating: {_one_line(exc)}"
-        seqs = sorted(self.in_engine, key=lambda seq: seq.id)  # engine ids grow in the order of `add`
-        involved = list(dict.fromkeys(seq.tag[0] for seq in seqs
-                                      if seq.admitted_at is not None and not seq.tag[0].dropped))
-        for seq in seqs:
-            if seq.admitted_at is not None:
-                self._discard_stream(seq)
-        ready.extendleft(reversed([(seq.tag[0], seq.tag[1], seq.params) for seq in seqs
-                                   if seq.admitted_at is None and not seq.tag[0].dropped
-                                   and seq.tag[0] not in involved]))
-        self.in_engine.clear()
-        self._drop_engine()
-        suspects = [item for item in involved if item.suspect]
-        blamed = suspects[0] if suspects else involved[0] if len(involved) == 1 else None
-        if blamed is not None:
-            self._fail(blamed, error, exc)
-        again = [item for item in involved if item is not blamed]
-        for item in reversed(again):  # innocent ones first in `ready`, in their order
-            self._again(item, ready, error, exc, suspect=blamed is None)
-
-    def _check_device(self, exc: Exception) -> None:
-        """After a fault on the device: raise DeviceFailed if the device no longer computes, or if engines
-        keep failing with no good step between them."""
-        device = self.tts.ckpt.device
-        broken = self.backend.broken()
-        if broken is None and self.failed_in_a_row < DEVICE_FAILURES:
-            return
-        self._drop_engine()
-        fault = f"{type(exc).__name__}: {_one_line(exc)}"
-        if broken is not None:
-            why = fault if broken == fault else f"{fault}; then a test computation raised {broken}"
-            raise DeviceFailed(f"the {device} device stopped working ({why})") from exc
-        raise DeviceFailed(f"{DEVICE_FAILURES} engines in a row failed on the {device} device with no good step "
-                           f"between them (last: {fault}); it is taken for broken") from exc
-
-    def _again(self, item: JobState, ready: deque, error: str, exc: Exception, suspect: bool) -> None:
-        """Run `item` again from its start (its audio so far deleted): next in `ready`, or as a suspect
-        waiting for its trial."""
-        item.involved += 1
-        if item.involved >= MAX_INVOLVED:
-            self._fail(item, error, exc)
-            return
-        kept = [entry for entry in ready if entry[0] is not item]  # its pieces not yet in the engine
-        ready.clear()
-        ready.extend(kept)
-        item.done.clear()
-        item.chunks.clear()
-        item.tries.clear()
-        item.joiner = StreamJoiner(len(item.pieces), self.tts.sample_rate, lambda chunk: self._emit(item, chunk))
-        if item.sink is not None:
-            item.sink.abort()
-            try:
-                item.sink = self.sink(item.job)
-            except OmniTTSError as again:  # the name was fine a moment ago: say what changed
-                item.sink = None
-                self._fail(item, str(again), again)
-                return
-        item.suspect = suspect
-        if suspect:
-            self.suspects.append(item)
-        else:
-            ready.extendleft(reversed(self._requests(item)))
-
-    def _next_trial(self, ready: deque) -> None:
-        """Put the next suspect in front of `ready` once the one on trial has finished or failed, and an
-        engine has run a good step since the last failure (unless nothing else is left to run)."""
-        trial = self.on_trial
-        if trial is not None and not trial.dropped and trial in self.live:
-            return
-        if self.failed_in_a_row and (ready or (self.engine is not None and self.engine.has_work())):
-            return
-        self.on_trial = None
-        while self.suspects:
-            item = self.suspects.popleft()
-            if not item.dropped:
-                self.on_trial = item
-                ready.extendleft(reversed(self._requests(item)))
-                return
-
-    def _requests(self, item: JobState) -> list:
-        """`ready`'s entries for every piece of `item`."""
-        return [(item, index, item.piece_params(index)) for index in range(len(item.pieces))]
-
-    def _fail(self, item: JobState, error: str, exc: Exception) -> None:
-        """Fail `item` while it runs: its outcome is queued for `_failed`, its partial audio deleted, its
-        requests not yet started forgotten (those running finish and are discarded, as dropped ones are)."""
-        if item.dropped:
-            return
-        item.dropped = True
-        if item.sink is not None:
-            item.sink.abort()
-        self.live.discard(item)
-        if self.engine is not None:
-            self.in_engine.difference_update(self.engine.drop_waiting(lambda seq: seq.tag[0] is item))
-        self.failures.append(Outcome(item.job, error=error, exception=exc, seed=item.seed, pieces=len(item.pieces),
-                                     attempts=1 + max(item.tries.values(), default=0),
-                                     timings={"total": round(_since(item.started), 4)}))
-
-    def _failed(self) -> Iterator[Outcome]:
-        while self.failures:
-            yield self.failures.popleft()
 
     def _fill(self, source, ready: deque) -> tuple[list[Outcome], bool]:
         """Prepare jobs until `lookahead` requests wait; returns (failed outcomes, source exhausted).
@@ -317,73 +183,13 @@ class Pipeline:
             if job is None:
                 self.starved = True
                 break
-            item, error = self._prepare(job)
+            item, error = prepare(job, self.tts, self.split, self.sink, self.retry_runaway)
             if error is not None:
                 failures.append(error)
                 continue
-            ready.extend(self._requests(item))
+            self.live.add(item)
+            ready.extend(item.ready_entries())
         return failures, False
-
-    def _prepare(self, job: Job) -> tuple[JobState | None, Outcome | None]:
-        started = time.perf_counter()
-        params = job.params
-        seed = params.seed
-        if seed is None and params.samples:
-            seed = random.SystemRandom().randrange(2**31)  # recorded, so every result can be reproduced
-        if job.fail is not None:
-            return None, Outcome(job, error=job.fail, seed=seed, timings={"total": _since(started)})
-        item = JobState(job, replace(params, seed=seed), seed, started=started)
-        request = job.request
-        try:
-            if job.prompt is not None:
-                item.pieces.append((request, job.prompt))
-            else:
-                texts = self.split(request.text, request.language) or [request.text]  # empty: prepare says why
-                problem = pieces_problem(request.text, len(texts))
-                if problem:
-                    raise RequestError(problem)
-                if len(texts) > 1 and request.ref_audio is not None and request.voice is None:
-                    voice = self.tts.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
-                    request = replace(request, voice=voice)  # encode the reference once for all pieces
-                for text in texts:
-                    piece = request if len(texts) == 1 else replace(request, text=text)
-                    item.pieces.append((piece, self.tts.prepare(piece)))
-            item.shares = item.budget_shares()
-            if warning := item.budget_warning():
-                warnings.warn(warning, stacklevel=2)
-            for index in range(len(item.pieces)):
-                self._check_fits_alone(item, index)
-        except Exception as exc:  # noqa: BLE001 - one item's input, however broken, fails only that item
-            error = (str(exc) if isinstance(exc, OmniTTSError)
-                     else f"{type(exc).__name__} while preparing: {_one_line(exc)}")
-            return None, Outcome(job, error=error, exception=exc, seed=seed, timings={"total": _since(started)})
-        if self.sink is not None:
-            try:  # a sink may refuse an item (a file name the filesystem cannot hold): that item fails
-                item.sink = self.sink(job)
-            except OmniTTSError as exc:
-                return None, Outcome(job, error=str(exc), exception=exc, seed=seed, timings={"total": _since(started)})
-        item.prepare_s = _since(started)
-        item.joiner = StreamJoiner(len(item.pieces), self.tts.sample_rate, lambda chunk: self._emit(item, chunk))
-        auto_budget = params.max_frames is None and job.request.max_seconds is None
-        item.incremental = not (self.retry_runaway and auto_budget and params.samples)
-        self.live.add(item)
-        return item, None
-
-    def _emit(self, item: JobState, chunk: np.ndarray) -> None:
-        """Joined audio of `item` that is final: to its sink (made when the item was prepared), or kept."""
-        if item.sink is None:
-            item.chunks.append(chunk)
-            return
-        item.sink.write(chunk)
-
-    def _check_fits_alone(self, item: JobState, index: int) -> None:
-        """Raise RequestError if this piece would not fit an engine even on its own (cache and prefill
-        budgets, the talker's positions)."""
-        prompt, params = item.pieces[index][1], item.piece_params(index)
-        tts = self.tts
-        plan(tts.ckpt, prompt.embeds.shape[0] + params.max_frames + 1, 1, prompt.trailing.shape[0],
-             tts.kv_budget_bytes, tts.ckpt.device.type, tts.eager, tts.graph_buckets, tts.span_buckets,
-             tts.max_prefill_tokens, prompt_positions=prompt.embeds.shape[0], longest_part=prompt.longest_part)
 
     def _feed(self, ready: deque, exhausted: bool) -> None:
         """Move prepared requests into the engine, (re)building it when one does not fit. An `alone` job's
@@ -431,7 +237,7 @@ class Pipeline:
                           f"{config.max_num_seqs} of max_batch {tts.max_batch} rows in the K/V budget; the lines this "
                           "engine runs may get other codes than in an engine of max_batch rows", RuntimeWarning,
                           stacklevel=2)
-        self._drop_engine()  # free the old engine's cache before allocating the new one
+        self.drop_engine()  # free the old engine's cache before allocating the new one
         idle, tts.idle_engine = tts.idle_engine, None
         if idle is not None and _covers(idle.config, config):
             self._graphs_before.subtract(idle.graph_stats())  # count only what this run captures
@@ -462,10 +268,10 @@ class Pipeline:
             return
         if not any(steps.captures for steps in engine.steps.values()):
             return
-        self._drop_engine()
+        self.drop_engine()
         self.tts.idle_engine = engine
 
-    def _drop_engine(self) -> None:
+    def drop_engine(self) -> None:
         """Forget the engine (its cache and graphs are freed), keeping what its graph captures cost."""
         if self.engine is not None:
             self._graphs_before.update(self.engine.graph_stats())
@@ -488,9 +294,9 @@ class Pipeline:
         for item, _, _ in ready:
             item.dropped = True
         ready.clear()
-        for item in self.suspects:
+        for item in self.faults.suspects:
             item.dropped = True
-        self.suspects.clear()
+        self.faults.suspects.clear()
         if self.engine is not None:
             for seq in self.engine.drop_waiting():
                 seq.tag[0].dropped = True
@@ -500,7 +306,7 @@ class Pipeline:
     def _finished(self, seq, ready: deque) -> Outcome | None:
         item, index = seq.tag
         if item.dropped:
-            self._discard_stream(seq)
+            self.discard_stream(seq)
             if item.sink is not None:
                 item.sink.abort()
             self.live.discard(item)
@@ -509,15 +315,15 @@ class Pipeline:
         if (seq.finish_reason == "length" and auto_budget and item.params.samples
                 and item.tries.get(index, 0) < self.retry_runaway):
             item.tries[index] = item.tries.get(index, 0) + 1
-            self._discard_stream(seq)  # the abandoned attempt's audio
+            self.discard_stream(seq)  # the abandoned attempt's audio
             ready.appendleft((item, index, item.piece_params(index)))
             return None
         started = time.perf_counter()
         codes = seq.codes()
         if not self._last_audio(seq, codes):
-            return None  # the item failed (queued for `_failed`)
+            return None  # the item failed (queued for `Faults.failed`)
         item.joiner.end(index)
-        item.decode_s += _since(started)
+        item.decode_s += since(started)
         item.done[index] = (codes, seq.finish_reason)
         if len(item.done) < len(item.pieces):
             return None
@@ -541,46 +347,20 @@ class Pipeline:
             else:
                 return True
         except Exception as exc:  # noqa: BLE001 - one item's decode fails that item only
-            self._decode_failed(seq, exc)
+            self.faults.decode_failed(seq, exc)
             return False
         item.joiner.add(index, audio)  # (writes to the sink: its errors are the run's, not the item's)
         return True
 
-    def _decode_failed(self, seq, exc: Exception) -> None:
-        """Decoding `seq`'s audio raised: its item fails, unless the device itself has broken (DeviceFailed)."""
-        self._check_device(exc)
-        self._discard_stream(seq)
-        self._fail(seq.tag[0], f"{type(exc).__name__} while decoding: {_one_line(exc)}", exc)
-
-    def _discard_stream(self, seq) -> None:
+    def discard_stream(self, seq) -> None:
         """Forget `seq`'s codec stream, if it has one, without decoding the rest."""
         if self.audio is not None:
             self.audio.discard(seq)
 
     def _complete(self, item: JobState) -> Outcome:
-        from ..result import Audio
-
         assert item.joiner.finished
         self.live.discard(item)
-        parts = [item.done[i] for i in range(len(item.pieces))]
-        rate = self.tts.sample_rate
-        codes = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        reason = "length" if any(p[1] == "length" for p in parts) else "eos"
-        if self.sink is None:
-            samples = np.concatenate(item.chunks) if item.chunks else np.zeros(0, dtype=np.float32)
-            count, sink = len(samples), None
-        else:  # the audio is in the sink's file; the caller commits it
-            sink = item.sink
-            samples, count = None, sink.samples
-        result = Audio(samples, rate, codes, reason, item.job.request.id, seed=item.seed)
-        now = time.perf_counter()
-        timings = {"prepare": item.prepare_s, "generate": now - (item.first_added or now) - item.decode_s,
-                   "decode": item.decode_s, "total": now - item.started}
-        attempts = 1 + max(item.tries.values(), default=0)
-        seeds = None if item.seed is None else [item.piece_seed(i) for i in range(len(item.pieces))]
-        return Outcome(item.job, result, seed=item.seed, seeds=seeds, attempts=attempts, pieces=len(item.pieces),
-                       timings={k: round(v, 4) for k, v in timings.items()}, sink=sink, seconds=count / rate,
-                       samples=count)
+        return item.outcome(self.tts.sample_rate, in_sink=self.sink is not None)
 
 
 def _covers(have, want) -> bool:
@@ -605,13 +385,5 @@ def _fitting(tts, what: str):
         if not out_of_memory(exc):
             raise
         raise OmniTTSError(f"max batch {tts.max_batch}: {what} does not fit in {tts.ckpt.device.type} memory "
-                           f"({_one_line(exc)}); lower --max-batch (max_batch in a recipe or in omnitts.load)") from None
+                           f"({one_line(exc)}); lower --max-batch (max_batch in a recipe or in omnitts.load)") from None
 
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's message on one line (a record's `error` is one line)."""
-    return " ".join(str(exc).split()) or "(no message)"
-
-
-def _since(start: float) -> float:
-    return time.perf_counter() - start
