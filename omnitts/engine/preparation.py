@@ -39,7 +39,7 @@ def prepare(job: Job, tts, split: Callable[[str, str], list[str]], sink: Callabl
         if job.prompt is not None:
             item.pieces.append((request, job.prompt))
         else:
-            texts = split(request.text, request.language) or [request.text]  # empty: prepare says why
+            texts = split(request.text, request.language) or [request.text]  # empty: TTS.prepare says why
             problem = pieces_problem(request.text, len(texts))
             if problem:
                 raise RequestError(problem)
