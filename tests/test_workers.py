@@ -463,7 +463,7 @@ def test_a_record_written_by_a_worker_killed_before_reporting_it_is_counted_once
     another command writing OUT is not this run's work (its claim is free, and it runs again or is skipped)."""
     from omnitts.batch.ledger import Ledger
     from omnitts.batch.outdir import Tally, record
-    from omnitts.workers import Pool
+    from omnitts.pool import Pool
 
     for run, counted in (("this-run", True), ("another", False)):
         out = tmp_path / run

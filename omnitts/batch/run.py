@@ -28,7 +28,7 @@ def run_items(batch, items: Iterable, load: Callable, stop: Callable[[], bool] =
     finish the running items and start no new ones. `report(record)` gets each results.jsonl record
     as soon as it is written (on the saver's thread), and `saving(id)` is called there just before its
     record is written (a process killed between the two has its record in results.jsonl, unreported:
-    the workers' parent looks for it there, workers.py); `stats`, if given, gets the pipeline's `graph_stats()`
+    the workers' parent looks for it there, pool.py); `stats`, if given, gets the pipeline's `graph_stats()`
     at the end. An error raised while saving (a full disk) or by a signal closes the pipeline, which
     aborts the running items' temporary files, and propagates; items finished but not yet saved are
     saved first after a signal, and aborted after a saving error.

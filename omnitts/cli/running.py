@@ -331,7 +331,8 @@ def _run_workers(batch, devices: list[str], plan, good: int, bad: int, quiet: bo
 
     from rich.console import Console
 
-    from ..workers import MAX_RESTARTS, Pool, name
+    from ..pool import MAX_RESTARTS, Pool
+    from ..workers import name
 
     console = Console(stderr=True)
     tally = batch.tally

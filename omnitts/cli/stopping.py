@@ -58,7 +58,7 @@ class ForwardingStop(GracefulStop):
         self.pool = pool
 
     def _handle(self, signum, frame):
-        from ..workers import terminal_signals_group
+        from ..pool import terminal_signals_group
 
         self.pool.stopping = self.pool.stopping or signum  # workers ending 130/143 now were stopped, not died
         if signum != signal.SIGINT or not terminal_signals_group():
