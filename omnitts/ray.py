@@ -135,7 +135,8 @@ class Synthesizer:
                  retry_failed: bool = False, force: bool = False, retry_runaway: int = 0, columns: dict | None = None,
                  base: str | None = None, env: dict | None = None, since: int | None = None, run: str | None = None):
         from .api import load
-        from .batch.outdir import Batch, Settings
+        from .batch.outdir import Batch
+        from .batch.settings import Settings
         from .config import load_config
         from .engine.pipeline import Pipeline
 

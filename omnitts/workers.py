@@ -109,7 +109,7 @@ class Plan:
     model: Path
     columns: dict | None
     out: Path
-    settings: object  # outdir.Settings
+    settings: object  # batch.settings.Settings
     load_kwargs: dict  # omnitts.load's keyword arguments; `device` is replaced by the worker's kind
     threads: int | None = None
     shard: tuple[int, int] | None = None  # --shard K/N: this command's share of the manifest

@@ -268,7 +268,7 @@ def test_the_last_record_wins_in_ledger_and_export(tmp_path):
     from omnitts.batch.export import export_dataset
     from omnitts.batch.ledger import Ledger, read_results
     from omnitts.batch.manifest import iter_manifest
-    from omnitts.batch.outdir import record
+    from omnitts.batch.ledger import record
 
     out = tmp_path / "out"
     out.mkdir()
@@ -718,7 +718,7 @@ def test_a_record_whose_error_names_a_file_that_is_not_utf8_is_written_and_read_
     """A file name of bytes that are not UTF-8 reaches Python as lone surrogates; an error message that
     names one is logged with the JSON escape, not lost to an encoding error (which would end the run)."""
     from omnitts.batch.ledger import Ledger, read_results
-    from omnitts.batch.outdir import record
+    from omnitts.batch.ledger import record
 
     message = "cannot read audio: /refs/caf\udce9.wav"
     Ledger(tmp_path).write(record("x", "error", error=message))
@@ -731,7 +731,7 @@ def test_a_good_record_without_its_file_or_length_is_passed_over_as_a_torn_line(
     the directory and its length is no record: its item runs again, not a KeyError; nothing outside the
     directory is ever named by the log."""
     from omnitts.batch.ledger import Ledger, read_results
-    from omnitts.batch.outdir import record
+    from omnitts.batch.ledger import record
 
     good = record("x", "ok", path="x.wav", seconds=0.08, samples=1920, frames=1, seed=1)
     lines = [{"id": "a", "status": "ok"}, {**good, "id": "b", "path": "../../etc/passwd"},
@@ -752,7 +752,8 @@ def test_an_items_sampling_parameters_built_once_per_set_of_overrides_equal_thos
     from types import SimpleNamespace
 
     from omnitts.batch.manifest import Item
-    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.batch.outdir import Batch
+    from omnitts.batch.settings import Settings
     from omnitts.params import SamplingParams
 
     config = SimpleNamespace(generation={"temperature": 0.8, "top_k": 30, "max_new_tokens": 500})

@@ -304,10 +304,10 @@ def test_every_option_sits_in_a_panel():
 
 
 def test_on_off_flags(ckpt_dir, tmp_path, monkeypatch):
-    import omnitts.batch.outdir
+    import omnitts.batch.settings
 
-    seen, real = [], omnitts.batch.outdir.Settings
-    monkeypatch.setattr(omnitts.batch.outdir, "Settings", lambda **kw: seen.append(kw["greedy"]) or real(**kw))
+    seen, real = [], omnitts.batch.settings.Settings
+    monkeypatch.setattr(omnitts.batch.settings, "Settings", lambda **kw: seen.append(kw["greedy"]) or real(**kw))
     manifest = _manifest(tmp_path / "m.jsonl", [{"id": "a", "text": "Hi.", "speaker": "bob"}])  # stops: --strict
     base = ["synth", str(manifest), "-m", str(ckpt_dir("custom_voice")), "-o", str(tmp_path / "o"), "--strict"]
     for flags in (["--greedy"], ["--no-greedy"], [], ["--greedy", "--no-greedy"]):

@@ -119,7 +119,8 @@ def test_a_fixed_bad_line_runs_without_retry_failed_and_the_export_skips_stale_a
     import json
 
     from omnitts.batch.manifest import iter_manifest
-    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.batch.outdir import Batch
+    from omnitts.batch.settings import Settings
     from omnitts.config import load_config
     from omnitts.voice import checkpoint_identity
 

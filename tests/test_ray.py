@@ -331,7 +331,7 @@ def test_a_retried_batch_reports_the_rows_its_dead_attempt_ran_as_run_by_this_ru
     from rich.console import Console
 
     from omnitts.batch.ledger import Ledger
-    from omnitts.batch.outdir import Tally
+    from omnitts.batch.tally import Tally
     from omnitts.cli.running import _count_row
 
     out, ckpt = tmp_path / "out", ckpt_dir("custom_voice")
@@ -381,7 +381,7 @@ def test_a_row_another_command_recorded_during_the_run_is_skipped_and_counted_as
     from rich.console import Console
 
     from omnitts.batch.ledger import Ledger
-    from omnitts.batch.outdir import Tally
+    from omnitts.batch.tally import Tally
     from omnitts.cli.running import _count_row
 
     out, ckpt = tmp_path / "out", ckpt_dir("custom_voice")

@@ -461,8 +461,8 @@ def test_a_record_written_by_a_worker_killed_before_reporting_it_is_counted_once
     """A worker killed between writing an item's record and reporting it: the parent reads the log and counts
     that record as the worker's, but only a record carrying this command's run token; the same id recorded by
     another command writing OUT is not this run's work (its claim is free, and it runs again or is skipped)."""
-    from omnitts.batch.ledger import Ledger
-    from omnitts.batch.outdir import Tally, record
+    from omnitts.batch.ledger import Ledger, record
+    from omnitts.batch.tally import Tally
     from omnitts.pool import Pool
 
     for run, counted in (("this-run", True), ("another", False)):

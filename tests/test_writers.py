@@ -154,7 +154,8 @@ def test_every_record_carries_its_writers_run_token(tmp_path):
     """A Batch's records carry the run token it is given (synth's, a worker's, a Ray actor's), and its Ledger
     takes the records with it for the run's; one given none records under a new token of its own, and counts
     every other writer's records as the run's (it cannot tell)."""
-    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.batch.outdir import Batch
+    from omnitts.batch.settings import Settings
 
     with Batch(tmp_path / "a", Settings()) as first, Batch(tmp_path / "b", Settings()) as second:
         assert len(first.run) == 16 and int(first.run, 16) >= 0 and first.run != second.run
@@ -201,7 +202,9 @@ def _manifest(tmp_path, n=ITEMS):
 
 def test_an_item_another_writer_holds_is_left_to_it_or_taken_over_when_it_lets_go(ckpt_dir, tmp_path):
     from omnitts.batch.manifest import BadLine, iter_manifest
-    from omnitts.batch.outdir import Batch, Settings, record
+    from omnitts.batch.ledger import record
+    from omnitts.batch.outdir import Batch
+    from omnitts.batch.settings import Settings
     from omnitts.config import load_config
 
     ckpt = ckpt_dir("custom_voice")
@@ -237,7 +240,8 @@ def test_bad_lines_are_recorded_once_by_two_writers_a_few_hundred_to_a_write(ckp
     """Two writers record the same bad lines, interleaved: each line once in the log (the log's lock decides,
     without a claim per line), a re-run adds nothing, and a chunk of lines costs one fsync, not one each."""
     from omnitts.batch import outdir
-    from omnitts.batch.outdir import Batch, Settings
+    from omnitts.batch.outdir import Batch
+    from omnitts.batch.settings import Settings
     from omnitts.config import load_config
 
     cfg = load_config(ckpt_dir("custom_voice"))

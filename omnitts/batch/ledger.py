@@ -35,6 +35,16 @@ def new_run() -> str:
     return secrets.token_hex(8)
 
 
+def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
+           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None, codes=None,
+           run=None) -> dict:
+    """One results.jsonl line (the same keys for every status; docs/outputs.md describes them)."""
+    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "samples": samples,
+            "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
+            "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
+            "timings": timings, "fingerprint": fingerprint, "codes": codes, "run": run}
+
+
 class LedgerError(OmniTTSError):
     """The result log cannot be used (it would write outside the output directory)."""
 

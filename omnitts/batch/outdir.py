@@ -18,15 +18,15 @@ Invariants that make interruption safe at any instant (Ctrl-C, SIGKILL, power lo
   and the atomic rename replaces, never duplicates, a file. Nothing is written outside `out`;
 - a save that fails part-way (a full disk) removes the files it placed and raises: the item has no
   record and runs again, and the caller stops the run (the CLI: one line, exit 1).
-The terminal belongs to the CLI: this module only returns records and counts. Exports: export.py.
+The terminal belongs to the CLI: this module only returns records (ledger.record) and counts (tally.py).
+Exports: export.py.
 """
 
 from __future__ import annotations
 
 import errno
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -37,80 +37,10 @@ from ..params import SamplingParams
 from .claims import Writer, sweep
 from .fingerprint import fingerprint, same_print
 from .folder import OutDirError, case_folding, check_name, too_long
-from .ledger import CODES, Ledger, check_log, new_run
+from .ledger import CODES, Ledger, check_log, new_run, record
+from .settings import Settings
 from .shard import in_shard
-
-
-@dataclass
-class Settings:
-    """How a manifest run synthesizes and writes.
-
-    Per-item fields override the first three: a line's `seed` its seed, and a line's `max_seconds`
-    its frame budget (`max_frames` is the budget of the lines without one).
-    """
-
-    greedy: bool = False
-    max_frames: int | None = None
-    seed: int | None = None
-    save_codes: bool = False
-    format: str = "wav"
-    retry_failed: bool = False
-    force: bool = False  # redo every item, done ones included (each file is replaced atomically)
-    retry_runaway: int = 0
-    loudness: float | None = None  # target LUFS, None = leave levels alone
-    split_chars: int | None = None  # long-text threshold (None: text_split's default; 0: never split)
-    official_tokenizer: bool = False  # what the engine tokenizes with (load's flag): in the fingerprint
-
-    def splitter(self):
-        """The pipeline's `split(text, language)` for these settings."""
-        from ..text.split import split_text
-
-        if self.split_chars == 0:
-            return lambda text, language: [text]
-        return lambda text, language: split_text(text, max_chars=self.split_chars, language=language)
-
-
-SHOWN_ERRORS = 20  # failures listed in the closing summary
-
-
-@dataclass
-class Tally:
-    """Counts for the progress bar and the closing summary."""
-
-    done: int = 0
-    failed: int = 0
-    skipped: int = 0  # not run: done earlier, or failed earlier (below)
-    earlier_failed: int = 0  # skipped because an earlier run failed them (no audio; --retry-failed runs them)
-    changed: int = 0  # recorded again because the line or the options changed since their record, or their file
-    damaged: int = 0  # of `changed`: those whose line and options had not changed, but their file was damaged or gone
-    others: int = 0  # recorded by another writer of the same directory during this run (not run here)
-    seconds: float = 0.0  # audio written in this run
-    errors: list = field(default_factory=list)  # (id, message) of the first SHOWN_ERRORS failures
-    started: float = field(default_factory=time.time)
-    # done, changed, seconds and failures are counted on the run's saver thread (batch/run.py), the rest on
-    # its main thread; failures on both (bad lines are recorded as the manifest is read).
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def rerun(self, damaged: bool) -> None:
-        """One item recorded again over its earlier record: its line or the options changed, or (`damaged`) they
-        had not, but its file was damaged or gone. Every path's counts go through here (`Batch.save`, and the
-        `--ray` command for the rows its actors return), so their summaries agree."""
-        self.changed += 1
-        self.damaged += damaged
-
-    def fail(self, item_id: str, message: str) -> None:
-        with self.lock:
-            self.failed += 1
-            if len(self.errors) < SHOWN_ERRORS:  # the rest are in results.jsonl; memory stays flat
-                self.errors.append((item_id, message))
-
-    @property
-    def wall(self) -> float:
-        return time.time() - self.started
-
-    @property
-    def realtime(self) -> float:
-        return self.seconds / self.wall if self.wall > 0 else 0.0
+from .tally import Tally
 
 
 RETRY_EVERY = 0.2  # seconds between looks at items another writer holds
@@ -491,16 +421,6 @@ class Batch:
 
 def deaths_text(count: int) -> str:
     return {1: "once", 2: "twice"}.get(count, f"{count} times")
-
-
-def record(item_id, status, path=None, seconds=None, samples=None, frames=None, finish_reason=None, seed=None,
-           seeds=None, error=None, attempts=None, pieces=None, timings=None, fingerprint=None, codes=None,
-           run=None) -> dict:
-    """One results.jsonl line (the same keys for every status; docs/outputs.md describes them)."""
-    return {"id": item_id, "status": status, "path": path, "seconds": seconds, "samples": samples,
-            "frames": frames, "finish_reason": finish_reason or ("error" if status == "error" else None),
-            "seed": seed, "seeds": seeds, "error": error, "attempts": attempts, "pieces": pieces,
-            "timings": timings, "fingerprint": fingerprint, "codes": codes, "run": run}
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

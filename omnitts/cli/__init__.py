@@ -159,7 +159,8 @@ def synth(
     from ..batch.ledger import NAME as LEDGER_NAME, new_run
     from ..batch.manifest import BadLine, column_map, iter_manifest
     from ..batch.folder import case_folding, check_out
-    from ..batch.outdir import Batch, Settings
+    from ..batch.outdir import Batch
+    from ..batch.settings import Settings
     from ..batch.shard import in_shard, parse_shard
     from ..batch.sources import check_rereadable, state
     from ..voice import checkpoint_identity
