@@ -12,7 +12,7 @@
     PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
 
 Every key is optional: what a recipe leaves out stays with the command-line flag or the built-in
-default. Unknown keys and wrong types raise `RecipeError` naming the file and key. `[env]` holds
+default. Names (device, dtype, codec_dtype) are read in any case, as the flags read them. Unknown keys and wrong types raise `RecipeError` naming the file and key. `[env]` holds
 environment variables (allocator settings) that must be set before torch / torch_npu initialise
 the device; `apply_env` sets them without overriding variables the user already exported.
 This module knows nothing about torch.
@@ -82,6 +82,10 @@ class Recipe:
 
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
+        for name, choices in _CHOICES.items():  # `dtype = "FLOAT32"` means float32, as `--dtype FLOAT32` does
+            value = getattr(self, name)
+            if isinstance(value, str) and value.strip().lower() in choices:
+                setattr(self, name, value.strip().lower())  # (one that is no choice is named as written)
         for name in _KINDS:
             if problem := option_problem(name, getattr(self, name)):
                 raise RecipeError(f"{where}: {name}: {problem[1]}")

@@ -78,6 +78,28 @@ def test_bad_values_name_the_key(tmp_path, text, message):
     assert message in str(err.value)
 
 
+def test_names_are_read_in_any_case_as_the_flags_read_them(ckpt_dir, tmp_path, recorded_load):
+    """`dtype = "FLOAT32"` was refused ("'FLOAT32' is not one of ...") while `--dtype FLOAT32` was taken: each
+    name a recipe sets is read as the flag reads it (any case, spaces around it dropped), and the engine gets
+    exactly what the lower-case recipe gives; a name that is no choice is still refused, named as written."""
+    upper = _recipe(tmp_path, 'device = "CPU"\ndtype = " Float32 "\ncodec_dtype = "BFLOAT16"\n')
+    recipe = load_recipe(upper)
+    assert (recipe.device, recipe.dtype, recipe.codec_dtype) == ("cpu", "float32", "bfloat16")
+    _synth(ckpt_dir, tmp_path, "--recipe", str(upper))
+    lower = tmp_path / "lower.toml"
+    lower.write_text('device = "cpu"\ndtype = "float32"\ncodec_dtype = "bfloat16"\n')
+    _synth(ckpt_dir, tmp_path, "--recipe", str(lower))
+    picked = [{k: kwargs.get(k) for k in ("device", "dtype", "codec_dtype")} for kwargs, _ in recorded_load]
+    assert picked == [dict(device="cpu", dtype="float32", codec_dtype="bfloat16")] * 2, picked
+    for text, message in (('dtype = "Float64"', "dtype: 'Float64' is not one of auto, float32, bfloat16, float16"),
+                          ('device = "TPU"', "device: 'TPU' is not one of cpu, cuda, npu"),
+                          ('codec_dtype = "FLOAT16"', "codec_dtype: 'FLOAT16' is not one of float32, bfloat16")):
+        path = _recipe(tmp_path, text + "\n")
+        with pytest.raises(RecipeError) as err:
+            load_recipe(path)
+        assert str(err.value) == f"{path}: {message}", err.value
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(RecipeError, match="nope.toml: cannot read recipe"):
         load_recipe(tmp_path / "nope.toml")

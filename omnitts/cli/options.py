@@ -98,7 +98,7 @@ TextSeed = Annotated[Optional[int], option("--seed", panel=DECODING, metavar="N"
                                            help="Seed of --text (64-bit; the line printed gives the one drawn).")]
 def _folded(value: str | None) -> str | None:
     """A name option's callback: `--device CUDA`, `--dtype BFloat16` mean their lower-case names, as `--format WAV`
-    means wav (the names are all lower case; a recipe's values are checked as written)."""
+    means wav (the names are all lower case; a recipe's values are folded alike, by `Recipe`)."""
     return None if value is None else value.strip().lower()
 
 
