@@ -269,6 +269,64 @@ def test_base_checkpoint_accepts_a_voice_file_and_wants_ref_text(ckpt_dir, tmp_p
     assert spk.message.startswith(f"{path}:3: speaker: this base checkpoint has no preset speakers")
 
 
+def _icl_voice_file(path, ckpt, ref_text="A saved transcript."):
+    """A saved in-context voice for checkpoint `ckpt` (a few reference frames of code 0), no model needed."""
+    import torch
+
+    from omnitts.request import Voice
+    from omnitts.voice import checkpoint_identity, save_voice
+
+    cfg = load_config(ckpt)
+    voice = Voice(x_vector=torch.ones(cfg.talker.hidden_size), ref_codes=torch.zeros(5, cfg.talker.num_code_groups,
+                                                                                       dtype=torch.long),
+                  ref_text=ref_text, checkpoint=checkpoint_identity(ckpt))
+    return save_voice(voice, path)
+
+
+def test_an_empty_ref_text_is_no_transcript_as_an_absent_one_is_wherever_it_is_given(ckpt_dir, tmp_path, ref_wav):
+    """`"ref_text": ""` beside a saved voice is taken as if absent, as an empty ref_text is everywhere: beside an
+    inline clip (in context: "required", the absent one's error; x_vector_only: not used), on another kind, by
+    `resolve` (the API's check) and in a table, whose empty cell is absent. A table gives a ref_text column a cell on
+    every row, so refusing "" beside a voice would refuse a mixed table's voice rows while its CSV form passed."""
+    from omnitts.request import Request
+    from omnitts.text.prompt import resolve
+
+    _folder(tmp_path, ref_wav)
+    base, custom = ckpt_dir("base"), ckpt_dir("custom_voice")
+    _voice_file(tmp_path / "xv.safetensors", base)
+    _icl_voice_file(tmp_path / "icl.safetensors", base)
+    rows = [({"text": "Saved icl voice.", "voice": "icl.safetensors"}, base),
+            ({"text": "Saved x-vector voice.", "voice": "xv.safetensors"}, base),
+            ({"text": "Inline in context.", "ref_audio": "refs/r.wav"}, base),
+            ({"text": "Inline x-vector only.", "ref_audio": "refs/r.wav", "x_vector_only": True}, base),
+            ({"text": "Another kind.", "speaker": "ryan"}, custom)]
+
+    def verdicts(extra, suffix=".jsonl"):
+        out = []
+        for i, (row, ckpt) in enumerate(rows):
+            path = tmp_path / f"m{i}{suffix}"
+            line = {"id": "a", **row, **extra}
+            if suffix == ".csv":
+                path.write_text(",".join(line) + "\n" + ",".join(str(v).lower() if isinstance(v, bool) else v
+                                                                for v in line.values()) + "\n", encoding="utf-8")
+            else:
+                path.write_text(_line(line) + "\n", encoding="utf-8")
+            (got,) = iter_manifest(path, load_config(ckpt))
+            out.append("good" if isinstance(got, Item) else got.message.removeprefix(f"{path}:").split(": ", 1)[1])
+        return out
+
+    absent = verdicts({})
+    assert absent == ["good", "good", "ref_text: required for in-context cloning; give the reference transcript or "
+                      "set x_vector_only", "good", "good"], absent
+    assert verdicts({"ref_text": ""}) == absent
+    assert verdicts({"ref_text": " \u200b"}) == absent  # a text of no words is empty (README)
+    assert verdicts({"ref_text": ""}, ".csv") == absent  # an empty cell is absent
+    resolve(load_config(base), Request("Hi.", voice=tmp_path / "icl.safetensors", ref_text=""))  # the API: taken
+    said = verdicts({"ref_text": "Other words."})[:2]  # a transcript beside a saved voice would be ignored: said
+    assert all(m.endswith("ref_text: a saved voice keeps the mode and transcript it was saved with; remove ref_text "
+                          "(or clone from ref_audio)") for m in said), said
+
+
 def test_validate_checks_saved_voices_against_the_checkpoint(ckpt_dir, tmp_path):
     """What synth would refuse at synthesis (a voice made with another checkpoint, shapes that do not
     fit, a file that is not a voice) is a bad line for validate, and for synth before the model loads."""
