@@ -237,6 +237,17 @@ def _is_audio(path: Path) -> bool:
     return head.startswith(_AUDIO_MAGIC)
 
 
+def saved_mode(path) -> str | None:
+    """The mode ("icl" or "x_vector_only") voice file `path` was saved in, from its header's metadata alone (no
+    tensor is read); None where it is no readable voice file (`load_voice` says what is wrong with it)."""
+    try:
+        with open(path, "rb") as handle:
+            meta = json.loads(header_bytes(handle)).get("__metadata__") or {}
+        return meta["mode"] if meta.get("format") == FORMAT and meta.get("mode") in MODES else None
+    except (OSError, ValueError, AttributeError, TypeError):  # unreadable, no JSON, JSON that is no object
+        return None
+
+
 def load_voice(path) -> tuple[Voice, dict]:
     """Read a voice file -> (Voice, its metadata). Raises VoiceError naming the file if it is not one.
 

@@ -5,7 +5,8 @@ The primary form is JSONL, one JSON object per line (blank lines are skipped):
 CSV/TSV (a header line), Parquet, Arrow and folders saved with `datasets.Dataset.save_to_disk` work
 too (readers in sources.py). Fields: id, text, language, speaker, instruct, ref_audio, ref_text,
 x_vector_only, non_streaming, seed, max_seconds, voice (a saved .safetensors voice; only its path is
-checked here) and the per-item sampling overrides temperature, top_k, top_p, repetition_penalty.
+checked here, and its mode where a line's x_vector_only is false) and the per-item sampling overrides
+temperature, top_k, top_p, repetition_penalty.
 Relative `ref_audio` / `voice` paths resolve against the manifest's folder.
 
 Columns (JSON keys) name fields directly, or through `columns={field: column}`. In tables, other
@@ -151,6 +152,11 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
             raise RequestError(f"voice: {'not a file' if voice.exists() else 'file not found'}: {voice}")
         if voice.suffix.lower() != ".safetensors":
             raise RequestError(f"voice: {voice} is not a .safetensors voice file (save one with voice-clone --save)")
+        if obj.get("x_vector_only") is False and _voice_mode(voice) == "x_vector_only":  # (true: `resolve` says it)
+            raise RequestError(f"x_vector_only: false asks for in-context cloning, which voice {voice} cannot do: it "
+                               "was saved x-vector only (it holds no reference codes), and a saved voice keeps the "
+                               "mode it was saved with; remove x_vector_only (or clone in context from ref_audio + "
+                               "ref_text)")
     request = Request(text=obj["text"], language=obj.get("language") or "auto",
                       speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
                       ref_text=obj.get("ref_text"), x_vector_only=bool(obj.get("x_vector_only", False)),
@@ -203,6 +209,19 @@ def _path(value: str | None, base: Path) -> Path | None:
         return None
     path = user_path(value)  # "~/v.safetensors" is in the home folder, as the API takes it
     return path if path.is_absolute() else base / path
+
+
+def _voice_mode(path: Path) -> str | None:
+    """The mode voice file `path` was saved in (`voice.saved_mode`), its header read once per file version."""
+    stat = path.stat()
+    return _saved_mode(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=4096)  # as _header_problem: many lines name one voice
+def _saved_mode(path: str, mtime_ns: int, size: int) -> str | None:
+    from ..voice import saved_mode
+
+    return saved_mode(path)
 
 
 def _audio_problem(path: str, icl: bool = True) -> str | None:
