@@ -436,33 +436,65 @@ def test_a_piece_too_long_for_the_talkers_positions_is_a_bad_line_in_validate_an
     assert split.exit_code == 0, split.output
 
 
-def test_a_saved_voices_reference_frames_count_toward_the_positions_and_an_inline_clips_count_as_none(
-        ckpt_dir, ref_wav, tmp_path):
-    # A saved voice holds its reference codes: validate counts them as the engine will. An inline clip is not
-    # encoded before the run, so its frames count as none and the message says "at least".
+def test_reference_frames_count_toward_the_positions_exactly_saved_or_inline(ckpt_dir, ref_wav, tmp_path):
+    # A saved voice holds its reference codes: validate counts them as the engine will. An inline clip's frames
+    # were counted as none ("at least 178" where the prompt needed 201): its samples, as the manifest check reads
+    # them, give the frames the codec encodes exactly (resampled as load_reference resamples), so a line cloning
+    # from a clip is told the engine's count, at the budget that starts not to fit, as a saved voice's line is.
+    import numpy as np
+    import soundfile as sf
+
     model = _short_talker(ckpt_dir("base"), tmp_path / "ckpt", 200)
     tts = omnitts.load(model, dtype="float32")
     ref_text = "A reference transcript of a few words."
     voice_path = tts.clone_voice(ref_wav, ref_text).save(tmp_path / "v.safetensors")
+    odd = tmp_path / "odd.flac"  # 16 kHz mono, a length no frame divides
+    sf.write(odd, 0.3 * np.sin(np.arange(19753) / 7.0), 16000)
     text = " ".join(["hello world this is a test sentence."] * 5)
-    prompt = tts.prepare(Request(text, voice=voice_path, non_streaming=True))
-    frames = tts.load_voice(voice_path).ref_codes.shape[0]
-    budget = 200 - prompt.embeds.shape[0]  # one frame too many for the saved voice
-    assert frames < budget
     manifest = tmp_path / "m.jsonl"
-    lines = [{"id": "saved", "text": text, "voice": str(voice_path), "non_streaming": True},
-             {"id": "inline", "text": text, "ref_audio": str(ref_wav), "ref_text": ref_text, "non_streaming": True}]
-    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    checked = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0",
-                                  "--max-frames", str(budget)])
-    assert checked.output.splitlines() == [
-        f"{manifest}:1: text: the prompt and its frame budget need 201 talker positions, over the model's 200; "
-        "split the text or lower --max-frames", f"{manifest}: 1 good, 1 bad"], checked.output
-    inline = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0",
-                                 "--max-frames", str(budget + frames)])
-    assert inline.output.splitlines()[1] == (
-        f"{manifest}:2: text: the prompt and its frame budget need at least 201 talker positions, over the "
-        "model's 200; split the text or lower --max-frames"), inline.output
+    for ref, name in ((voice_path, "voice"), (ref_wav, "ref_audio"), (odd, "ref_audio")):
+        given = {"voice": str(ref)} if name == "voice" else {"ref_audio": str(ref), "ref_text": ref_text}
+        request = Request(text, voice=ref, non_streaming=True) if name == "voice" else Request(
+            text, ref_audio=ref, ref_text=ref_text, non_streaming=True)
+        budget = 200 - tts.prepare(request).embeds.shape[0]  # one frame too many, as the engine counts
+        manifest.write_text(json.dumps({"id": "a", "text": text, "non_streaming": True, **given}) + "\n")
+        over = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0",
+                                   "--max-frames", str(budget)])
+        assert over.output.splitlines() == [
+            f"{manifest}:1: text: the prompt and its frame budget need 201 talker positions, over the model's 200; "
+            "split the text or lower --max-frames", f"{manifest}: 0 good, 1 bad"], (ref, over.output)
+        fits = runner.invoke(app, ["validate", str(manifest), "-m", str(model), "--split-chars", "0",
+                                   "--max-frames", str(budget - 1)])
+        assert fits.exit_code == 0, (ref, fits.output)
+
+
+def test_a_clips_frames_counted_from_its_samples_are_the_frames_the_codec_encodes(tts_factory, tmp_path):
+    # validate's count (clips.reference_length -> io.audio.resampled_length -> codec_encoder.code_frames) against
+    # the real path (load_reference, then the codec encoder) at rates that resample and lengths around a frame.
+    import numpy as np
+    import soundfile as sf
+
+    from omnitts.batch.clips import reference_length
+    from omnitts.batch.manifest import _audio_problem
+    from omnitts.io.audio import load_reference, resampled_length
+    from omnitts.models.codec_encoder import code_frames
+
+    tts = tts_factory("base")
+    codec = tts.ckpt.config.codec
+    cases = [(24000, 1920 * 7 - 1), (24000, 1920 * 7), (24000, 1920 * 7 + 1), (22050, 26461), (16000, 8000),
+             (44100, 61003), (48000, 24001), (11025, 5513), (8000, 12345), (32000, 40000)]
+    for rate, samples in cases:
+        for ext in ("wav", "flac", "ogg"):
+            path = tmp_path / f"c{rate}-{samples}.{ext}"
+            noise = np.random.default_rng(samples).standard_normal(samples) * 0.01
+            sf.write(path, (0.3 * np.sin(np.arange(samples) / 5.0) + noise).astype(np.float32), rate)
+            assert _audio_problem(str(path)) is None
+            counted, read_rate, whole = reference_length(path)
+            assert (counted, read_rate, whole) == (samples, rate, True), (path, counted)
+            wav = load_reference(path, codec.input_sample_rate)
+            assert len(wav) == resampled_length(samples, rate, codec.input_sample_rate), path
+            encoded = tts.ckpt.codec_encoder.encode(wav).shape[0]
+            assert code_frames(resampled_length(samples, rate, codec.input_sample_rate), codec) == encoded, path
 
 
 def test_a_short_text_is_counted_as_the_pieces_synth_splits_it_into(ckpt_dir, tmp_path):

@@ -6,9 +6,9 @@ short for its pieces, names a saved voice that is not this checkpoint's, or has 
 frame budget need more talker positions than the model has. validate and synth's pass 1 (and the Ray
 stage) run the same checks, so they agree on what a bad line is.
 
-It reads configs, saved voices and, only for a piece long enough to be in doubt, the text tokenizer; it
-never loads weights. It does not parse lines (manifest.py) or know the device's memory (the engine plans
-that when it runs).
+It reads configs, saved voices and, only for a piece long enough to be in doubt, the text tokenizer; an inline
+clip's frames come from the samples the manifest check read of it. It never loads weights. It does not parse
+lines (manifest.py) or know the device's memory (the engine plans that when it runs).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..params import SamplingParams, frames_in, share_frames, share_problem
 from ..text import no_transcript
 from ..text.prompt import longest_part, positions_problem, prompt_length, resolve
 from ..text.split import MAX_PIECES, pieces_problem, split_text
+from .clips import reference_length
 
 
 def _placeholder_voice():
@@ -121,13 +122,15 @@ class LineChecker:
         """RequestError if a piece's prompt and frame budget need more talker positions than the model has, as
         the engine would say when the piece came to run (`pieces`: the request's, None where not split yet).
         Only a line long enough to be in doubt is split and tokenized: a token is a UTF-8 byte at least, four
-        per character at most, and no piece is longer than its text. A reference clip's frames are not known
-        before it is encoded: they count as none here (the engine still refuses what this lets through)."""
+        per character at most, and no piece is longer than its text. An inline reference clip's frames are
+        counted from the samples the manifest check read (`_clip_frames`), exactly as the codec will encode it."""
         limit = self.cfg.talker.max_position_embeddings
         voice = item.voice_path is not None or request.ref_audio is not None  # a Base line (resolve saw one)
         icl = reference is not None or (item.voice_path is None and voice and not request.x_vector_only)
         ref_text = reference[0] if reference is not None else request.ref_text
-        ref_frames = reference[1] if reference is not None else 0
+        ref_frames, exact = reference[1] if reference is not None else 0, True
+        if icl and reference is None:  # an inline clip, to be encoded as the line runs
+            ref_frames, exact = self._clip_frames(Path(request.ref_audio))
         instruct = request.instruct or ""
         explicit = frames_in(request.max_seconds) if request.max_seconds is not None else self.max_frames
         cap = self.params.frame_cap
@@ -160,9 +163,24 @@ class LineChecker:
             lower = ("lower max_seconds" if request.max_seconds is not None else "lower --max-frames"
                      if explicit is not None else "give it a smaller budget (max_seconds)")
             piece = f"piece {index + 1} of {len(pieces)}: " if len(pieces) > 1 else ""
-            at_least = "at least " if icl and reference is None else ""  # the clip's frames come on top
+            at_least = "" if exact else "at least "  # more of the clip's frames come on top
             raise RequestError(positions_problem(longest_part(tokens, instruct_tokens), f"{at_least}{positions}",
                                                  limit, lower, piece))
+
+    def _clip_frames(self, path: Path) -> tuple[int, bool]:
+        """(the reference frames clip `path` encodes to, whether that is exact): its samples as synthesis reads
+        them (`clips.reference_length`: counted by the manifest check's read of it, no second read),
+        resampled to the codec's rate as `load_reference` resamples them, one frame per hop begun
+        (`code_frames`). (0, False) for a clip that cannot be read now (the run says what is wrong with it)."""
+        from ..io.audio import resampled_length
+        from ..models.codec_encoder import code_frames
+
+        length = reference_length(path)
+        if length is None:
+            return 0, False
+        samples, rate, whole = length
+        codec = self.cfg.codec
+        return code_frames(resampled_length(samples, rate, codec.input_sample_rate), codec), whole
 
     def _text_tokenizer(self):
         if self._tokenizer is None:

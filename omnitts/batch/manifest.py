@@ -35,6 +35,7 @@ from ..request import Request
 from ..text import empty_text
 from ..text.prompt import check_reference_paths, not_text
 from .checker import LineChecker
+from .clips import read_reference
 from .sources import JsonlSource, open_source
 
 NUMBER = (int, float)
@@ -217,7 +218,7 @@ def _voice_mode(path: Path) -> str | None:
     return _saved_mode(str(path), stat.st_mtime_ns, stat.st_size)
 
 
-@lru_cache(maxsize=4096)  # as _header_problem: many lines name one voice
+@lru_cache(maxsize=4096)  # as clips.read_reference: many lines name one voice
 def _saved_mode(path: str, mtime_ns: int, size: int) -> str | None:
     from ..voice import saved_mode
 
@@ -232,33 +233,7 @@ def _audio_problem(path: str, icl: bool = True) -> str | None:
     if not Path(path).is_file():
         return f"{not_a_file(Path(path)).removeprefix('is ')}: {path}"
     stat = Path(path).stat()
-    return _header_problem(path, stat.st_mtime_ns, stat.st_size, icl)
-
-
-@lru_cache(maxsize=4096)  # manifests often reuse one reference clip on many lines
-def _header_problem(path: str, mtime_ns: int, size: int, icl: bool) -> str | None:
-    import soundfile as sf
-
-    from ..errors import AudioError
-    from ..io.audio import MAX_REFERENCE_SECONDS, MIN_REFERENCE_SECONDS, check_samples, mono
-
-    try:
-        info = sf.info(path)
-    except Exception as exc:  # soundfile raises LibsndfileError, RuntimeError, ... for unreadable files
-        return f"cannot read audio {path} ({str(exc).strip() or type(exc).__name__})"
-    if info.duration < MIN_REFERENCE_SECONDS:
-        return f"{path} is {info.duration:.2f} s long; at least {MIN_REFERENCE_SECONDS} s is needed"
-    if icl and info.duration > MAX_REFERENCE_SECONDS:
-        return (f"{path} is {info.duration:.1f} s long; in-context cloning takes at most {MAX_REFERENCE_SECONDS:g} s "
-                "(trim the clip and its ref_text, or set x_vector_only)")
-    try:  # the samples synthesis uses (at most 30 s), checked as it checks them (silent, NaN)
-        wav, _ = sf.read(path, frames=int(MAX_REFERENCE_SECONDS * info.samplerate), dtype="float32", always_2d=True)
-        check_samples(mono(wav, 1, path), path)
-    except AudioError as exc:
-        return str(exc)
-    except Exception as exc:  # noqa: BLE001 - as sf.info above: the file is what matters
-        return f"cannot read audio {path} ({str(exc).strip() or type(exc).__name__})"
-    return None
+    return read_reference(path, stat.st_mtime_ns, stat.st_size, icl)[0]
 
 
 def _from_text(row: dict) -> dict:

@@ -113,6 +113,12 @@ def load_reference(source, target_sr: int, truncate: bool = False) -> np.ndarray
     return wav.astype(np.float32)
 
 
+def resampled_length(samples: int, orig_sr: int, target_sr: int) -> int:
+    """The samples `load_reference` gives for `samples` samples read at `orig_sr`, resampled to `target_sr`:
+    librosa.resample fixes the length to ceil(samples * target_sr / orig_sr), computed as it computes it."""
+    return samples if orig_sr == target_sr else int(np.ceil(samples * (float(target_sr) / orig_sr)))
+
+
 def _caller_level() -> int:
     """The `stacklevel` of the nearest frame outside omnitts (and torch's decorator around its methods), for a
     warning of `load_reference`: it then names the user's call (`clone_voice`, `synthesize`, ...), not a line of

@@ -57,6 +57,12 @@ def published_layout(mimi: nn.Module) -> nn.Module:
     return view
 
 
+def code_frames(samples: int, cfg: CodecConfig) -> int:
+    """The frames `CodecEncoder.encode` gives for `samples` samples at the codec's input rate: one per
+    `encode_downsample_rate` samples begun (its codes are cut to that). validate counts a clip's frames by it."""
+    return math.ceil(samples / cfg.encode_downsample_rate)
+
+
 class CodecEncoder(nn.Module):
     def __init__(self, cfg: CodecConfig):
         super().__init__()
@@ -73,5 +79,5 @@ class CodecEncoder(nn.Module):
         weight = next(self.mimi.parameters())
         x = torch.from_numpy(np.asarray(wav, dtype=np.float32))[None, None].to(weight.device, weight.dtype)
         codes = self.mimi.encode(x, return_dict=True).audio_codes  # (1, n_q, frames)
-        frames = math.ceil(x.shape[-1] / self.cfg.encode_downsample_rate)
+        frames = code_frames(x.shape[-1], self.cfg)
         return codes[0, : self.cfg.encoder_valid_num_quantizers, :frames].transpose(0, 1).long().cpu()
