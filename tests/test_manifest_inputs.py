@@ -258,10 +258,11 @@ def test_base_checkpoint_accepts_a_voice_file_and_wants_ref_text(ckpt_dir, tmp_p
     path.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
     voice, icl, spk, vtext, vxvec, vempty = iter_manifest(path, load_config(ckpt_dir("base")))
     # A saved voice's mode and transcript are fixed when it is saved: a field that would change them is said,
-    # not ignored (an empty ref_text says nothing; x_vector_only false: test_x_vector_only_false_beside_...).
+    # not ignored (an empty ref_text says nothing; an x_vector_only that agrees with the voice's mode says nothing
+    # either, one that does not is a bad line: test_x_vector_only_beside_a_voice_...).
     assert vtext.message == (f"{path}:4: ref_text: a saved voice keeps the mode and transcript it was saved with; "
                              "remove ref_text (or clone from ref_audio)")
-    assert vxvec.message.startswith(f"{path}:5: x_vector_only: a saved voice keeps the mode")
+    assert isinstance(vxvec, Item) and not vxvec.request.x_vector_only  # v.safetensors was saved x-vector only
     assert isinstance(vempty, Item)
     assert isinstance(voice, Item) and voice.voice_path == tmp_path / "v.safetensors"
     assert voice.request.voice is None and voice.sampling == {"top_k": 0}
@@ -327,11 +328,13 @@ def test_an_empty_ref_text_is_no_transcript_as_an_absent_one_is_wherever_it_is_g
                           "(or clone from ref_audio)") for m in said), said
 
 
-def test_x_vector_only_false_beside_an_x_vector_voice_is_a_bad_line_naming_the_field(ckpt_dir, tmp_path, ref_wav):
+def test_x_vector_only_beside_a_voice_is_a_bad_line_unless_it_agrees_with_the_voices_mode(ckpt_dir, tmp_path, ref_wav):
     """`"x_vector_only": false` beside a voice saved x-vector only was taken without a word, and the line ran x-vector
-    only: false asks for in-context cloning, which that voice (no reference codes) cannot do, so it is a bad line, as
-    true beside a voice is, in validate (with or without the checkpoint), tables and `TTS.stream`'s dicts alike.
-    Beside an in-context voice false agrees with it, and an absent x_vector_only says nothing: both run."""
+    only: false asks for in-context cloning, which that voice (no reference codes) cannot do, so it is a bad line,
+    as true beside an in-context voice is, in validate (with or without the checkpoint), tables and `TTS.stream`'s
+    dicts alike. A value that agrees with the voice's mode says nothing more and runs, as an absent one does (true
+    beside an x-vector voice was refused, so a table's boolean column had no value its x-vector voice rows could
+    hold)."""
     from omnitts.batch.manifest import _saved_mode
 
     _folder(tmp_path, ref_wav)
@@ -341,24 +344,32 @@ def test_x_vector_only_false_beside_an_x_vector_voice_is_a_bad_line_naming_the_f
     rows = [{"id": "xv_false", "text": "Saved voice.", "voice": "xv.safetensors", "x_vector_only": False},
             {"id": "xv_absent", "text": "Saved voice.", "voice": "xv.safetensors"},
             {"id": "icl_false", "text": "Saved voice.", "voice": "icl.safetensors", "x_vector_only": False},
-            {"id": "icl_absent", "text": "Saved voice.", "voice": "icl.safetensors"}]
-    said = (f"x_vector_only: false asks for in-context cloning, which voice {tmp_path / 'xv.safetensors'} cannot do: "
-            "it was saved x-vector only (it holds no reference codes), and a saved voice keeps the mode it was saved "
-            "with; remove x_vector_only (or clone in context from ref_audio + ref_text)")
+            {"id": "icl_absent", "text": "Saved voice.", "voice": "icl.safetensors"},
+            {"id": "xv_true", "text": "Saved voice.", "voice": "xv.safetensors", "x_vector_only": True},
+            {"id": "icl_true", "text": "Saved voice.", "voice": "icl.safetensors", "x_vector_only": True}]
+    said = (f"x_vector_only: false asks for in-context cloning, which voice {tmp_path / 'xv.safetensors'} does not "
+            "do: it was saved x-vector only (it holds no reference codes), and a saved voice keeps the mode it was "
+            "saved with; remove x_vector_only (or clone from ref_audio)")
+    said_true = (f"x_vector_only: true asks for x-vector-only cloning, which voice {tmp_path / 'icl.safetensors'} "
+                 "does not do: it was saved in context (it holds reference codes), and a saved voice keeps the mode "
+                 "it was saved with; remove x_vector_only (or clone from ref_audio)")
     jsonl, csv = tmp_path / "m.jsonl", tmp_path / "m.csv"
     jsonl.write_text("".join(_line(r) + "\n" for r in rows), encoding="utf-8")
     csv.write_text("id,text,voice,x_vector_only\n" + "".join(
         f"{r['id']},{r['text']},{r['voice']},{str(r['x_vector_only']).lower() if 'x_vector_only' in r else ''}\n"
         for r in rows), encoding="utf-8")
     _saved_mode.cache_clear()
-    for path, where in ((jsonl, f"{jsonl}:1"), (csv, f"{csv}:2")):
+    for path, first in ((jsonl, 1), (csv, 2)):
         for cfg in (load_config(base), None):  # the voice's mode is read from its file, checkpoint or not
             entries = list(iter_manifest(path, cfg))
-            assert [type(e) for e in entries] == [BadLine, Item, Item, Item], entries
-            assert entries[0].message == f"{where}: {said}"
+            assert [type(e) for e in entries] == [BadLine, Item, Item, Item, Item, BadLine], entries
+            assert entries[0].message == f"{path}:{first}: {said}"
+            assert entries[5].message == f"{path}:{first + 5}: {said_true}"
+            assert not any(e.request.x_vector_only for e in entries[1:5])  # the voice's own mode decides
     result = runner.invoke(app, ["validate", str(jsonl), "-m", str(base)])
-    assert result.exit_code == 1 and result.stdout == f"{jsonl}:1: {said}\n{jsonl}: 3 good, 1 bad\n", result.output
-    assert _saved_mode.cache_info().misses == 2  # each voice beside a false is read once (per file version)
+    assert result.exit_code == 1 and result.stdout == (f"{jsonl}:1: {said}\n{jsonl}:6: {said_true}\n"
+                                                       f"{jsonl}: 4 good, 2 bad\n"), result.output
+    assert _saved_mode.cache_info().misses == 2  # each voice beside an x_vector_only is read once (per file version)
 
 
 def test_validate_checks_saved_voices_against_the_checkpoint(ckpt_dir, tmp_path):

@@ -67,9 +67,10 @@ def test_a_saved_voice_with_a_transcript_or_x_vector_only_beside_it_is_refused(t
     np.testing.assert_array_equal(both[0].codes, alone.codes)
 
 
-def test_a_stream_dict_with_x_vector_only_false_beside_an_x_vector_voice_is_refused(tts_factory, ref_wav, tmp_path):
+def test_a_stream_dict_with_x_vector_only_beside_a_voice_runs_only_if_it_agrees_with_its_mode(tts_factory, ref_wav, tmp_path):
     """A dict is read as a manifest line is: `"x_vector_only": false` beside a voice saved x-vector only asks for
-    in-context cloning that voice cannot do (it ran x-vector only without a word); beside an in-context voice it runs."""
+    in-context cloning that voice cannot do (it ran x-vector only without a word); a value that agrees with the
+    voice's mode (false beside an in-context voice, true beside an x-vector one) runs as the voice alone does."""
     from omnitts.errors import RequestError
 
     tts = tts_factory("base")
@@ -77,10 +78,12 @@ def test_a_stream_dict_with_x_vector_only_false_beside_an_x_vector_voice_is_refu
     tts.clone_voice(ref_wav, x_vector_only=True).save(xv)
     tts.clone_voice(ref_wav, REF_TEXT).save(icl)
     with pytest.raises(RequestError, match=rf"^requests\[0\]: x_vector_only: false asks for in-context cloning, "
-                                           rf"which voice {re.escape(str(xv))} cannot do: it was saved x-vector only"):
+                                           rf"which voice {re.escape(str(xv))} does not do: it was saved x-vector only"):
         list(tts.stream([{"text": "Hi.", "voice": str(xv), "x_vector_only": False}], max_frames=2))
     (ran,) = tts.stream([{"text": "Hi.", "voice": str(icl), "x_vector_only": False}], greedy=True, max_frames=2)
     np.testing.assert_array_equal(ran.codes, tts.synthesize("Hi.", voice=icl, greedy=True, max_frames=2).codes)
+    (ran,) = tts.stream([{"text": "Hi.", "voice": str(xv), "x_vector_only": True}], greedy=True, max_frames=2)
+    np.testing.assert_array_equal(ran.codes, tts.synthesize("Hi.", voice=xv, greedy=True, max_frames=2).codes)
 
 
 def test_identity_follows_the_encoder_weights_not_the_folder(ckpt_dir, other_base, tmp_path):

@@ -5,7 +5,7 @@ The primary form is JSONL, one JSON object per line (blank lines are skipped):
 CSV/TSV (a header line), Parquet, Arrow and folders saved with `datasets.Dataset.save_to_disk` work
 too (readers in sources.py). Fields: id, text, language, speaker, instruct, ref_audio, ref_text,
 x_vector_only, non_streaming, seed, max_seconds, voice (a saved .safetensors voice; only its path is
-checked here, and its mode where a line's x_vector_only is false) and the per-item sampling overrides
+checked here, and its mode where a line gives x_vector_only) and the per-item sampling overrides
 temperature, top_k, top_p, repetition_penalty.
 Relative `ref_audio` / `voice` paths resolve against the manifest's folder.
 
@@ -153,14 +153,23 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
             raise RequestError(f"voice: {'not a file' if voice.exists() else 'file not found'}: {voice}")
         if voice.suffix.lower() != ".safetensors":
             raise RequestError(f"voice: {voice} is not a .safetensors voice file (save one with voice-clone --save)")
-        if obj.get("x_vector_only") is False and _voice_mode(voice) == "x_vector_only":  # (true: `resolve` says it)
-            raise RequestError(f"x_vector_only: false asks for in-context cloning, which voice {voice} cannot do: it "
-                               "was saved x-vector only (it holds no reference codes), and a saved voice keeps the "
-                               "mode it was saved with; remove x_vector_only (or clone in context from ref_audio + "
-                               "ref_text)")
+    x_vector_only = bool(obj.get("x_vector_only", False))
+    if voice is not None and isinstance(obj.get("x_vector_only"), bool):
+        # A saved voice keeps the mode it was saved with: a value that says that mode says nothing more (a table's
+        # boolean column has one on every row), the other asks for what the voice cannot do. One read of the
+        # file's header, per file version. (A voice file whose mode cannot be read: load_voice says why.)
+        mode = _voice_mode(voice)
+        if mode is not None and x_vector_only == (mode == "x_vector_only"):
+            x_vector_only = False
+        elif mode is not None:
+            asks, saved = (("x-vector-only cloning", "in context (it holds reference codes)") if x_vector_only
+                           else ("in-context cloning", "x-vector only (it holds no reference codes)"))
+            raise RequestError(f"x_vector_only: {str(x_vector_only).lower()} asks for {asks}, which voice {voice} "
+                               f"does not do: it was saved {saved}, and a saved voice keeps the mode it was saved "
+                               "with; remove x_vector_only (or clone from ref_audio)")
     request = Request(text=obj["text"], language=obj.get("language") or "auto",
                       speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
-                      ref_text=obj.get("ref_text"), x_vector_only=bool(obj.get("x_vector_only", False)),
+                      ref_text=obj.get("ref_text"), x_vector_only=x_vector_only,
                       non_streaming=obj.get("non_streaming"), id=item_id, max_seconds=obj.get("max_seconds"))
     sampling = {name: obj[name] for name in SAMPLING if obj.get(name) is not None}
     return Item(number, request, obj.get("seed"), voice, sampling)
