@@ -12,9 +12,10 @@
     PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"
 
 Every key is optional: what a recipe leaves out stays with the command-line flag or the built-in
-default. Names (device, dtype, codec_dtype) are read in any case, as the flags read them. Unknown keys and wrong types raise `RecipeError` naming the file and key. `[env]` holds
-environment variables (allocator settings) that must be set before torch / torch_npu initialise
-the device; `apply_env` sets them without overriding variables the user already exported.
+default. Names (device, dtype, codec_dtype) are read in any case, as the flags read them. Unknown keys
+and wrong types raise `RecipeError` naming the file and key. `[env]` holds environment variables
+(allocator settings) that must be set before torch / torch_npu initialise the device; `apply_env`
+sets them without overriding variables the user already exported.
 This module knows nothing about torch.
 """
 
