@@ -23,7 +23,7 @@ from .device import make_deterministic, out_of_memory
 from .engine import EngineConfig
 from .errors import AudioError, OmniTTSError, RequestError, VoiceError
 from .params import SamplingParams
-from .recipe import VISIBLE, device_index, option_problem, type_name
+from .recipe import VISIBLE, device_index, folded, option_problem, type_name
 from .request import Request, Voice
 from .result import Audio, Result
 from .text.prompt import Prompt
@@ -47,8 +47,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
             before calling); cuda and npu run on the process's current device (`torch.cuda.set_device`).
         dtype: auto (default: bfloat16 on cuda, on A2-class NPUs (float16 on older ones) and on CPUs
             with native bf16, AVX512-BF16 or AMX; float32 elsewhere), float32, bfloat16 or float16 for
-            the language models, by name or as the torch dtype (torch.bfloat16). Parity
-            with the official package is judged in float32.
+            the language models, by name (in any case, as the flags read them) or as the torch dtype
+            (torch.bfloat16). Parity with the official package is judged in float32.
         official_tokenizer: reproduce the official package's token ids (see tokenizer.py).
         max_batch: how many requests decode together at most.
         eager: no graph capture on cuda/npu (also OMNITTS_EAGER=1).
@@ -82,6 +82,8 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
         raise TypeError(f"official_tokenizer: expected true or false, got {type_name(type(official_tokenizer), True)}")
     # torch.bfloat16 -> "bfloat16" (as a torch.device is taken as its name below), then checked as that name is
     dtype, codec_dtype = (str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v for v in (dtype, codec_dtype))
+    # "FLOAT32", " cpu " mean float32, cpu, as --dtype FLOAT32 and a recipe's dtype = "FLOAT32" do
+    dtype, codec_dtype = folded("dtype", dtype), folded("codec_dtype", codec_dtype)
     for name, value in (("dtype", dtype), ("codec_dtype", codec_dtype), ("max_batch", max_batch), ("eager", eager),
                         ("deterministic", deterministic),
                         ("graph_buckets", graph_buckets), ("span_buckets", span_buckets),
@@ -92,6 +94,7 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     check_deterministic(deterministic, graph_buckets)  # before the checkpoint loads, as `TTS` would after
     if isinstance(device, torch.device):  # torch.device("cuda", 1) -> "cuda:1", checked as that name is
         device = str(device)
+    device = folded("device", device)
     if deterministic:
         if device == "npu":
             raise OmniTTSError("deterministic: not available on npu (cuda has it; the cpu is always deterministic)")

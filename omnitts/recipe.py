@@ -83,10 +83,8 @@ class Recipe:
 
     def __post_init__(self):
         where = f"{self.path or 'recipe'}"
-        for name, choices in _CHOICES.items():  # `dtype = "FLOAT32"` means float32, as `--dtype FLOAT32` does
-            value = getattr(self, name)
-            if isinstance(value, str) and value.strip().lower() in choices:
-                setattr(self, name, value.strip().lower())  # (one that is no choice is named as written)
+        for name in _CHOICES:  # `dtype = "FLOAT32"` means float32, as `--dtype FLOAT32` does
+            setattr(self, name, folded(name, getattr(self, name)))
         for name in _KINDS:
             if problem := option_problem(name, getattr(self, name)):
                 raise RecipeError(f"{where}: {name}: {problem[1]}")
@@ -115,6 +113,15 @@ _CHOICES = {"device": DEVICES, "dtype": DTYPES, "codec_dtype": CODEC_DTYPES}
 _SIZES = {"graph_buckets": "batch sizes", "span_buckets": "position counts"}
 
 
+def folded(name: str, value):
+    """Engine option `name`'s value as its lower-case name where, folded, it is one (" Float32 " -> "float32",
+    "CUDA:1" -> "cuda:1", as the flags read them); anything else as given, to be refused as written."""
+    if not isinstance(value, str):
+        return value
+    name_of = value.strip().lower()
+    return name_of if name_of in _CHOICES[name] or (name == "device" and device_index(name_of)) else value
+
+
 def option_problem(name: str, value) -> tuple[type[Exception], str] | None:
     """What is wrong with engine option `name` set to `value`, as (TypeError or ValueError, message without
     the name), or None: nothing (None itself means "not set"). One rule for recipes and `omnitts.load`.
@@ -128,6 +135,10 @@ def option_problem(name: str, value) -> tuple[type[Exception], str] | None:
         fits = isinstance(value, (list, tuple) if kind is list else kind)
     if not fits:
         return TypeError, f"expected {type_name(kind)}, got {type_name(type(value), given=True)}"
+    if name == "device" and (one := device_index(value)):  # torch's name of one device, as --device cuda:0
+        kind, index = one
+        return ValueError, (f"{value!r}: give the kind, {kind!r}; to run on device {index}: --devices {value}, or "
+                            f"{VISIBLE[kind]}={index} before the command")
     if name in _CHOICES and value not in _CHOICES[name]:
         return ValueError, f"{value!r} is not one of {', '.join(_CHOICES[name])}"
     if kind is int and value < 1:

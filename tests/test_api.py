@@ -730,6 +730,24 @@ def test_load_takes_torch_dtypes_as_their_names(ckpt_dir):
     assert tts.synthesize("Hi.", speaker="ryan", max_frames=2).frames == 2
 
 
+def test_load_reads_names_in_any_case_as_the_flags_and_recipes_do(ckpt_dir, monkeypatch):
+    """`load(dtype="FLOAT32")` was refused ("'FLOAT32' is not one of ...") while `--dtype FLOAT32` and a recipe's
+    `dtype = "FLOAT32"` were taken: device, dtype and codec dtype are read in any case, spaces around them dropped;
+    a name that is no choice is still refused, named as written."""
+    import torch
+
+    tts = omnitts.load(ckpt_dir("custom_voice"), device=" CPU", dtype="FLOAT32", codec_dtype="BFloat16 ")
+    assert repr(tts).endswith(", custom_voice, cpu, float32, codec bfloat16, max_batch=8)"), repr(tts)
+    assert tts.ckpt.model.talker.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"^dtype: 'Float64' is not one of auto, float32, bfloat16, float16$"):
+        omnitts.load(ckpt_dir("custom_voice"), dtype="Float64")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(omnitts.OmniTTSError, match=r"^device 'cuda': no CUDA device is visible to torch"):
+        omnitts.load(ckpt_dir("custom_voice"), device="CUDA")
+    with pytest.raises(omnitts.OmniTTSError, match=r"^device 'cuda:1': give the kind, 'cuda'"):
+        omnitts.load(ckpt_dir("custom_voice"), device="CUDA:1")
+
+
 def test_load_takes_a_torch_device_as_its_name(ckpt_dir, monkeypatch):
     """`load(device=torch.device("cpu"))` was refused with "device device(type='cpu'): choose cpu, cuda or npu",
     naming the device it was given as one to choose; a torch.device is taken as the name it stands for."""

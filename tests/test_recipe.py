@@ -55,6 +55,11 @@ def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
     ("codec_chunk_frames = 2.5", "codec_chunk_frames: expected an integer, got a number"),
     ('eager = "yes"', "eager: expected true or false, got a string"),
     ('device = "tpu"', "device: 'tpu' is not one of cpu, cuda, npu"),
+    # torch's name of one device gets the hint `--device cuda:0` gets (it was "not one of cpu, cuda, npu")
+    ('device = "cuda:0"', "device: 'cuda:0': give the kind, 'cuda'; to run on device 0: --devices cuda:0, or "
+                          "CUDA_VISIBLE_DEVICES=0 before the command"),
+    ('device = "NPU:3"', "device: 'npu:3': give the kind, 'npu'; to run on device 3: --devices npu:3, or "
+                         "ASCEND_RT_VISIBLE_DEVICES=3 before the command"),
     ('dtype = "int8"', "dtype: 'int8' is not one of auto, float32, bfloat16, float16"),
     ('codec_dtype = "float16"', "codec_dtype: 'float16' is not one of float32, bfloat16"),
     ("graph_buckets = 8", "graph_buckets: expected a list, got an integer"),
