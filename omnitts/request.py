@@ -19,7 +19,8 @@ class Request:
     - CustomVoice: `speaker` (required), `instruct` (1.7B only);
     - VoiceDesign: `instruct` (the voice description);
     - Base: `voice` (a `Voice`, or the path of a saved voice file), or `ref_audio` + `ref_text` (ICL) /
-      `ref_audio` + `x_vector_only=True`.
+      `ref_audio` + `x_vector_only=True`. Beside a `voice`, `ref_text` is refused (the voice keeps the
+      transcript it was saved with), and `x_vector_only=True` runs only for a voice saved x-vector only.
 
     `language` is a language name the checkpoint knows, or "auto". `non_streaming` picks the text
     mode (None = the official default: non-streaming for CustomVoice/VoiceDesign, streaming for Base).

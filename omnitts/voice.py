@@ -248,6 +248,28 @@ def saved_mode(path) -> str | None:
         return None
 
 
+def voice_mode(voice) -> str | None:
+    """The mode ("icl" or "x_vector_only") of `voice`, a Voice or a voice file's path (`saved_mode`: None where
+    the file's mode cannot be read)."""
+    if isinstance(voice, Voice):
+        return "icl" if voice.icl else "x_vector_only"
+    return saved_mode(user_path(voice))
+
+
+def mode_conflict(x_vector_only: bool, mode: str | None, named: str) -> str | None:
+    """What is wrong with `x_vector_only` given beside a saved voice of `mode` (`named`: how the message names
+    the voice), or None. A saved voice keeps the mode it was saved in: the value that says that mode says nothing
+    more (a table's boolean column has one on every row), the other asks for what the voice cannot do. None too
+    where the mode is unknown (None: `load_voice` says what is wrong with the file)."""
+    if mode is None or x_vector_only == (mode == "x_vector_only"):
+        return None
+    asks, saved = (("x-vector-only cloning", "in context (it holds reference codes)") if x_vector_only
+                   else ("in-context cloning", "x-vector only (it holds no reference codes)"))
+    return (f"x_vector_only: {str(x_vector_only).lower()} asks for {asks}, which {named} does not do: it was "
+            f"saved {saved}, and a saved voice keeps the mode it was saved with; remove x_vector_only (or clone "
+            "from ref_audio)")
+
+
 def load_voice(path) -> tuple[Voice, dict]:
     """Read a voice file -> (Voice, its metadata). Raises VoiceError naming the file if it is not one.
 

@@ -49,19 +49,36 @@ def test_saved_voice_gives_the_same_codes_as_cloning_directly(ckpt_dir, ref_wav,
     np.testing.assert_array_equal(by_path.audio, direct.audio)
 
 
-def test_a_saved_voice_with_a_transcript_or_x_vector_only_beside_it_is_refused(tts_factory, ref_wav):
-    """A saved voice's mode and transcript were fixed when it was cloned: a ref_text or x_vector_only given
-    with it would be ignored, so it is an error naming the field; cloning from ref_audio for a list of texts
-    (encoded once) takes them as ever."""
+def test_a_saved_voice_with_a_transcript_or_x_vector_only_beside_it_is_refused(tts_factory, ref_wav, tmp_path):
+    """A saved voice's mode and transcript were fixed when it was cloned: a ref_text given with it would be
+    ignored, and `x_vector_only=True` beside an in-context voice asks for what it cannot do, so each is an error
+    naming the field; `x_vector_only=True` beside an x-vector voice (a Voice or its file) agrees with its mode
+    and runs as the voice alone does, as a manifest line's true does (it was refused, keywords and Requests
+    alike); cloning from ref_audio for a list of texts (encoded once) takes them as ever."""
     from omnitts.errors import RequestError
+    from omnitts.request import Request
 
     tts = tts_factory("base")
     voice = tts.clone_voice(ref_wav, REF_TEXT)
     with pytest.raises(RequestError, match=r"^ref_text: a saved voice keeps the mode and transcript it was saved "
                                            r"with; remove ref_text \(or clone from ref_audio\)$"):
         tts.synthesize("Hi.", voice=voice, ref_text="Other words.")
-    with pytest.raises(RequestError, match=r"^x_vector_only: a saved voice keeps the mode"):
+    said = ("x_vector_only: true asks for x-vector-only cloning, which {} does not do: it was saved in context (it "
+            "holds reference codes), and a saved voice keeps the mode it was saved with; remove x_vector_only (or "
+            "clone from ref_audio)")
+    with pytest.raises(RequestError, match=f"^{re.escape(said.format('the voice'))}$"):
         tts.synthesize("Hi.", voice=voice, x_vector_only=True)
+    icl_file = voice.save(tmp_path / "icl.safetensors")
+    with pytest.raises(RequestError, match=f"^requests\\[0\\] \\(id '0'\\): {re.escape(said.format(f'voice {icl_file}'))}$"):
+        list(tts.stream([Request("Hi.", voice=icl_file, x_vector_only=True)], max_frames=2))
+    xv = tts.clone_voice(ref_wav, x_vector_only=True)
+    xv_file = xv.save(tmp_path / "xv.safetensors")
+    alone = tts.synthesize("Hi.", voice=xv, greedy=True, max_frames=3)
+    for given in (xv, xv_file, str(xv_file)):
+        agreeing = tts.synthesize("Hi.", voice=given, x_vector_only=True, greedy=True, max_frames=3)
+        np.testing.assert_array_equal(agreeing.codes, alone.codes)
+        streamed, = tts.stream([Request("Hi.", voice=given, x_vector_only=True)], greedy=True, max_frames=3)
+        np.testing.assert_array_equal(streamed.codes, alone.codes)
     both = tts.synthesize(["One.", "Two."], ref_audio=ref_wav, ref_text=REF_TEXT, greedy=True, max_frames=3)
     alone = tts.synthesize("One.", voice=voice, greedy=True, max_frames=3)
     np.testing.assert_array_equal(both[0].codes, alone.codes)

@@ -155,18 +155,13 @@ def parse_item(obj: dict, number: int, base: Path, columns: dict | None = None) 
             raise RequestError(f"voice: {voice} is not a .safetensors voice file (save one with voice-clone --save)")
     x_vector_only = bool(obj.get("x_vector_only", False))
     if voice is not None and isinstance(obj.get("x_vector_only"), bool):
-        # A saved voice keeps the mode it was saved with: a value that says that mode says nothing more (a table's
-        # boolean column has one on every row), the other asks for what the voice cannot do. One read of the
-        # file's header, per file version. (A voice file whose mode cannot be read: load_voice says why.)
-        mode = _voice_mode(voice)
-        if mode is not None and x_vector_only == (mode == "x_vector_only"):
-            x_vector_only = False
-        elif mode is not None:
-            asks, saved = (("x-vector-only cloning", "in context (it holds reference codes)") if x_vector_only
-                           else ("in-context cloning", "x-vector only (it holds no reference codes)"))
-            raise RequestError(f"x_vector_only: {str(x_vector_only).lower()} asks for {asks}, which voice {voice} "
-                               f"does not do: it was saved {saved}, and a saved voice keeps the mode it was saved "
-                               "with; remove x_vector_only (or clone from ref_audio)")
+        # The value that says the mode the voice was saved in runs (as false: it says nothing more), the other is a
+        # bad line (`voice.mode_conflict`). One read of the file's header, per file version.
+        from ..voice import mode_conflict  # (torch: only where a line names a voice)
+
+        if problem := mode_conflict(x_vector_only, mode := _voice_mode(voice), f"voice {voice}"):
+            raise RequestError(problem)
+        x_vector_only = x_vector_only and mode is None
     request = Request(text=obj["text"], language=obj.get("language") or "auto",
                       speaker=obj.get("speaker"), instruct=obj.get("instruct"), ref_audio=ref_audio,
                       ref_text=obj.get("ref_text"), x_vector_only=x_vector_only,

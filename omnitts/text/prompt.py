@@ -148,10 +148,15 @@ def resolve(cfg, req: Request) -> Resolved:
     if kind == "base":
         if not has_ref:
             raise RequestError("ref_audio: this Base checkpoint clones a voice; give ref_audio (+ ref_text) or a voice")
-        if req.voice is not None and req.ref_audio is None and (has_ref_text or req.x_vector_only):
-            name = "ref_text" if has_ref_text else "x_vector_only"
-            raise RequestError(f"{name}: a saved voice keeps the mode and transcript it was saved with; remove "
-                               f"{name} (or clone from ref_audio)")
+        if req.voice is not None and req.ref_audio is None and has_ref_text:
+            raise RequestError("ref_text: a saved voice keeps the mode and transcript it was saved with; remove "
+                               "ref_text (or clone from ref_audio)")
+        if req.voice is not None and req.ref_audio is None and req.x_vector_only:  # as a manifest line's is read
+            from ..voice import mode_conflict, voice_mode
+
+            named = "the voice" if isinstance(req.voice, Voice) else f"voice {req.voice}"
+            if problem := mode_conflict(True, voice_mode(req.voice), named):
+                raise RequestError(problem)
         if req.voice is None and not req.x_vector_only and not has_ref_text:
             raise RequestError("ref_text: required for in-context cloning; give the reference transcript "
                                "or set x_vector_only")
