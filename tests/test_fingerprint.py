@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from omnitts.batch.fingerprint import fingerprint
@@ -155,3 +156,31 @@ def test_the_sampling_parameters_are_serialised_as_dataclasses_asdict_gives_them
         assert [type(v) for v in ours.values()] == [type(v) for v in asdict(params).values()]
     assert all(isinstance(getattr(SamplingParams(seed=1, max_frames=2), f.name), (bool, int, float))
                for f in fields(SamplingParams))
+
+
+def test_a_file_named_on_many_lines_is_read_once_per_version(tmp_path):
+    """`io.versioned.per_version`, which the clip check, the voice-mode read and the file digest share: one read
+    per (path, arguments) while the file stays, a new one once it changes (its size or mtime), OSError where it
+    cannot be looked up."""
+    import os
+
+    from omnitts.io.versioned import per_version
+
+    reads = []
+
+    @per_version()
+    def head(path: str, n: int) -> bytes:
+        reads.append((path, n))
+        with open(path, "rb") as handle:
+            return handle.read(n)
+
+    path = tmp_path / "clip.bin"
+    path.write_bytes(b"abcdef")
+    assert [head(path, 2), head(str(path), 2), head(path, 3)] == [b"ab", b"ab", b"abc"]
+    assert reads == [(str(path), 2), (str(path), 3)]
+    path.write_bytes(b"xyzxyz")  # the same size: the new mtime tells it apart
+    os.utime(path, ns=(1, 1))
+    assert head(path, 2) == b"xy" and len(reads) == 3
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        head(path, 2)

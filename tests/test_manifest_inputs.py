@@ -335,7 +335,7 @@ def test_x_vector_only_beside_a_voice_is_a_bad_line_unless_it_agrees_with_the_vo
     dicts alike. A value that agrees with the voice's mode says nothing more and runs, as an absent one does (true
     beside an x-vector voice was refused, so a table's boolean column had no value its x-vector voice rows could
     hold)."""
-    from omnitts.batch.manifest import _saved_mode
+    from omnitts.batch.manifest import _voice_mode
 
     _folder(tmp_path, ref_wav)
     base = ckpt_dir("base")
@@ -358,7 +358,7 @@ def test_x_vector_only_beside_a_voice_is_a_bad_line_unless_it_agrees_with_the_vo
     csv.write_text("id,text,voice,x_vector_only\n" + "".join(
         f"{r['id']},{r['text']},{r['voice']},{str(r['x_vector_only']).lower() if 'x_vector_only' in r else ''}\n"
         for r in rows), encoding="utf-8")
-    _saved_mode.cache_clear()
+    _voice_mode.cache_clear()
     for path, first in ((jsonl, 1), (csv, 2)):
         for cfg in (load_config(base), None):  # the voice's mode is read from its file, checkpoint or not
             entries = list(iter_manifest(path, cfg))
@@ -369,7 +369,7 @@ def test_x_vector_only_beside_a_voice_is_a_bad_line_unless_it_agrees_with_the_vo
     result = runner.invoke(app, ["validate", str(jsonl), "-m", str(base)])
     assert result.exit_code == 1 and result.stdout == (f"{jsonl}:1: {said}\n{jsonl}:6: {said_true}\n"
                                                        f"{jsonl}: 4 good, 2 bad\n"), result.output
-    assert _saved_mode.cache_info().misses == 2  # each voice beside an x_vector_only is read once (per file version)
+    assert _voice_mode.cache_info().misses == 2  # each voice beside an x_vector_only is read once (per file version)
 
 
 def test_validate_checks_saved_voices_against_the_checkpoint(ckpt_dir, tmp_path):

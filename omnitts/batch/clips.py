@@ -8,8 +8,9 @@ nothing of manifests' fields (manifest.py) or checkpoints (checker.py counts the
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
+
+from ..io.versioned import per_version
 
 
 def reference_length(path: Path) -> tuple[int, int, bool] | None:
@@ -17,14 +18,13 @@ def reference_length(path: Path) -> tuple[int, int, bool] | None:
     reads it (librosa.load reads through soundfile, as here), from the read the line's check made of it (no second
     one); None where the clip cannot be used. Not whole: the read stopped at MAX_REFERENCE_SECONDS."""
     try:
-        stat = path.stat()
-    except OSError:
+        return read_reference(str(path), True)[1]
+    except OSError:  # gone since the line's check
         return None
-    return read_reference(str(path), stat.st_mtime_ns, stat.st_size, True)[1]
 
 
-@lru_cache(maxsize=4096)  # manifests often reuse one reference clip on many lines
-def read_reference(path: str, mtime_ns: int, size: int, icl: bool) -> tuple[str | None, tuple[int, int, bool] | None]:
+@per_version()  # manifests often reuse one reference clip on many lines
+def read_reference(path: str, icl: bool) -> tuple[str | None, tuple[int, int, bool] | None]:
     """(why clip `path` cannot be used, None), or (None, its `reference_length`)."""
     import soundfile as sf
 

@@ -26,6 +26,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..io.versioned import per_version
+
 VERSION = 1  # bump when what goes in changes: every record made before is redone once
 
 
@@ -67,10 +69,9 @@ def _source(value) -> str | None:
     if isinstance(value, (str, Path)):
         path = Path(value).expanduser().resolve()
         try:
-            stat = path.stat()
+            return file_digest(str(path))
         except OSError:
             return f"missing:{path}"  # it fails when it runs; a later fix of the file is a change
-        return file_digest(str(path), stat.st_size, stat.st_mtime_ns)
     digest = hashlib.sha256()
     if isinstance(value, tuple):  # (samples, rate)
         import numpy as np
@@ -85,8 +86,8 @@ def _source(value) -> str | None:
     return digest.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=4096)  # one clip or voice file is often named on many lines
-def file_digest(path: str, size: int, mtime_ns: int) -> str:
+@per_version()  # one clip or voice file is often named on many lines
+def file_digest(path: str) -> str:
     """SHA-256 of a file's bytes (first 16 hex digits); cached while its size and mtime stay."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

@@ -24,12 +24,12 @@ import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import OmniTTSError, RequestError, did_you_mean, type_label
 from ..io import unreachable, user_path
+from ..io.versioned import per_version
 from ..params import LARGEST, seed_problem
 from ..request import Request
 from ..text import empty_text
@@ -216,14 +216,9 @@ def _path(value: str | None, base: Path) -> Path | None:
     return path if path.is_absolute() else base / path
 
 
-def _voice_mode(path: Path) -> str | None:
+@per_version()  # as clips.read_reference: many lines name one voice
+def _voice_mode(path: str) -> str | None:
     """The mode voice file `path` was saved in (`voice.saved_mode`), its header read once per file version."""
-    stat = path.stat()
-    return _saved_mode(str(path), stat.st_mtime_ns, stat.st_size)
-
-
-@lru_cache(maxsize=4096)  # as clips.read_reference: many lines name one voice
-def _saved_mode(path: str, mtime_ns: int, size: int) -> str | None:
     from ..voice import saved_mode
 
     return saved_mode(path)
@@ -236,8 +231,7 @@ def _audio_problem(path: str, icl: bool = True) -> str | None:
 
     if not Path(path).is_file():
         return f"{not_a_file(Path(path)).removeprefix('is ')}: {path}"
-    stat = Path(path).stat()
-    return read_reference(path, stat.st_mtime_ns, stat.st_size, icl)[0]
+    return read_reference(path, icl)[0]
 
 
 def _from_text(row: dict) -> dict:
