@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import type_label
 from .io import user_path
-from .io.audio import shape_problem, write_audio
+from .io.audio import MAX_RATES, shape_problem, write_audio
 
 
 @dataclass(eq=False)  # samples are arrays: compare them explicitly
@@ -101,11 +101,15 @@ class Audio:
 
         Raises:
             ValueError: some samples are NaN or infinite, as `save` refuses them (soundfile writes them as
-                full-scale noise), or are not of shape (n,) or (n, channels)."""
+                full-scale noise), or are not of shape (n,) or (n, channels), or the rate is past what a WAV
+                header holds (as `save` refuses it; soundfile raised OverflowError)."""
         import soundfile as sf
 
         if problem := shape_problem(self.samples):
             raise ValueError(f"{problem}; no WAV was made")
+        if self.sample_rate > MAX_RATES["wav"]:
+            raise ValueError(f"a sample rate of {self.sample_rate} Hz is past what .wav holds ({MAX_RATES['wav']:,} Hz "
+                             "at most); resample the audio; no WAV was made")
         if not np.isfinite(self.samples).all():
             raise ValueError("samples: some are not numbers (NaN or infinity); no WAV was made")
         buffer = io.BytesIO()

@@ -471,6 +471,17 @@ def test_samples_that_are_not_numbers_make_no_wav_bytes_nor_player():
     assert "<audio" not in page and "no WAV was made" in page
 
 
+def test_a_rate_past_a_wav_header_makes_no_wav_bytes_nor_player():
+    """`save` refused a rate past WAV's 32-bit header, but `to_wav_bytes` raised soundfile's OverflowError ("integer
+    10000000000 does not fit 'int'"), and so did the notebook's display (`_repr_html_` catches ValueError)."""
+    audio = omnitts.Audio(np.zeros(10, np.float32), 10**10)
+    with pytest.raises(ValueError, match=r"^a sample rate of 10000000000 Hz is past what \.wav holds \(2,147,483,647 Hz "
+                                         r"at most\); resample the audio; no WAV was made$"):
+        audio.to_wav_bytes()
+    page = audio._repr_html_()
+    assert "<audio" not in page and "no WAV was made" in page
+
+
 def test_samples_of_channels_by_time_are_refused_naming_the_shape(tmp_path):
     """An Audio of (channels, n) samples, as librosa keeps them, failed save with soundfile's "Error opening
     '.a.wav.omnitts-...tmp': Format not recognised" (n channels), naming a temporary file; `to_wav_bytes` (the
