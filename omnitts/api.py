@@ -88,7 +88,10 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
                         ("deterministic", deterministic),
                         ("graph_buckets", graph_buckets), ("span_buckets", span_buckets),
                         ("max_prefill_tokens", max_prefill_tokens), ("codec_chunk_frames", codec_chunk_frames)):
-        if problem := option_problem(name, value):
+        # None is a setting only where Args give it a meaning; elsewhere it reached the engine ("unsupported operand
+        # type(s) for *: 'int' and 'NoneType'" at the first synthesize) or the loader (a CheckpointError)
+        if problem := option_problem(name, value, optional=name in ("graph_buckets", "span_buckets",
+                                                                    "max_prefill_tokens")):
             kind, message = problem
             raise kind(f"{name}: {message}")
     check_deterministic(deterministic, graph_buckets)  # before the checkpoint loads, as `TTS` would after

@@ -122,13 +122,14 @@ def folded(name: str, value):
     return name_of if name_of in _CHOICES[name] or (name == "device" and device_index(name_of)) else value
 
 
-def option_problem(name: str, value) -> tuple[type[Exception], str] | None:
+def option_problem(name: str, value, optional: bool = True) -> tuple[type[Exception], str] | None:
     """What is wrong with engine option `name` set to `value`, as (TypeError or ValueError, message without
-    the name), or None: nothing (None itself means "not set"). One rule for recipes and `omnitts.load`.
+    the name), or None: nothing (None itself means "not set", unless not `optional`: `omnitts.load`'s max_batch
+    has no default left to fall back on). One rule for recipes and `omnitts.load`.
     Integers may be numpy's; lists of sizes may be tuples."""
     kind = _KINDS[name]
     if value is None:
-        return None
+        return None if optional else (TypeError, f"expected {type_name(kind)}, got None")
     if kind is int:
         fits = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     else:

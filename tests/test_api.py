@@ -714,11 +714,18 @@ def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
     ({"max_prefill_tokens": 0}, ValueError, "max_prefill_tokens: must be > 0, got 0"),
     ({"eager": "no"}, TypeError, "eager: expected true or false, got a string"),
     ({"official_tokenizer": "x"}, TypeError, "official_tokenizer: expected true or false, got a string"),
+    ({"max_batch": None}, TypeError, "max_batch: expected an integer, got None"),
+    ({"codec_chunk_frames": None}, TypeError, "codec_chunk_frames: expected an integer, got None"),
+    ({"dtype": None}, TypeError, "dtype: expected a string, got None"),
+    ({"codec_dtype": None}, TypeError, "codec_dtype: expected a string, got None"),
+    ({"eager": None}, TypeError, "eager: expected true or false, got None"),
 ])
 def test_load_refuses_engine_options_as_a_recipe_does(ckpt_dir, options, error, message):
     """Before the checkpoint loads, with the recipe's rule: `max_batch=0` used to fail in the first
     synthesize with a talker-cache message, `-3` with a negative tensor dimension; `dtype="bf16"` was a
-    CheckpointError, not the ValueError the docstring promises."""
+    CheckpointError, not the ValueError the docstring promises. None, which a recipe reads as "not set", loaded with
+    `max_batch=None` and failed the first synthesize with "unsupported operand type(s) for *: 'int' and 'NoneType'"
+    (`dtype=None` was a CheckpointError); it is a setting only where the docstring says what it means."""
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         omnitts.load(ckpt_dir("custom_voice"), **options)
 
