@@ -7,6 +7,7 @@ tested against. What each method is given is checked in arguments.py. The librar
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -195,7 +196,7 @@ class TTS:
             raise RequestError(f"request: expected a Request, got {type(request).__name__}")
         resolve(self.ckpt.config, request)  # fail on a bad request before encoding any audio
         voice = request.voice
-        if isinstance(voice, (str, Path)):
+        if isinstance(voice, (str, os.PathLike)):  # any path `check_request` takes, not only a pathlib one
             voice = self.load_voice(voice)
         elif voice is not None and voice.checkpoint is not None and voice.checkpoint != self.identity:
             raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "

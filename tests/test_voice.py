@@ -844,6 +844,27 @@ def test_a_stream_dict_takes_paths_as_path_objects(tts_factory, ref_wav, tmp_pat
     assert np.array_equal(codes["a"], codes["b"]) and np.array_equal(codes["c"], codes["d"])
 
 
+def test_a_voice_given_as_any_path_like_object_is_read_as_its_file(tts_factory, ref_wav, tmp_path):
+    """`voice=` an os.PathLike that is not a pathlib.Path (which `check_request` lets through as a path) raised
+    "AttributeError: 'PathLike' object has no attribute 'checkpoint'" from synthesize and stream: it was taken for
+    a Voice."""
+    import os
+
+    class PathLike(os.PathLike):
+        def __init__(self, path):
+            self.path = str(path)
+
+        def __fspath__(self):
+            return self.path
+
+    tts = tts_factory("base")
+    saved = tts.clone_voice(ref_wav, REF_TEXT).save(tmp_path / "v.safetensors")
+    alone = tts.synthesize("Hi.", voice=PathLike(saved), greedy=True, max_frames=2)
+    streamed = next(tts.stream([omnitts.Request("Hi.", voice=PathLike(saved))], greedy=True, max_frames=2))
+    expected = tts.synthesize("Hi.", voice=saved, greedy=True, max_frames=2)
+    assert np.array_equal(alone.codes, expected.codes) and np.array_equal(streamed.codes, expected.codes)
+
+
 def test_voice_and_checkpoint_files_follow_the_umask(tts_factory, ckpt_dir, ref_wav, tmp_path):
     """safetensors writes a new file of mode 0600: voice files (and the test and demo checkpoints' weights) were
     private while audio files got 0666 less the umask."""
