@@ -196,18 +196,24 @@ class TTS:
             raise RequestError(f"request: expected a Request, got {type(request).__name__}")
         resolve(self.ckpt.config, request)  # fail on a bad request before encoding any audio
         voice = request.voice
-        if isinstance(voice, (str, os.PathLike)):  # any path `check_request` takes, not only a pathlib one
-            voice = self.load_voice(voice)
-        elif voice is not None and voice.checkpoint is not None and voice.checkpoint != self.identity:
-            raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "
-                             f"({self.identity}); clone it again with this checkpoint")
-        if isinstance(request.voice, Voice):
-            check_fits(voice, self.ckpt.config, "voice")
-            if voice.icl and voice.ref_codes.dtype != torch.long:  # int16 codes (a compact array) index no embedding
-                voice = replace(voice, ref_codes=voice.ref_codes.long())
-        elif voice is None and request.ref_audio is not None:
+        if voice is not None:
+            voice = self.usable_voice(voice)
+        elif request.ref_audio is not None:
             voice = self.clone_voice(request.ref_audio, request.ref_text, request.x_vector_only)
         return self.prompts.build(request, voice)
+
+    def usable_voice(self, voice: Voice | str | os.PathLike) -> Voice:
+        """A request's `voice` ready to speak with: a file's path read (`load_voice`), a Voice checked against
+        this checkpoint (its identity, its tensors' shapes and ranges). VoiceError naming `voice` otherwise."""
+        if isinstance(voice, (str, os.PathLike)):  # any path `check_request` takes, not only a pathlib one
+            return self.load_voice(voice)
+        if voice.checkpoint is not None and voice.checkpoint != self.identity:
+            raise VoiceError(f"voice: made with checkpoint {voice.checkpoint}, not with {self.ckpt.path} "
+                             f"({self.identity}); clone it again with this checkpoint")
+        check_fits(voice, self.ckpt.config, "voice")
+        if voice.icl and voice.ref_codes.dtype != torch.long:  # int16 codes (a compact array) index no embedding
+            voice = replace(voice, ref_codes=voice.ref_codes.long())
+        return voice
 
     def generate(self, jobs: Iterable[tuple[Request, SamplingParams]]) -> Iterator[Audio]:
         """Synthesize many requests together (continuous batching); yield each `Audio` as it finishes.
@@ -317,6 +323,8 @@ class TTS:
         check_request(keywords)
         if texts:
             resolve(self.ckpt.config, replace(keywords, text=texts[0]))
+        if texts and voice is not None:  # read and checked once: a voice of another checkpoint is not text[0]'s fault
+            voice = self.usable_voice(voice)
         if ref_audio is not None and voice is None and len(texts) > 1:
             voice = self.clone_voice(ref_audio, ref_text, x_vector_only)
         jobs = []

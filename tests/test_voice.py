@@ -313,6 +313,25 @@ def test_voice_from_another_checkpoint_is_refused(tts_factory, other_base, ref_w
         other.synthesize("Hi.", voice=in_memory, max_frames=4)
 
 
+def test_a_voice_keyword_that_cannot_be_used_is_named_as_the_keyword_for_a_list(tts_factory, other_base, ref_wav,
+                                                                                tmp_path):
+    """synthesize([...], voice=...) with a voice of another checkpoint, or a missing file, said "text[0]: voice: ..."
+    ("text[0]: /x/alice.safetensors: ..."): the keyword's fault, named as the first text's; it is named as one text's
+    is, and a list still speaks in a usable voice as each text alone does."""
+    base = tts_factory("base")
+    voice = base.clone_voice(ref_wav, REF_TEXT)
+    path = voice.save(tmp_path / "alice.safetensors")
+    other = omnitts.load(other_base, dtype="float32")
+    with pytest.raises(VoiceError, match=r"^voice: made with checkpoint"):
+        other.synthesize(["Hi.", "Yo."], voice=voice, max_frames=2)
+    with pytest.raises(VoiceError, match=rf"^{re.escape(str(path))}: this voice was made with checkpoint"):
+        other.synthesize(["Hi.", "Yo."], voice=path, max_frames=2)
+    with pytest.raises(VoiceError, match=r"^\S*nope.safetensors: voice file not found"):
+        base.synthesize(["Hi.", "Yo."], voice=tmp_path / "nope.safetensors", max_frames=2)
+    both = base.synthesize(["Hi.", "Yo."], voice=path, greedy=True, max_frames=2)
+    assert np.array_equal(both[1].codes, base.synthesize("Yo.", voice=voice, greedy=True, max_frames=2).codes)
+
+
 def test_a_reference_clip_given_as_a_voice_is_named_as_audio(tts_factory, ckpt_dir, ref_wav, tmp_path):
     """`voice="ref.wav"` (the clip, where a saved voice goes) said "unreadable safetensors file: Error while
     deserializing header: header too large"; it names the clip as audio and both ways to use it. (A manifest's
