@@ -82,6 +82,9 @@ BAD = [
      "repetition_penalty: must be at most 3.403e+38, got 1e+300"),
     ({"id": "ages", "text": "Hi.", "speaker": "ryan", "max_seconds": 1e308}, "max_seconds: must be at most 3.403e+38"),
     ({"id": "bigk", "text": "Hi.", "speaker": "ryan", "top_k": 10**30}, "top_k: must be at most 9.223e+18"),
+    # an integer past a float's range (JSON reads 400 digits as an int): math.isnan raised OverflowError, a traceback
+    ({"id": "hugek", "text": "Hi.", "speaker": "ryan", "top_k": 10**400}, "top_k: must be at most 9.223e+18"),
+    ({"id": "hugesecs", "text": "Hi.", "speaker": "ryan", "max_seconds": 10**400}, "max_seconds: must be at most 3.403e+38"),
 ]
 SPECIFIC = {"short": "is 0.20 s long; at least 0.5 s is needed", "wavvoice": "is not a .safetensors voice file",
             "silent": "silent.wav: reference audio is silent"}  # validate checks what synthesis would

@@ -20,7 +20,6 @@ list form, `count_rows` a cheap total for a progress bar.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -203,7 +202,7 @@ def _check_ranges(obj: dict) -> None:
         value = obj.get(name)
         if value is None:
             continue
-        if math.isnan(value) or not ok(value):
+        if value != value or not ok(value):  # NaN (math.isnan raised OverflowError for an int past a float's range)
             raise RequestError(f"{name}: must be {rule}, got {value}")
         if value > LARGEST[name]:  # infinity, or past what the engine's float32 / int64 tensors hold
             raise RequestError(f"{name}: must be at most {LARGEST[name]:.4g}, got {value}")
