@@ -357,8 +357,9 @@ def synthesize_dataset(ds, model, out, *, actors: int = 1, batch_size: int = BAT
     """
     import ray.data
 
-    if isinstance(actors, bool) or not isinstance(actors, int) or actors < 1:
+    if isinstance(actors, bool) or not isinstance(actors, numbers.Integral) or actors < 1:
         raise OmniTTSError(f"actors: {actors!r}; at least 1")
+    actors = int(actors)  # numpy's too, as load's max_batch (np.int64(2) was refused as "at least 1")
     # Checked here as each actor checks them, so a bad one fails once, before any actor starts (an unknown
     # keyword: TypeError)
     options = inspect.signature(Synthesizer).bind(model, out, **kwargs)

@@ -289,6 +289,16 @@ def test_synthesize_dataset_checks_its_arguments_before_any_actor_starts():
         synthesize_dataset(None, "ckpt", "out", max_frame=5)
 
 
+def test_synthesize_dataset_takes_numpy_integers_for_actors(tmp_path):
+    """actors=np.int64(2) (a count from numpy) was refused with "actors: np.int64(2); at least 1"."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    ds = SimpleNamespace(map_batches=lambda fn, **options: options)  # what the stage asks Ray for, no cluster
+    options = synthesize_dataset(ds, tmp_path / "ckpt", tmp_path / "out", actors=np.int64(2))
+    assert options["compute"].max_size == 2 and type(options["compute"].max_size) is int
+
+
 def test_synthesize_dataset_of_no_ray_dataset_says_what_it_takes(ckpt_dir, tmp_path):
     """A list of rows or a DataFrame (what `TTS.stream` takes) was "AttributeError: 'list' object has no attribute
     'map_batches'"; a TypeError names the argument and how to make a Ray dataset of them."""
