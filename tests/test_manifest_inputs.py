@@ -635,6 +635,14 @@ def test_decimal_columns_are_numbers_and_whole_decimals_keep_every_digit(tmp_pat
     a, b = iter_manifest(path, None)
     assert (a.request.id, a.request.max_seconds, a.seed, a.sampling) == ("7", 1.5, 12345678901234567, {"top_k": 5})
     assert isinstance(b, BadLine) and b.message == f"{path}:row 2: top_k: expected int, got float" and b.id == "8"
+    # NaN decimals (Python's; Arrow's decimals hold none) are NaN: a bad line naming the field. A signalling one
+    # raised float()'s "cannot convert signaling NaN to float", naming nothing, from a stream's dict
+    from omnitts.batch.manifest import _typed_values, parse_item
+    from omnitts.errors import RequestError
+
+    for nan in (Decimal("NaN"), Decimal("sNaN")):
+        with pytest.raises(RequestError, match=r"^max_seconds: must be > 0, got nan$"):
+            parse_item(_typed_values({"id": "n", "text": "Hi.", "max_seconds": nan}), 1, tmp_path)
 
 
 def test_csv_cells_are_converted_with_errors_naming_line_and_field(ckpt_dir, tmp_path):

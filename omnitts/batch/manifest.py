@@ -282,7 +282,9 @@ def _typed_values(row: dict) -> dict:
     for name, value in out.items():  # a SQL or Spark DECIMAL column (Parquet's decimal128) holds numbers too
         if isinstance(value, Decimal) and (name == "id" or FIELDS.get(name) in (int, NUMBER)):
             whole = value.is_finite() and value == value.to_integral_value()  # exact: a float would round a seed
-            out[name] = int(value) if whole and FIELDS[name] is not NUMBER else float(value)
+            # (a signalling NaN, which float() refuses, is NaN: refused by the range check, naming the field)
+            out[name] = (int(value) if whole and FIELDS[name] is not NUMBER
+                         else float("nan") if value.is_snan() else float(value))
     if isinstance(out.get("id"), float) and out["id"].is_integer():
         out["id"] = int(out["id"])  # 7.0 is the id 7, "7", not "7.0"
     if isinstance(out.get("id"), int) and not isinstance(out["id"], bool):
