@@ -97,6 +97,9 @@ def load(path, device: str = "cpu", dtype: str = "auto", official_tokenizer: boo
     check_deterministic(deterministic, graph_buckets)  # before the checkpoint loads, as `TTS` would after
     if isinstance(device, torch.device):  # torch.device("cuda", 1) -> "cuda:1", checked as that name is
         device = str(device)
+    if not isinstance(device, str):
+        raise TypeError(f"device: expected cpu, cuda or npu (a string or torch.device), got "
+                        f"{'None' if device is None else type_name(type(device), True)}")
     device = folded("device", device)
     if deterministic:
         if device == "npu":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ class Audio:
     """One synthesized utterance.
 
     Attributes:
-        samples: float32 mono samples in [-1, 1], shape (n,).
+        samples: float32 mono samples in [-1, 1], shape (n,); None where they streamed to a file and were not
+            kept (a manifest run's results).
         sample_rate: samples per second (24000 for every Qwen3-TTS-12Hz checkpoint).
         codes: the generated codec codes, int64 of shape (frames, 16); None if not kept.
         finish_reason: "eos" (the model ended the utterance) or "length" (the frame budget ran out).
@@ -37,7 +39,8 @@ class Audio:
         talker_margin, predictor_margin: smallest greedy top-1/top-2 logit gaps (reference path only).
 
     Raises:
-        TypeError, ValueError: a `sample_rate` that is not a positive integer (one built by hand), named.
+        TypeError, ValueError: `samples` that are one number or no array, or a `sample_rate` that is not a
+            positive integer (one built by hand), named.
     """
 
     samples: np.ndarray
@@ -50,7 +53,13 @@ class Audio:
     predictor_margin: float | None = None
 
     def __post_init__(self):
-        # Checked once here: a rate of 0 made `duration` (and so repr, and a notebook's display) a ZeroDivisionError
+        # Checked once here: a rate of 0 made `duration` (and so repr, and a notebook's display) a ZeroDivisionError,
+        # as samples of one number made it a TypeError ("object of type 'float' has no len()"). None: the samples
+        # streamed to their file and were not kept (what a manifest run's results hold)
+        if self.samples is not None and (not hasattr(self.samples, "__len__") or np.ndim(self.samples) == 0):
+            kind = type_label(type(self.samples))
+            given = f"one number ({kind})" if isinstance(self.samples, (numbers.Number, np.ndarray, np.generic)) else kind
+            raise TypeError(f"samples: expected an array of samples, shape (n,), got {given}")
         rate = self.sample_rate
         if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, np.integer)):
             raise TypeError(f"sample_rate: expected an int (samples per second), got {type_label(type(rate))}")
@@ -105,6 +114,8 @@ class Audio:
                 header holds (as `save` refuses it; soundfile raised OverflowError)."""
         import soundfile as sf
 
+        if self.samples is None:
+            raise ValueError("samples: not kept (they streamed to their file); no WAV was made")
         if problem := shape_problem(self.samples):
             raise ValueError(f"{problem}; no WAV was made")
         if self.sample_rate > MAX_RATES["wav"]:
@@ -129,7 +140,8 @@ class Audio:
 
     def __repr__(self) -> str:
         parts = [f"id={self.id!r}"] if self.id is not None else []
-        parts.append(f"{self.duration:.2f} s @ {self.sample_rate} Hz")
+        parts.append(f"samples not kept @ {self.sample_rate} Hz" if self.samples is None
+                     else f"{self.duration:.2f} s @ {self.sample_rate} Hz")
         if self.codes is not None:
             parts.append(f"{self.frames} frames")
         if self.finish_reason:

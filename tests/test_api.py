@@ -715,6 +715,9 @@ def test_stream_chains_an_items_error_to_the_one_it_names(cv, monkeypatch):
     ({"eager": "no"}, TypeError, "eager: expected true or false, got a string"),
     ({"official_tokenizer": "x"}, TypeError, "official_tokenizer: expected true or false, got a string"),
     ({"max_batch": None}, TypeError, "max_batch: expected an integer, got None"),
+    # OmniTTSError "device None: choose cpu, cuda or npu" (a wrong type, not a device this machine lacks)
+    ({"device": None}, TypeError, "device: expected cpu, cuda or npu (a string or torch.device), got None"),
+    ({"device": 0}, TypeError, "device: expected cpu, cuda or npu (a string or torch.device), got an integer"),
     ({"codec_chunk_frames": None}, TypeError, "codec_chunk_frames: expected an integer, got None"),
     ({"dtype": None}, TypeError, "dtype: expected a string, got None"),
     ({"codec_dtype": None}, TypeError, "codec_dtype: expected a string, got None"),
@@ -857,3 +860,20 @@ def test_an_audio_built_by_hand_with_a_bad_rate_is_refused_naming_it(rate, kind,
         omnitts.Audio(np.zeros(240, np.float32), rate)
     audio = omnitts.Audio(np.zeros(240, np.float32), np.int64(24000))  # numpy's int, as from a file's header
     assert type(audio.sample_rate) is int and repr(audio) == "Audio(0.01 s @ 24000 Hz)"
+
+
+@pytest.mark.parametrize("samples, given", [(np.float32(0), "one number (float32)"),
+                                            (np.zeros(()), "one number (ndarray)"), (0.5, "one number (float)"),
+                                            (object(), "object")])
+def test_an_audio_built_by_hand_without_samples_is_refused_naming_them(samples, given):
+    """Audio(0.5, 24000) was built, and its repr (what a notebook shows) raised "object of type 'float' has no
+    len()". An array, a list of samples or no samples at all (an item without audio) is taken; None (samples that
+    streamed to their file, a manifest run's results) shows as such, in repr and in a notebook (it raised
+    "object of type 'NoneType' has no len()")."""
+    with pytest.raises(TypeError, match=rf"^samples: expected an array of samples, shape \(n,\), got {re.escape(given)}$"):
+        omnitts.Audio(samples, 24000)
+    assert repr(omnitts.Audio([0.0] * 240, 24000)) == "Audio(0.01 s @ 24000 Hz)"
+    assert repr(omnitts.Audio(np.zeros(0, np.float32), 24000)) == "Audio(0.00 s @ 24000 Hz)"
+    kept_in_file = omnitts.Audio(None, 24000, id="a")
+    assert repr(kept_in_file) == "Audio(id='a', samples not kept @ 24000 Hz)"
+    assert "samples: not kept (they streamed to their file); no WAV was made" in kept_in_file._repr_html_()
