@@ -93,7 +93,7 @@ def numbered_job(i: int, job) -> Job:
         check_job(*job)
     except RequestError as exc:
         raise RequestError(f"jobs[{i}]: {exc}") from None
-    return Job(*job)
+    return Job(*job, key=i)
 
 
 def check_reference(ref_audio) -> None:

@@ -222,23 +222,31 @@ class TTS:
         Each job's request is checked as it is read, as `stream` checks one: a job that is not a
         `(Request, SamplingParams)` pair, or a field of the wrong type or range, raises RequestError
         naming the job and the field (`jobs[2]: max_seconds: must be > 0, got -1`).
-        A request that fails (bad reference audio, unknown speaker, too long for the cache...) raises;
-        `stream` finishes the others first. `jobs` that is not an iterable (None, one pair alone) is a
+        A request that fails (bad reference audio, unknown speaker, too long for the cache...) raises, named
+        as the job it is (`jobs[1] (id 'b'): speaker: ...`); `stream` finishes the others first. `jobs` that is not an iterable (None, one pair alone) is a
         TypeError naming it.
         """
-        return self._finished(numbered_job(i, job) for i, job in enumerate(requests_iterator("jobs", jobs)))
+        return self._finished((numbered_job(i, job) for i, job in enumerate(requests_iterator("jobs", jobs))),
+                              "jobs[{key}]")
 
     def generate_prepared(self, prepared: Iterable[tuple[Request, Prompt, SamplingParams]]) -> Iterator[Audio]:
         """`generate` for requests already turned into prompts (see `prepare`)."""
         return self._finished(Job(request, params, prompt=prompt) for request, prompt, params in prepared)
 
     def _finished(self, jobs: Iterable[Job], named: str | None = None) -> Iterator[Audio]:
-        """The jobs' results; the first failure raised, named by `named` with the job's id where given
-        (`synthesize`'s "text[{}]")."""
+        """The jobs' results; the first failure raised, named by `named` where given, formatted with the job's
+        `key` (`generate`'s "jobs[{key}]", followed by the request's id where it has one) or with its id alone
+        (`synthesize`'s "text[{id}]", whose ids are the positions)."""
         for outcome in Pipeline(self).run(jobs):
             if not outcome.ok:
                 exc = outcome.exception or OmniTTSError(outcome.error)
-                raise exc if named is None else naming(exc, named.format(outcome.job.request.id), "text")
+                if named is None:
+                    raise exc
+                job = outcome.job
+                where = named.format(key=job.key, id=job.request.id)
+                if "{key}" in named and job.request.id is not None:
+                    where += f" (id {job.request.id!r})"
+                raise naming(exc, where, "text")
             yield outcome.result
 
     def run(self, request: Request, params: SamplingParams) -> Audio:
@@ -335,7 +343,7 @@ class TTS:
             jobs.append(Job(request, self.default_params(greedy, max_frames=max_frames, seed=item_seed, **sampling)))
         # Not `generate`: every field is checked above, and a voice cloned once for the list sits beside the
         # ref_audio it came from (which `check_request` refuses in a request given whole).
-        named = None if isinstance(text, str) else "text[{}]"  # a list's item that fails is named by its index
+        named = None if isinstance(text, str) else "text[{id}]"  # a list's item that fails is named by its index
         results = {result.id: result for result in self._finished(jobs, named)}
         ordered = [results[str(i)] for i in range(len(texts))]
         return ordered[0] if isinstance(text, str) else ordered

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from omnitts.cli import app
 from omnitts.engine.pipeline import Job, Pipeline
-from omnitts.errors import OmniTTSError
+from omnitts.errors import OmniTTSError, RequestError
 from omnitts.params import derive_seed, share_frames
 from omnitts.request import Request
 
@@ -602,10 +603,21 @@ def test_generate_and_generate_prepared_raise_a_failed_items_error(tts_factory):
     request = Request("Huge.", speaker="ryan", id="huge")
     params = tts.default_params(greedy=True, max_frames=5000)
     with _small_kv_cache(tts):
-        with pytest.raises(OmniTTSError, match="max_frames"):
+        with pytest.raises(OmniTTSError, match=r"^jobs\[0\] \(id 'huge'\): .*max_frames"):
             list(tts.generate([(request, params)]))
         with pytest.raises(OmniTTSError, match="max_frames"):
             list(tts.generate_prepared([(request, tts.prepare(request), params)]))
+
+
+def test_generate_names_the_job_that_fails_as_stream_names_its_item(tts_factory):
+    """`generate` raised a failed job's error alone ("speaker: 'zz' is not known ..."), where `stream` says
+    `requests[1] (id 'b'): ...`: the job is named by its index, and by its id where the request has one."""
+    tts = tts_factory("custom_voice")
+    params = tts.default_params(greedy=True, max_frames=2)
+    for request, where in ((Request("Hi.", speaker="zz"), "jobs[1]"), (Request("Hi.", speaker="zz", id="b"),
+                                                                        "jobs[1] (id 'b')")):
+        with pytest.raises(RequestError, match=rf"^{re.escape(where)}: speaker: 'zz' is not known to this checkpoint"):
+            list(tts.generate([(Request("Hi.", speaker="ryan"), params), (request, params)]))
 
 
 def test_a_rebuilt_engine_replaces_the_old_one_in_memory(tts_factory, monkeypatch):
