@@ -1143,7 +1143,7 @@ def test_one_json_decoder_for_every_line_reads_and_refuses_lines_as_json_loads_d
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     for (number, row), line in zip(sources.JsonlSource(path).rows(), lines, strict=True):
         try:
-            want = json.loads((line + "\n").removeprefix("\ufeff"), object_pairs_hook=sources._unique_keys)
+            want = json.loads(line.removeprefix("\ufeff"), object_pairs_hook=sources._unique_keys)
         except json.JSONDecodeError as exc:
             want = f"malformed JSON ({exc.msg} at column {exc.colno})"
         except sources._TwiceGiven as exc:
@@ -1151,3 +1151,14 @@ def test_one_json_decoder_for_every_line_reads_and_refuses_lines_as_json_loads_d
         except RecursionError:
             want = "JSON nested too deeply to read (no field takes arrays or objects)"
         assert row == want, (number, row, want)
+
+
+def test_a_json_line_cut_short_names_the_column_where_it_ends(ckpt_dir, tmp_path):
+    """A line missing its closing brace (or CRLF-ended) is reported at its own end, not at "column 1" (the
+    column of the line after its newline, where the decoder ran out of text)."""
+    path = tmp_path / "m.jsonl"
+    path.write_bytes(b'{"id": "a", "text": "Hi."\r\n{"id": "b", "text": "Hi."\n{"id": \n')
+    result = runner.invoke(app, ["validate", str(path), "-m", str(ckpt_dir("custom_voice"))])
+    assert f"{path}:1: malformed JSON (Expecting ',' delimiter at column 26)" in result.output, result.output
+    assert f"{path}:2: malformed JSON (Expecting ',' delimiter at column 26)" in result.output, result.output
+    assert f"{path}:3: malformed JSON (Expecting value at column 8)" in result.output, result.output

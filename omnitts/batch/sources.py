@@ -108,7 +108,8 @@ class JsonlSource:
                     continue
                 try:
                     # A byte order mark opening a later line too: files saved with one, concatenated (`cat`).
-                    obj = _loads(line.removeprefix("\ufeff"))
+                    # Without its newline, a line cut short is "at column" its end, not column 1 of a next line.
+                    obj = _loads(line.removeprefix("\ufeff").removesuffix("\n"))
                 except json.JSONDecodeError as exc:
                     yield number, f"malformed JSON ({exc.msg} at column {exc.colno})"
                     continue
