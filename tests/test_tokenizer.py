@@ -123,6 +123,17 @@ def test_a_missing_merges_file_is_named(folder, tmp_path):
                                  "merges.txt, or tokenizer.json)")
 
 
+@pytest.mark.parametrize("name, data", [("tokenizer_config.json", b"{bad"), ("vocab.json", b"garbage"),
+                                        ("merges.txt", b"a b\n\xff c\n")])
+def test_an_unreadable_tokenizer_file_is_named(folder, tmp_path, name, data):
+    """Was "CKPT: cannot read the text tokenizer files (JSONDecodeError: ...)", naming none of the three."""
+    copy = _copy_files(folder, tmp_path)
+    (copy / name).write_bytes(data)
+    with pytest.raises(CheckpointError) as caught:
+        TextTokenizer(copy)
+    assert str(caught.value).startswith(f"{copy / name}: cannot read this text tokenizer file ("), caught.value
+
+
 def test_a_malformed_merges_line_is_named(folder, tmp_path):
     copy = _copy_files(folder, tmp_path)
     lines = (copy / "merges.txt").read_text(encoding="utf-8").splitlines()

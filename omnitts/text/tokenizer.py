@@ -145,13 +145,13 @@ def _qwen2_from_bpe_files(ckpt: Path):
     pre-tokenizer regex, and the added tokens of tokenizer_config.json at the ids it gives them."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
 
-    config_path = ckpt / "tokenizer_config.json"
+    config_path = path = ckpt / "tokenizer_config.json"  # `path`: the file being read, for the error
     try:
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-        vocab = json.loads((ckpt / "vocab.json").read_text(encoding="utf-8"))
-        lines = (ckpt / "merges.txt").read_text(encoding="utf-8").splitlines()
+        vocab = json.loads((path := ckpt / "vocab.json").read_text(encoding="utf-8"))
+        lines = (path := ckpt / "merges.txt").read_text(encoding="utf-8").splitlines()
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{ckpt}: cannot read the text tokenizer files ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{path}: cannot read this text tokenizer file ({type(exc).__name__}: {exc})") from None
     if not isinstance(config, dict) or config.get("tokenizer_class", "Qwen2Tokenizer") not in _QWEN2:
         name = config.get("tokenizer_class") if isinstance(config, dict) else None
         raise CheckpointError(f"{config_path}: tokenizer_class {name!r} is not supported without a tokenizer.json "
