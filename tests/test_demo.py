@@ -70,6 +70,8 @@ def test_demo_takes_a_kind_as_the_readme_names_it(tmp_path, monkeypatch):
     ("--model-dir", "file/x", "--model-dir {file}/x: {file} is a file, not a directory"),
     ("--model-dir", "mine", "--model-dir {mine}: not empty and not a demo checkpoint; the demo builds its "
                             "checkpoint in a new or empty folder (choose another --model-dir)"),
+    # -o and --model-dir the same folder: the checkpoint was built and demo.jsonl written into it, then synth refused
+    ("-o", "ckpt", "--out {ckpt}: is the checkpoint directory; write the outputs to a folder of their own"),
 ])
 def test_demo_refuses_an_unusable_out_or_model_dir_in_one_line(tmp_path, option, path, problem):
     """A file where a folder goes was a FileExistsError / NotADirectoryError traceback; a folder of the user's
@@ -83,7 +85,8 @@ def test_demo_refuses_an_unusable_out_or_model_dir_in_one_line(tmp_path, option,
     result = CliRunner().invoke(app, ["demo", *args])
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1, result.output
-    assert result.output.startswith("error: " + problem.format(file=tmp_path / "file", mine=tmp_path / "mine"))
+    assert result.output.startswith("error: " + problem.format(file=tmp_path / "file", mine=tmp_path / "mine",
+                                                               ckpt=tmp_path / "ckpt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "mine"]  # nothing built, nothing written
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["config.json", "notes.txt"]
     assert (tmp_path / "mine" / "config.json").read_text() == '{"mine": true}'

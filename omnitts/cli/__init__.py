@@ -369,6 +369,7 @@ def demo(
     own = {out / "demo.jsonl": manifests[kind]}
     if kind == "base":
         own[out / "ref.wav"] = demo_reference_wav()
+    check_out_apart(out, model_dir)  # the demo's manifest and audio would land among the weights
     try:  # both checked before anything is built or written
         check_out(out)
         for target, data in own.items():
