@@ -1067,7 +1067,8 @@ def test_synth_refuses_a_piped_manifest_and_validate_reads_it(ckpt_dir, tmp_path
     assert result.exit_code == 0 and result.output == f"{path}: 1 good, 0 bad\n", result.output
 
 
-def test_a_binary_or_utf16_file_given_as_the_manifest_is_one_error_and_leaves_no_out(ckpt_dir, tmp_path):
+def test_a_binary_or_utf16_file_or_one_json_document_given_as_the_manifest_is_one_error_and_leaves_no_out(
+        ckpt_dir, tmp_path):
     """A reference clip given as the manifest (a slip of the shell's completion) was read as JSONL: hundreds of
     bad lines, each recorded into OUT; a UTF-16 file (Notepad's "Unicode"), every line "not UTF-8". Now one line,
     exit 2, and no OUT folder left behind, as for an empty manifest (which left an empty one)."""
@@ -1079,6 +1080,13 @@ def test_a_binary_or_utf16_file_given_as_the_manifest_is_one_error_and_leaves_no
     (tmp_path / "noise.jsonl").write_bytes(b'{"id": "a"}\n\x00\x01\x02\n')
     (tmp_path / "utf16.jsonl").write_text('{"id": "a", "text": "Hi.", "speaker": "ryan"}\n', encoding="utf-16")
     (tmp_path / "empty.jsonl").write_text("")
+    # One JSON document over many lines (a JSON array, a pretty-printed object) was a bad line per line, no word of
+    # why, and an array's last item, whole on its line, ran alone
+    (tmp_path / "array.json").write_text('[\n  {"id": "a", "text": "Hi.", "speaker": "ryan"},\n'
+                                         '  {"id": "b", "text": "Yo.", "speaker": "ryan"}\n]\n')
+    (tmp_path / "packed.jsonl").write_text('\ufeff[{"id": "a", "text": "Hi.", "speaker": "ryan"},\n'
+                                           ' {"id": "b", "text": "Yo.", "speaker": "ryan"}]\n')
+    (tmp_path / "pretty.jsonl").write_text('\n{\n  "id": "a",\n  "text": "Hi.",\n  "speaker": "ryan"\n}\n')
     expected = {
         "clip.wav": "not a text manifest: it holds binary data (it looks like a WAV file); give a .jsonl, .csv or "
                     ".tsv file, a .parquet or .arrow file, or a Dataset.save_to_disk folder",
@@ -1087,6 +1095,11 @@ def test_a_binary_or_utf16_file_given_as_the_manifest_is_one_error_and_leaves_no
         "noise.jsonl": "not a text manifest: it holds binary data; give a .jsonl",
         "utf16.jsonl": "UTF-16 text; manifests are UTF-8: save it as UTF-8",
         "empty.jsonl": "no items (the manifest is empty)",
+        "array.json": f"a JSON array, not JSON Lines; a manifest holds one JSON object per line: write it so (jq -c "
+                      f"'.[]' {tmp_path / 'array.json'} > lines.jsonl)",
+        "packed.jsonl": "a JSON array, not JSON Lines;",
+        "pretty.jsonl": f"one JSON object spread over lines, not JSON Lines; a manifest holds one JSON object per "
+                        f"line: write it so (jq -c . {tmp_path / 'pretty.jsonl'} > lines.jsonl)",
     }
     for name, message in expected.items():
         path, out = tmp_path / name, tmp_path / f"out-{name.replace('.', '-')}"  # (not a file name: out-clip.wav)

@@ -434,6 +434,33 @@ def _check_text(path: Path) -> None:
                            "file, a .parquet or .arrow file, or a Dataset.save_to_disk folder")
 
 
+def _check_json_lines(path: Path) -> None:
+    """OmniTTSError where a JSON manifest is one JSON document spread over lines (a JSON array, a pretty-printed
+    object), not one object per line: read line by line it was a bad line per line, with no word of why, and the
+    one line that happened to hold a whole object (an array's last item) ran alone. Told by its first line."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return
+        with open(path, "rb") as handle:
+            head = handle.read(TEXT_PROBE).decode("utf-8", errors="replace").removeprefix("\ufeff")
+    except OSError:
+        return  # the reader says why
+    first = next((line.strip() for line in head.splitlines() if line.strip()), "")
+    if first == "{" or (first.startswith("[") and not _whole_json(first)):
+        what = "a JSON array" if first.startswith("[") else "one JSON object spread over lines"
+        fix = f"jq -c '.[]' {path}" if first.startswith("[") else f"jq -c . {path}"
+        raise OmniTTSError(f"{path}: {what}, not JSON Lines; a manifest holds one JSON object per line: write it "
+                           f"so ({fix} > lines.jsonl)")
+
+
+def _whole_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
 def check_rereadable(path) -> None:
     """OmniTTSError unless manifest `path` can be read more than once (synth checks it, counts it, runs it):
     a regular file or a folder. A pipe (`cat ... |` into /dev/stdin, `<(...)`, a FIFO) is empty the second
@@ -485,4 +512,5 @@ def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource |
         return ParquetSource(path)
     if suffix == ".arrow":
         return ArrowSource(path)
+    _check_json_lines(path)
     return JsonlSource(path)
