@@ -92,7 +92,7 @@ def test_too_many_pieces_is_a_line_error_in_validate_and_synth(ckpt_dir, tmp_pat
              {"id": "blob", "text": _blob(100_000), "speaker": "ryan"}]
     manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
     pieces = len(split_text(lines[1]["text"]))
-    message = (f"{manifest}:2: text: 100,000 characters make {pieces} pieces; at most {MAX_PIECES} per item - "
+    message = (f"{manifest}:2: text: 100,000 characters make {pieces:,} pieces; at most {MAX_PIECES} per item - "
                "split the line")
     checked = runner.invoke(app, ["validate", str(manifest), "-m", str(ckpt_dir("custom_voice"))])
     assert checked.exit_code == 1 and message in checked.output.splitlines()

@@ -89,7 +89,7 @@ def pieces_problem(text: str, pieces: int) -> str | None:
     """Why `text`, split into `pieces`, is too much for one item (None: it is not)."""
     if pieces <= MAX_PIECES:
         return None
-    return (f"text: {len(text):,} characters make {pieces} pieces; at most {MAX_PIECES} per item - "
+    return (f"text: {len(text):,} characters make {pieces:,} pieces; at most {MAX_PIECES} per item - "
             "split the line")
 
 
