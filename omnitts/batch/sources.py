@@ -415,13 +415,14 @@ MAGIC = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an Ogg file", 
          b"PK\x03\x04": "a zip archive", b"\x1f\x8b": "a gzip file; unpack it first"}
 
 
-def _check_text(path: Path) -> None:
+def _check_text(path: Path) -> bytes:
     """OmniTTSError where a manifest read as text (JSONL, CSV/TSV) is not text: UTF-16, or binary data (an audio
     file given by mistake). Read as lines, such a file is hundreds of bad lines, each recorded in OUT; JSON and
-    CSV text never hold a NUL byte. Only a regular file is looked at (a pipe that validate reads is read once)."""
+    CSV text never hold a NUL byte. Only a regular file is looked at (a pipe that validate reads is read once).
+    Returns the file's first bytes that it looked at (b"" where it looked at none)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
-            return
+            return b""
         with open(path, "rb") as handle:
             head = handle.read(TEXT_PROBE)
     except OSError as exc:
@@ -432,20 +433,16 @@ def _check_text(path: Path) -> None:
         kind = next((f" (it looks like {what})" for magic, what in MAGIC.items() if head.startswith(magic)), "")
         raise OmniTTSError(f"{path}: not a text manifest: it holds binary data{kind}; give a .jsonl, .csv or .tsv "
                            "file, a .parquet or .arrow file, or a Dataset.save_to_disk folder")
+    return head
 
 
-def _check_json_lines(path: Path) -> None:
+def _check_json_lines(path: Path, head: bytes) -> None:
     """OmniTTSError where a JSON manifest is one JSON document spread over lines (a JSON array, a pretty-printed
     object), not one object per line: read line by line it was a bad line per line, with no word of why, and the
-    one line that happened to hold a whole object (an array's last item) ran alone. Told by its first line."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return
-        with open(path, "rb") as handle:
-            head = handle.read(TEXT_PROBE).decode("utf-8", errors="replace").removeprefix("\ufeff")
-    except OSError:
-        return  # the reader says why
-    first = next((line.strip() for line in head.splitlines() if line.strip()), "")
+    one line that happened to hold a whole object (an array's last item) ran alone. Told by its first line, from
+    `head`, the first bytes `_check_text` read."""
+    text = head.decode("utf-8", errors="replace").removeprefix("\ufeff")
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if first == "{" or (first.startswith("[") and not _whole_json(first)):
         what = "a JSON array" if first.startswith("[") else "one JSON object spread over lines"
         fix = f"jq -c '.[]' {path}" if first.startswith("[") else f"jq -c . {path}"
@@ -504,13 +501,12 @@ def open_source(path) -> JsonlSource | CsvSource | ParquetSource | ArrowSource |
             raise OmniTTSError("-: a manifest is a file, not standard input: save it first (... > lines.jsonl)")
         raise OmniTTSError(f"{path}: cannot open manifest (No such file or directory)")
     suffix = path.suffix.lower()
-    if suffix not in (".parquet", ".pq", ".arrow"):
-        _check_text(path)
+    head = _check_text(path) if suffix not in (".parquet", ".pq", ".arrow") else b""
     if suffix in (".csv", ".tsv"):
         return CsvSource(path, "\t" if suffix == ".tsv" else ",")
     if suffix in (".parquet", ".pq"):
         return ParquetSource(path)
     if suffix == ".arrow":
         return ArrowSource(path)
-    _check_json_lines(path)
+    _check_json_lines(path, head)
     return JsonlSource(path)
