@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import type_label
 from .io import user_path
-from .io.audio import MAX_RATES, shape_problem, write_audio
+from .io.audio import rate_problem, shape_problem, write_audio
 
 
 @dataclass(eq=False)  # samples are arrays: compare them explicitly
@@ -118,9 +118,8 @@ class Audio:
             raise ValueError("samples: not kept (they streamed to their file); no WAV was made")
         if problem := shape_problem(self.samples):
             raise ValueError(f"{problem}; no WAV was made")
-        if self.sample_rate > MAX_RATES["wav"]:
-            raise ValueError(f"a sample rate of {self.sample_rate} Hz is past what .wav holds ({MAX_RATES['wav']:,} Hz "
-                             "at most); resample the audio; no WAV was made")
+        if problem := rate_problem(self.sample_rate, "wav"):
+            raise ValueError(f"{problem}; no WAV was made")
         if not np.isfinite(self.samples).all():
             raise ValueError("samples: some are not numbers (NaN or infinity); no WAV was made")
         buffer = io.BytesIO()

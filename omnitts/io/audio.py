@@ -216,16 +216,23 @@ def write_audio(path: Path, samples: np.ndarray, sample_rate: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise NotADirectoryError(errno.ENOTDIR, "a folder on this path is a file", str(path)) from None
-    if sample_rate > MAX_RATES[kind]:
-        wav = "" if kind == "wav" else ", or save it as .wav"
-        raise ValueError(f"{path}: a sample rate of {sample_rate} Hz is past what .{kind} holds ({MAX_RATES[kind]:,} Hz "
-                         f"at most); resample the audio{wav}; nothing was written")
+    if problem := rate_problem(sample_rate, kind):
+        raise ValueError(f"{path}: {problem}; nothing was written")
     if problem := shape_problem(samples):
         raise ValueError(f"{path}: {problem}; nothing was written")
     if not np.isfinite(samples).all():  # soundfile writes NaN as full scale: noise no error would name
         raise ValueError(f"{path}: some samples are not numbers (NaN or infinity); nothing was written")
     with atomic_write(path) as tmp, os_errors(path):
         sf.write(tmp, samples, sample_rate, format=kind.upper(), subtype=FORMATS[kind])
+
+
+def rate_problem(sample_rate: int, kind: str) -> str | None:
+    """Why a `kind` file (wav, flac, ogg) cannot hold audio at `sample_rate`, or None (`MAX_RATES`)."""
+    if sample_rate <= MAX_RATES[kind]:
+        return None
+    wav = "" if kind == "wav" else ", or save it as .wav"
+    return (f"a sample rate of {sample_rate} Hz is past what .{kind} holds ({MAX_RATES[kind]:,} Hz at most); "
+            f"resample the audio{wav}")
 
 
 def shape_problem(samples) -> str | None:
